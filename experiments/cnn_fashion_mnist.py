@@ -1,0 +1,41 @@
+"""A small ConvNet on Fashion-MNIST: the default experiment.
+
+Command:  jaxnet train cnn_fashion_mnist      (or ./scripts/train, which also installs the data)
+Result:   about 92 % test accuracy (published reference for a 2-layer CNN: 91-92 %)
+Time:     about 4 minutes on a 2-core CPU (see README, "Results")
+
+Two 3x3 conv layers (32 and 64 channels) with max-pooling, a 256-unit dense layer, dropout 0.25;
+AdamW with warmup and cosine decay; 2,150 steps of 128 = 5 epochs of the 55,000 training images
+(5,000 are held out for validation).
+
+Variants: ``smoke`` trains 60 steps on the same data in a few seconds, for tests.
+"""
+
+from jaxnet.config import Config
+
+VARIANTS = ("default", "smoke")
+
+
+def get_config(variant: str = "default") -> Config:
+    cfg = Config()
+    cfg.data.name = "fashion_mnist"
+    cfg.model.name = "convnet"
+    cfg.model.features = (32, 64)
+    cfg.model.hidden = 256
+    cfg.model.dropout = 0.25
+    cfg.optim.name = "adamw"
+    cfg.optim.lr = 2e-3
+    cfg.optim.weight_decay = 1e-4
+    cfg.optim.warmup_steps = 200
+    cfg.train.steps = 2150
+    cfg.train.batch_size = 128
+    cfg.train.log_every = 50
+    cfg.train.eval_every = 500
+    cfg.train.checkpoint_every = 500
+    if variant == "smoke":
+        cfg.optim.warmup_steps = 10
+        cfg.train.steps = 60
+        cfg.train.log_every = 10
+        cfg.train.eval_every = 30
+        cfg.train.checkpoint_every = 30
+    return cfg

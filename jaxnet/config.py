@@ -1,0 +1,367 @@
+"""Typed experiment configuration: nested dataclasses, ``key=value`` overrides, validation.
+
+An experiment is a Python file with ``get_config(variant) -> Config`` (see experiments/).
+Every value a user can set is a typed field below with a one-line description, so
+``jaxnet train EXP --show-config`` can list them and overrides are checked against them::
+
+    cfg = load_experiment("cnn_fashion_mnist:smoke")
+    cfg = apply_overrides(cfg, ["optim.lr=0.05", "train.steps=300"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import json
+import math
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jaxnet.errors import UserError
+
+
+def _field(default: Any, doc: str, *, low: float | None = None, choices: tuple = ()) -> Any:
+    """A config field with its description and the range of values it accepts.
+
+    ``low`` is an inclusive lower bound for numbers (and for every item of a tuple).
+    """
+    meta = {"doc": doc, "low": low, "choices": choices}
+    if isinstance(default, tuple):
+        return field(default_factory=lambda: default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    name: str = _field("fashion_mnist", "dataset", choices=("fashion_mnist", "mnist", "cifar10"))
+    dir: str = _field("", "directory holding the dataset files ('' = the standard location)")
+    val_size: int = _field(5000, "training examples held out for validation", low=0)
+    augment: bool = _field(False, "random crop (4 px padding) and horizontal flip")
+    prefetch: int = _field(2, "batches prepared ahead of the step on a background thread", low=0)
+
+
+@dataclass
+class ModelConfig:
+    name: str = _field("convnet", "model family", choices=("convnet", "resnet"))
+    features: tuple[int, ...] = _field((32, 64), "channels per conv layer (convnet) or stage (resnet)", low=1)
+    blocks: tuple[int, ...] = _field((2, 2, 2), "residual blocks per stage (resnet)", low=1)
+    hidden: int = _field(256, "width of the dense layer before the classifier (convnet)", low=1)
+    dropout: float = _field(0.0, "dropout rate before the dense layers (convnet)", low=0.0)
+    dtype: str = _field("float32", "compute dtype", choices=("float32", "bfloat16", "float16"))
+    param_dtype: str = _field("float32", "parameter dtype", choices=("float32", "bfloat16"))
+
+
+@dataclass
+class OptimConfig:
+    name: str = _field("adamw", "optimizer", choices=("adamw", "sgd"))
+    lr: float = _field(1e-3, "peak learning rate", low=0.0)
+    momentum: float = _field(0.9, "SGD momentum (0 = plain SGD)", low=0.0)
+    nesterov: bool = _field(False, "Nesterov momentum for SGD")
+    b1: float = _field(0.9, "AdamW first-moment decay", low=0.0)
+    b2: float = _field(0.999, "AdamW second-moment decay", low=0.0)
+    weight_decay: float = _field(0.0, "decoupled weight decay", low=0.0)
+    schedule: str = _field("cosine", "learning-rate schedule after warmup", choices=("cosine", "constant"))
+    warmup_steps: int = _field(0, "linear warmup from 0 to lr over this many steps", low=0)
+    end_lr_factor: float = _field(0.0, "final learning rate of the cosine schedule, as a fraction of lr", low=0.0)
+    clip_norm: float = _field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
+    grad_accum: int = _field(1, "split each batch into this many micro-batches and sum their gradients", low=1)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _field(1000, "optimizer updates in the whole run", low=1)
+    batch_size: int = _field(128, "examples per optimizer update (global, across devices)", low=1)
+    eval_batch_size: int = _field(1000, "examples per evaluation batch", low=1)
+    log_every: int = _field(50, "steps between training-metric logs (the only host syncs)", low=1)
+    eval_every: int = _field(0, "steps between validation passes (0 = only at the end)", low=0)
+    checkpoint_every: int = _field(500, "steps between checkpoints (0 = only at the end)", low=0)
+    keep_checkpoints: int = _field(3, "checkpoints kept on disk (the newest ones)", low=1)
+    stop_after: int = _field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
+    label_smoothing: float = _field(0.0, "label smoothing of the cross-entropy", low=0.0)
+    progress: bool = _field(True, "show a progress bar")
+
+
+@dataclass
+class MeshConfig:
+    data: int = _field(-1, "devices along the data-parallel axis (-1 = all local devices)", low=-1)
+
+
+@dataclass
+class Config:
+    """Everything that defines a run. Saved as ``config.json`` in the run directory."""
+
+    experiment: str = _field("", "experiment[:variant] this config came from")
+    seed: int = _field(0, "seed for initialisation, data order, dropout and augmentation", low=0)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON-ready values (tuples become lists)."""
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Leaves: every settable key, its type and its limits.
+
+
+def _leaves(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    hints = typing.get_type_hints(cls)
+    out: dict[str, dataclasses.Field] = {}
+    for f in dataclasses.fields(cls):
+        f.type = hints[f.name]
+        if dataclasses.is_dataclass(f.type):
+            out.update(_leaves(f.type, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = f
+    return out
+
+
+KEYS: dict[str, dataclasses.Field] = _leaves(Config)
+
+
+def describe() -> str:
+    """One line per settable key: name, type, default and what it does."""
+    lines = []
+    for key, f in KEYS.items():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        type_name = getattr(f.type, "__name__", str(f.type).replace("typing.", ""))
+        choices = f" {{{'|'.join(f.metadata['choices'])}}}" if f.metadata.get("choices") else ""
+        lines.append(f"{key:24s} {type_name:16s} {default!s:14s} {f.metadata.get('doc', '')}{choices}")
+    return "\n".join(lines)
+
+
+def _parse(key: str, value: Any, typ: Any) -> Any:
+    """Convert ``value`` (a string from the command line, or a JSON value) to ``typ``."""
+
+    def fail(expected: str) -> UserError:
+        return UserError(f"{key}={value!r}: expected {expected}")
+
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise fail("true or false")
+    if typ is int:
+        if isinstance(value, bool):
+            raise fail("an integer")
+        if isinstance(value, int):
+            return value
+        try:
+            number = float(str(value).replace("_", ""))
+        except ValueError:
+            raise fail("an integer") from None
+        if not number.is_integer():
+            raise fail("an integer")
+        return int(number)
+    if typ is float:
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            raise fail("a number") from None
+        if not math.isfinite(number):
+            raise fail("a finite number")
+        return number
+    if typ is str:
+        if not isinstance(value, str):
+            raise fail("a string")
+        return value
+    if typing.get_origin(typ) is tuple:
+        (item_type, _) = typing.get_args(typ)
+        if isinstance(value, str):
+            text = value.strip().strip("()[]")
+            items = [v for v in (s.strip() for s in text.split(",")) if v]
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            raise fail("a comma-separated list")
+        if not items:
+            raise fail("a non-empty comma-separated list, e.g. 32,64")
+        return tuple(_parse(key, v, item_type) for v in items)
+    raise TypeError(f"config field {key} has unsupported type {typ}")
+
+
+def _check(key: str, value: Any, f: dataclasses.Field) -> None:
+    choices, low = f.metadata.get("choices"), f.metadata.get("low")
+    if choices and value not in choices:
+        raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}")
+    if low is not None:
+        for v in value if isinstance(value, tuple) else (value,):
+            if v < low:
+                raise UserError(f"{key}={value!r} must be >= {low}")
+
+
+# Names people bring from other frameworks.
+_ALIASES = {
+    "learning_rate": "optim.lr",
+    "lr": "optim.lr",
+    "epochs": "train.steps",
+    "max_steps": "train.steps",
+    "batch": "train.batch_size",
+    "bs": "train.batch_size",
+    "wd": "optim.weight_decay",
+    "optimizer": "optim.name",
+    "arch": "model.name",
+    "dataset": "data.name",
+}
+
+
+def _unknown_key(key: str) -> UserError:
+    leaf = key.rsplit(".", 1)[-1]
+    near = [k for k in KEYS if k.rsplit(".", 1)[-1] == leaf]  # right name, wrong section
+    if leaf in _ALIASES:
+        near.append(_ALIASES[leaf])
+    near += difflib.get_close_matches(key, KEYS, n=3, cutoff=0.6)
+    near = list(dict.fromkeys(near))[:3]
+    hint = f"; did you mean {' or '.join(near)}?" if near else "; see `jaxnet train EXP --show-config`"
+    return UserError(f"unknown config key {key!r}{hint}")
+
+
+def _set(cfg: Config, key: str, value: Any) -> None:
+    if key not in KEYS:
+        raise _unknown_key(key)
+    f = KEYS[key]
+    value = _parse(key, value, f.type)
+    _check(key, value, f)
+    *path, leaf = key.split(".")
+    node = cfg
+    for part in path:
+        node = getattr(node, part)
+    setattr(node, leaf, value)
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Return a copy of ``cfg`` with ``key=value`` strings applied, each parsed and checked."""
+    cfg = from_dict(cfg.to_dict())
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"override {item!r} is not of the form key=value (e.g. optim.lr=0.05)")
+        _set(cfg, key.strip(), value)
+    validate(cfg)
+    return cfg
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def from_dict(tree: dict[str, Any]) -> Config:
+    """Build a checked Config from nested plain values (e.g. a saved ``config.json``)."""
+    cfg = Config()
+    for key, value in _flatten(tree).items():
+        _set(cfg, key, value)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Checks that involve more than one value, or that every field check would miss."""
+    for key, f in KEYS.items():
+        node: Any = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        _check(key, node, f)
+    if cfg.train.batch_size % cfg.optim.grad_accum:
+        raise UserError(
+            f"train.batch_size={cfg.train.batch_size} is not divisible by "
+            f"optim.grad_accum={cfg.optim.grad_accum}; pick a batch size that is a multiple of it"
+        )
+    if cfg.optim.warmup_steps > cfg.train.steps:
+        raise UserError(f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}")
+    if cfg.mesh.data == 0:
+        raise UserError("mesh.data=0: use a positive device count or -1 for all devices")
+
+
+def save(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the resolved config as indented JSON."""
+    Path(path).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+
+def load(path: str | os.PathLike) -> Config:
+    """Read a ``config.json`` written by :func:`save`."""
+    try:
+        tree = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read config {path}: {e}") from None
+    return from_dict(tree)
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments: files with get_config(variant).
+
+
+def experiment_dirs() -> list[Path]:
+    """Where experiment names are looked up, in order.
+
+    ``$JAXNET_EXPERIMENTS`` (colon-separated), ``./experiments``, then the experiments/ folder
+    next to the installed package (a source checkout).
+    """
+    dirs = [Path(p) for p in os.environ.get("JAXNET_EXPERIMENTS", "").split(os.pathsep) if p]
+    dirs += [Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments"]
+    unique: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:
+            unique.append(d)
+    return unique
+
+
+def list_experiments() -> list[str]:
+    """Names of the experiments found in :func:`experiment_dirs`."""
+    names = {p.stem for d in experiment_dirs() for p in d.glob("*.py") if not p.stem.startswith("_")}
+    return sorted(names)
+
+
+def _experiment_file(name: str) -> Path:
+    if name.endswith(".py"):
+        path = Path(name)
+        if not path.is_file():
+            raise UserError(f"experiment file {name} does not exist")
+        return path
+    for d in experiment_dirs():
+        if (d / f"{name}.py").is_file():
+            return d / f"{name}.py"
+    known = list_experiments()
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise UserError(f"unknown experiment {name!r}; {hint}known: {', '.join(known) or 'none found'}")
+
+
+def load_experiment(spec: str, overrides: list[str] | None = None) -> Config:
+    """Load ``NAME[:VARIANT]`` (or ``path/to/file.py[:VARIANT]``) and apply overrides.
+
+    >>> cfg = load_experiment("cnn_fashion_mnist:smoke", ["optim.lr=0.01"])
+    >>> cfg.optim.lr
+    0.01
+    """
+    name, _, variant = spec.partition(":")
+    variant = variant or "default"
+    path = _experiment_file(name)
+    module_spec = importlib.util.spec_from_file_location(f"jaxnet_experiment_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise UserError(f"experiment file {path} has no get_config(variant) function")
+    variants = getattr(module, "VARIANTS", ("default",))
+    if variant not in variants:
+        raise UserError(f"experiment {path.stem} has no variant {variant!r}; variants: {', '.join(variants)}")
+    cfg = module.get_config(variant)
+    if not isinstance(cfg, Config):
+        raise UserError(f"{path}: get_config must return a jaxnet.Config, got {type(cfg).__name__}")
+    cfg.experiment = path.stem if variant == "default" else f"{path.stem}:{variant}"
+    return apply_overrides(cfg, overrides or [])

@@ -1,0 +1,70 @@
+"""Datasets by name, held as host numpy arrays; see :mod:`jaxnet.data.pipeline` for batching.
+
+>>> ds = load(DataConfig(name="fashion_mnist"))       # doctest: +SKIP
+>>> ds.train[0].shape, ds.num_classes                  # doctest: +SKIP
+((55000, 28, 28, 1), 10)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxnet.config import DataConfig
+from jaxnet.data import images
+from jaxnet.data.pipeline import split_validation
+from jaxnet.errors import UserError
+
+Split = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass
+class Dataset:
+    """Images (uint8 NHWC) and int labels per split, with the statistics to normalise them.
+
+    Build one from your own arrays to train on them with :func:`jaxnet.train`:
+    ``Dataset(train=(x, y), val=(xv, yv), test=(xt, yt), num_classes=10)``.
+    """
+
+    train: Split
+    val: Split
+    test: Split
+    num_classes: int
+    name: str = "arrays"
+
+    def __post_init__(self) -> None:
+        for split in ("train", "val", "test"):
+            x, y = getattr(self, split)
+            if len(x) != len(y):
+                raise UserError(f"{split} split has {len(x)} inputs but {len(y)} labels")
+        if len(self.train[0]) == 0:
+            raise UserError("the training split is empty")
+        # Per-channel statistics of the training images only, so no test information leaks in.
+        pixels = self.train[0].reshape(-1, self.train[0].shape[-1]).astype(np.float64) / 255.0
+        self.mean = pixels.mean(axis=0).astype(np.float32)
+        self.std = pixels.std(axis=0).astype(np.float32)
+
+
+def _load_mnist(directory: str) -> dict[str, Split]:
+    if not directory:
+        raise UserError("MNIST has no standard location here; pass data.dir=DIR with the four *-ubyte(.gz) files")
+    return images.load_idx_dataset(directory)
+
+
+LOADERS = {
+    "fashion_mnist": lambda d: images.load_idx_dataset(images.find_fashion_mnist(d)),
+    "mnist": _load_mnist,
+    "cifar10": images.load_cifar10,
+}
+
+
+def load(cfg: DataConfig) -> Dataset:
+    """Read the dataset named by ``cfg.name`` and hold out ``cfg.val_size`` training examples."""
+    splits = LOADERS[cfg.name](cfg.dir)
+    x, y = splits["train"]
+    if cfg.val_size >= len(x):
+        raise UserError(f"data.val_size={cfg.val_size} leaves no training data ({len(x)} examples)")
+    train, val = split_validation(x, y, cfg.val_size)
+    num_classes = int(max(y.max(), splits["test"][1].max())) + 1
+    return Dataset(train=train, val=val, test=splits["test"], num_classes=num_classes, name=cfg.name)

@@ -1,0 +1,184 @@
+"""What a run tells the outside world: metrics.jsonl, TensorBoard, a progress bar, curves.png.
+
+``metrics.jsonl`` has one JSON object per line: ``{"step": 500, "split": "val", "loss": ...}``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+
+class MetricsLog:
+    """Appends metrics to ``metrics.jsonl`` and TensorBoard event files under ``tb/``.
+
+    When a run resumes at ``resume_step``, lines written after that step by the interrupted run
+    are dropped so the file reads as if the run had never stopped.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, tensorboard: bool = True):
+        self.path = Path(workdir) / "metrics.jsonl"
+        if resume_step and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        elif not resume_step:
+            self.path.write_text("")
+        self._file = open(self.path, "a")
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(workdir) / "tb"), purge_step=resume_step or None)
+
+    def write(self, step: int, split: str, values: dict[str, float]) -> None:
+        """Record ``values`` for ``split`` (train, val or test) at ``step``."""
+        self._file.write(json.dumps({"step": step, "split": split, **values}) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for name, value in values.items():
+                self._tb.add_scalar(f"{split}/{name}", value, step)
+
+    def close(self) -> None:
+        """Flush and close both outputs."""
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _step_of(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf  # a half-written line from a killed run: drop it
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All complete records of a ``metrics.jsonl`` file."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+class Progress:
+    """A progress bar on a terminal; one plain line per update otherwise (logs, CI)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool = True):
+        self.enabled = enabled
+        self.interactive = enabled and sys.stderr.isatty()
+        self.total = total
+        self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if self.interactive else None
+
+    def update(self, step: int, values: dict[str, float]) -> None:
+        """Move to ``step`` and show ``values`` (loss, accuracy, steps/s)."""
+        text = "  ".join(f"{k} {_fmt(v)}" for k, v in values.items())
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            self._bar.set_postfix_str(text, refresh=True)
+        elif self.enabled:
+            print(f"step {step}/{self.total}  {text}", flush=True)
+
+    def note(self, message: str) -> None:
+        """Print a line without breaking the bar."""
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        """Remove the bar from the screen's live area."""
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike) -> None:
+    """Draw loss and accuracy against step, one line per split, into a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for record in read_metrics(metrics_path):
+        for name in ("loss", "accuracy"):
+            if name in record:
+                series[(name, record["split"])].append((record["step"], record[name]))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, name in zip(axes, ("loss", "accuracy"), strict=False):
+        for (metric, split), points in sorted(series.items()):
+            if metric != name:
+                continue
+            steps, values = zip(*points, strict=False)
+            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=split)
+        ax.set_xlabel("step")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_yscale("log")
+    fig.suptitle(Path(metrics_path).parent.name)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+
+
+def environment() -> dict[str, Any]:
+    """Device, library versions, git commit and date: what a result needs to be reproducible."""
+    import importlib.metadata as md
+
+    import jax
+
+    versions = {}
+    for package in ("jaxnet", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"):
+        try:
+            versions[package] = md.version(package)
+        except md.PackageNotFoundError:
+            versions[package] = None
+    device = jax.devices()[0]
+    return {
+        "platform": device.platform,
+        "device": device.device_kind,
+        "device_count": jax.device_count(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "git_commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON, atomically (a reader never sees half a file)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)

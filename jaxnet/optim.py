@@ -1,0 +1,39 @@
+"""Optimizer and learning-rate schedule from the config, all from optax.
+
+>>> tx, schedule = build(OptimConfig(name="sgd", lr=0.1, warmup_steps=100), total_steps=1000)
+>>> float(schedule(50))
+0.05
+"""
+
+from __future__ import annotations
+
+import optax
+
+from jaxnet.config import OptimConfig
+
+
+def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    """Linear warmup to ``cfg.lr``, then cosine decay to ``lr * end_lr_factor`` or constant."""
+    if cfg.schedule == "constant":
+        main = optax.constant_schedule(cfg.lr)
+    else:
+        main = optax.cosine_decay_schedule(cfg.lr, max(total_steps - cfg.warmup_steps, 1), cfg.end_lr_factor)
+    if cfg.warmup_steps == 0:
+        return main
+    warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    return optax.join_schedules([warmup, main], [cfg.warmup_steps])
+
+
+def build(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optax transformation (clipping, then the optimizer) and its schedule."""
+    lr = schedule(cfg, total_steps)
+    if cfg.name == "sgd":
+        opt = optax.chain(
+            optax.add_decayed_weights(cfg.weight_decay) if cfg.weight_decay else optax.identity(),
+            optax.sgd(lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov),
+        )
+    else:
+        opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+    if cfg.clip_norm:
+        opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
+    return opt, lr

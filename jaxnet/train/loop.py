@@ -1,0 +1,274 @@
+"""The runner: init or restore, then steps, evaluations, checkpoints and logs, then a summary.
+
+>>> summary = train(load_experiment("cnn_fashion_mnist:smoke"), "runs/smoke")  # doctest: +SKIP
+>>> summary["test"]["accuracy"]                                                  # doctest: +SKIP
+0.83
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jaxnet import config as config_lib
+from jaxnet import data as data_lib
+from jaxnet import models, observe, optim, parallel
+from jaxnet.checkpoint import Checkpoints
+from jaxnet.config import Config
+from jaxnet.data import pipeline
+from jaxnet.errors import UserError
+from jaxnet.train import state as state_lib
+from jaxnet.train.step import make_eval_step, make_train_step
+
+
+def default_workdir(cfg: Config) -> Path:
+    """``runs/<experiment>`` (``:variant`` becomes ``-variant``), so rerunning a command resumes it."""
+    return Path("runs") / (cfg.experiment.replace(":", "-") or "run")
+
+
+class Run:
+    """Everything built from a config before the first step: data, mesh, model, optimizer, steps.
+
+    Building a ``Run`` reads and checks all user input but writes nothing, so bad input fails
+    before any file in the workdir is touched.
+    """
+
+    def __init__(self, cfg: Config, *, model: nn.Module | None = None, dataset: data_lib.Dataset | None = None):
+        self.cfg = cfg
+        self.dataset = dataset if dataset is not None else data_lib.load(cfg.data)
+        self.mesh: Mesh = parallel.make_mesh(cfg.mesh)
+        parallel.check_batch(cfg.train.batch_size, self.mesh)
+        parallel.check_batch(cfg.train.batch_size // cfg.optim.grad_accum, self.mesh, "micro-batch size")
+        if cfg.train.batch_size > len(self.dataset.train[0]):
+            raise UserError(
+                f"train.batch_size={cfg.train.batch_size} is larger than the {len(self.dataset.train[0])} "
+                "training examples"
+            )
+        self.model = model if model is not None else models.build(cfg.model, self.dataset.num_classes)
+        self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps)
+        self.train_step = jax.jit(
+            make_train_step(
+                self.model, self.tx, grad_accum=cfg.optim.grad_accum, label_smoothing=cfg.train.label_smoothing
+            ),
+            donate_argnums=0,
+        )
+        self.eval_step = jax.jit(make_eval_step(self.model))
+
+    def init_state(self) -> state_lib.TrainState:
+        """A fresh train state, created directly in place on the mesh."""
+        sample = jnp.zeros((1, *self.dataset.train[0].shape[1:]), jnp.float32)
+        create = lambda: state_lib.create(self.model, self.tx, sample, self.cfg.seed)  # noqa: E731
+        return jax.jit(create, out_shardings=parallel.replicated(self.mesh))()
+
+    def evaluate(self, state: state_lib.TrainState, split: str) -> dict[str, float]:
+        """Mean loss and accuracy over every example of ``split`` (val or test)."""
+        x, y = getattr(self.dataset, split)
+        if len(x) == 0:
+            return {}
+        devices = self.mesh.shape["data"]
+        batch_size = -(-min(self.cfg.train.eval_batch_size, len(x)) // devices) * devices
+        batches = pipeline.eval_batches(x, y, batch_size=batch_size, mean=self.dataset.mean, std=self.dataset.std)
+        totals = None
+        for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, lambda b: parallel.put_batch(b, self.mesh)):
+            sums = self.eval_step(state, batch)
+            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        totals = jax.device_get(totals)
+        count = float(totals["count"])
+        return {"loss": float(totals["loss"]) / count, "accuracy": float(totals["correct"]) / count}
+
+
+def _prepare_workdir(workdir: Path, cfg: Config) -> None:
+    if workdir.exists() and not workdir.is_dir():
+        raise UserError(f"workdir {workdir} is a file; pass a directory with --workdir")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create workdir {workdir}: {e.strerror}; pass another --workdir") from None
+    if not os.access(workdir, os.W_OK | os.X_OK):
+        raise UserError(f"workdir {workdir} is not writable; pass another --workdir")
+    saved = workdir / "config.json"
+    if saved.exists():
+        previous = config_lib.load(saved)
+        if previous.experiment != cfg.experiment:
+            raise UserError(
+                f"workdir {workdir} holds a run of {previous.experiment or 'another experiment'!r}, "
+                f"not {cfg.experiment!r}; pass a fresh --workdir"
+            )
+
+
+def _changed_keys(workdir: Path, cfg: Config) -> list[str]:
+    saved = workdir / "config.json"
+    if not saved.exists():
+        return []
+    old = config_lib._flatten(config_lib.load(saved).to_dict())
+    new = config_lib._flatten(cfg.to_dict())
+    return [f"{k} {old[k]} -> {new[k]}" for k in new if old.get(k) != new[k]]
+
+
+def train(
+    cfg: Config,
+    workdir: str | os.PathLike | None = None,
+    *,
+    model: nn.Module | None = None,
+    dataset: data_lib.Dataset | None = None,
+) -> dict[str, Any]:
+    """Train as ``cfg`` says, in ``workdir``; resume from its newest checkpoint if it has one.
+
+    ``model`` replaces the config's model with any Flax module called as
+    ``model.apply(variables, images, train=..., rngs=...)``; ``dataset`` replaces the config's
+    data. Returns the run summary (also written to ``summary.json``)::
+
+        summary = jaxnet.train(jaxnet.load_experiment("cnn_fashion_mnist"), "runs/a")
+        print(summary["test"]["accuracy"])
+    """
+    started = time.time()
+    config_lib.validate(cfg)
+    workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
+    run = Run(cfg, model=model, dataset=dataset)
+    _prepare_workdir(workdir, cfg)
+
+    ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
+    state = run.init_state()
+    start = 0
+    if ckpts.latest_step() is not None:
+        changes = _changed_keys(workdir, cfg)
+        state, meta = ckpts.restore(state)
+        start = int(meta["data_step"])
+        print(f"resuming {workdir} from step {start}" + (f" (changed: {'; '.join(changes)})" if changes else ""))
+    config_lib.save(cfg, workdir / "config.json")
+
+    log = observe.MetricsLog(workdir, resume_step=start)
+    train_cfg = cfg.train
+    end = train_cfg.steps if not train_cfg.stop_after else min(train_cfg.steps, start + train_cfg.stop_after)
+    num_params = state_lib.param_count(state.params)
+    progress = observe.Progress(train_cfg.steps, start, enabled=train_cfg.progress)
+    if start == 0:
+        progress.note(
+            f"{cfg.experiment or 'run'}: {type(run.model).__name__} with {num_params:,} parameters, "
+            f"{len(run.dataset.train[0]):,} training examples, {train_cfg.steps} steps of "
+            f"{train_cfg.batch_size} on {run.mesh.shape['data']} {jax.devices()[0].platform} device(s)"
+        )
+
+    batches = pipeline.prefetch(
+        pipeline.train_batches(
+            *run.dataset.train,
+            batch_size=train_cfg.batch_size,
+            seed=cfg.seed,
+            start_step=start,
+            mean=run.dataset.mean,
+            std=run.dataset.std,
+            do_augment=cfg.data.augment,
+        ),
+        cfg.data.prefetch,
+        lambda b: parallel.put_batch(b, run.mesh),
+    )
+    accumulate = jax.jit(lambda total, new: jax.tree.map(jnp.add, total, new), donate_argnums=0)
+    meta = lambda step: {"data_step": step, "experiment": cfg.experiment}  # noqa: E731
+
+    compile_seconds = eval_seconds = 0.0
+    sums, interval_steps = None, 0
+    loop_start = interval_start = time.perf_counter()
+    saved_step = start
+    try:
+        for step in range(start, end):
+            state, metrics = run.train_step(state, next(batches))
+            sums = metrics if sums is None else accumulate(sums, metrics)
+            interval_steps += 1
+            done = step + 1
+            if step == start:  # the one deliberate sync outside logging: time the compilation
+                jax.block_until_ready(state)
+                compile_seconds = time.perf_counter() - loop_start
+            if done % train_cfg.log_every == 0 or done == end:
+                values = {k: float(v) / interval_steps for k, v in jax.device_get(sums).items()}
+                now = time.perf_counter()
+                rate = interval_steps / (now - interval_start)
+                values.update(
+                    lr=float(run.lr_schedule(step)), steps_per_s=rate, examples_per_s=rate * train_cfg.batch_size
+                )
+                log.write(done, "train", values)
+                progress.update(done, {"loss": values["loss"], "acc": values["accuracy"], "steps/s": rate})
+                sums, interval_steps = None, 0
+                interval_start = now
+            if train_cfg.eval_every and done % train_cfg.eval_every == 0 and done != train_cfg.steps:
+                eval_started = time.perf_counter()
+                val = run.evaluate(state, "val")
+                log.write(done, "val", val)
+                progress.note(f"step {done}: val loss {val['loss']:.4f}, val accuracy {val['accuracy']:.4f}")
+                eval_seconds += time.perf_counter() - eval_started
+                interval_start += time.perf_counter() - eval_started
+            if train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0 and done != end:
+                ckpts.save(done, state, meta(done))
+                saved_step = done
+        if end > saved_step:
+            ckpts.save(end, state, meta(end))
+        ckpts.wait()
+    finally:
+        progress.close()
+        ckpts.close()
+    loop_seconds = time.perf_counter() - loop_start
+
+    steps_run = end - start
+    summary: dict[str, Any] = {
+        "experiment": cfg.experiment,
+        "workdir": str(workdir),
+        "step": end,
+        "steps_total": train_cfg.steps,
+        "complete": end == train_cfg.steps,
+        "param_count": num_params,
+        "wall_time_s": round(time.time() - started, 2),
+        "compile_time_s": round(compile_seconds, 2),
+    }
+    if steps_run > 1:
+        step_seconds = (loop_seconds - compile_seconds - eval_seconds) / (steps_run - 1)
+        summary["steps_per_s"] = round(1 / step_seconds, 2)
+        summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
+    if end == train_cfg.steps:
+        for split in ("val", "test"):
+            metrics = run.evaluate(state, split)
+            if metrics:
+                log.write(end, split, metrics)
+                summary[split] = metrics
+    log.close()
+    observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
+    summary["wall_time_s"] = round(time.time() - started, 2)
+    summary["environment"] = observe.environment()
+    observe.write_json(workdir / "summary.json", summary)
+
+    if end < train_cfg.steps:
+        print(f"stopped at step {end} of {train_cfg.steps}; run the same command again to continue ({workdir})")
+    else:
+        test = summary.get("test", {})
+        print(
+            f"test accuracy {test.get('accuracy', float('nan')):.4f}  test loss {test.get('loss', float('nan')):.4f}  "
+            f"wall time {summary['wall_time_s']:.0f} s  run directory {workdir}"
+        )
+    return summary
+
+
+def evaluate(workdir: str | os.PathLike, split: str = "test") -> dict[str, float]:
+    """Evaluate the newest checkpoint of a run directory on ``split`` (val or test).
+
+    The config is read from the run's ``config.json``; the result is also written to
+    ``eval.json`` in the run directory.
+    """
+    workdir = Path(workdir)
+    if not (workdir / "config.json").is_file():
+        raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
+    cfg = config_lib.load(workdir / "config.json")
+    run = Run(cfg)
+    ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
+    try:
+        state, meta = ckpts.restore(run.init_state())
+    finally:
+        ckpts.close()
+    metrics = run.evaluate(state, split)
+    result = {"step": int(meta["data_step"]), "split": split, **metrics}
+    observe.write_json(workdir / "eval.json", result)
+    return result

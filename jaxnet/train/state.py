@@ -1,0 +1,45 @@
+"""The training state: one pytree holding everything a step reads and writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class TrainState(flax.struct.PyTreeNode):
+    """Step counter, parameters, optimizer state, non-trainable model state and the base RNG.
+
+    ``model_state`` holds every Flax collection other than ``params`` (e.g. ``batch_stats``).
+    ``rng`` is the run's base key; a step draws its randomness with ``fold_in(rng, step)``, so
+    nothing random depends on how many times the state was saved and restored.
+    """
+
+    step: jnp.ndarray
+    params: Any
+    opt_state: optax.OptState
+    model_state: dict
+    rng: jnp.ndarray
+
+
+def create(model: Any, tx: optax.GradientTransformation, sample_input: jnp.ndarray, seed: int) -> TrainState:
+    """Initialise the model on ``sample_input`` (a batch of shape (1, ...)) and the optimizer."""
+    init_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
+    variables = model.init({"params": init_rng, "dropout": init_rng}, sample_input, train=False)
+    variables = dict(variables)
+    params = variables.pop("params")
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        model_state=variables,
+        rng=run_rng,
+    )
+
+
+def param_count(params: Any) -> int:
+    """Number of scalar parameters."""
+    return sum(int(x.size) for x in jax.tree.leaves(params))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as e:  # gzip raises EOFError on a truncated stream
+    except (OSError, EOFError, zlib.error) as e:  # gzip: EOFError if truncated, zlib.error if corrupted
         raise UserError(f"cannot read IDX file {path}: {e}; the file is damaged, reinstall it") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_DTYPES:
         raise UserError(

@@ -114,21 +114,23 @@ def prefetch(batches: Iterable[Any], size: int, place: Callable[[Any], Any] = la
     stop = threading.Event()
     done = object()
 
+    def offer(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for batch in batches:
-                item = place(batch)
-                while not stop.is_set():
-                    try:
-                        buffer.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if stop.is_set() or not offer(place(batch)):
                     return
-            buffer.put(done)
+            offer(done)
         except BaseException as e:  # handed to the consumer, which re-raises it
-            buffer.put(e)
+            offer(e)
 
     thread = threading.Thread(target=produce, name="jaxnet-prefetch", daemon=True)
     thread.start()
@@ -141,4 +143,7 @@ def prefetch(batches: Iterable[Any], size: int, place: Callable[[Any], Any] = la
                 raise item
             yield item
     finally:
+        # Join rather than abandon the thread: one killed inside a device copy at interpreter
+        # exit takes the process down with it.
         stop.set()
+        thread.join()

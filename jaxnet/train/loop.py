@@ -210,6 +210,7 @@ def train(
             ckpts.save(end, state, meta(end))
         ckpts.wait()
     finally:
+        batches.close()
         progress.close()
         ckpts.close()
     loop_seconds = time.perf_counter() - loop_start

@@ -1,0 +1,141 @@
+"""Training: the loss and schedule against closed forms, the step, determinism and exact resume."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from jaxnet import observe, optim
+from jaxnet.checkpoint import Checkpoints
+from jaxnet.config import OptimConfig
+from jaxnet.train import Run, train
+from jaxnet.train.step import cross_entropy
+
+
+def final_params(workdir, cfg, dataset):
+    run = Run(cfg, dataset=dataset)
+    ckpts = Checkpoints(workdir / "checkpoints")
+    try:
+        state, meta = ckpts.restore(run.init_state())
+    finally:
+        ckpts.close()
+    return meta["data_step"], jax.tree.map(np.asarray, state)
+
+
+def train_metrics(workdir):
+    return [r for r in observe.read_metrics(workdir / "metrics.jsonl") if r["split"] == "train"]
+
+
+def test_cross_entropy_matches_numpy_with_label_smoothing():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 7)).astype(np.float32)
+    labels = rng.integers(0, 7, size=5)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    targets = np.full((5, 7), 0.1 / 7) + 0.9 * np.eye(7)[labels]
+    expected = -(targets * log_probs).sum(-1)
+    np.testing.assert_allclose(cross_entropy(jnp.asarray(logits), jnp.asarray(labels), 0.1), expected, rtol=1e-5)
+
+
+def test_schedule_is_linear_warmup_then_cosine_to_the_end_factor():
+    cfg = OptimConfig(lr=0.2, warmup_steps=10, end_lr_factor=0.1)
+    schedule = optim.schedule(cfg, total_steps=110)
+    assert float(schedule(0)) == 0.0
+    assert float(schedule(5)) == pytest.approx(0.1)
+    for t in (10, 35, 60, 110):
+        expected = 0.02 + (0.2 - 0.02) * 0.5 * (1 + math.cos(math.pi * (t - 10) / 100))
+        assert float(schedule(t)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_training_lowers_the_loss_and_learns_the_task(quadrants, tmp_path):
+    summary = train(tiny_config(train={"steps": 40}), tmp_path, dataset=quadrants)
+    losses = [r["loss"] for r in train_metrics(tmp_path)]
+    assert losses[-1] < 0.5 * losses[0]
+    assert summary["test"]["accuracy"] > 0.9  # chance is 0.25
+
+
+def test_same_seed_gives_identical_results_and_another_seed_does_not(quadrants, tmp_path):
+    cfg = tiny_config(model={"dropout": 0.3})
+    train(cfg, tmp_path / "a", dataset=quadrants)
+    train(cfg, tmp_path / "b", dataset=quadrants)
+    cfg.seed = 1
+    train(cfg, tmp_path / "c", dataset=quadrants)
+    _, a = final_params(tmp_path / "a", cfg, quadrants)
+    _, b = final_params(tmp_path / "b", cfg, quadrants)
+    _, c = final_params(tmp_path / "c", cfg, quadrants)
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+        np.testing.assert_array_equal(x, y)
+    assert any(not np.array_equal(x, z) for x, z in zip(jax.tree.leaves(a.params), jax.tree.leaves(c.params)))
+    assert [r["loss"] for r in train_metrics(tmp_path / "a")] == [r["loss"] for r in train_metrics(tmp_path / "b")]
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"name": "convnet", "dropout": 0.3},  # randomness per step must resume exactly
+        {"name": "resnet", "features": (4, 8), "blocks": (1, 1)},  # BatchNorm state must be restored
+    ],
+)
+@pytest.mark.parametrize("stop_after", [4, 5])  # at a checkpoint, and between checkpoints
+def test_stopped_and_resumed_run_ends_identical_to_an_uninterrupted_one(quadrants, tmp_path, model, stop_after):
+    cfg = tiny_config(model=model, optim={"name": "sgd", "lr": 0.05}, data={"augment": True})
+    train(cfg, tmp_path / "whole", dataset=quadrants)
+
+    cfg.train.stop_after = stop_after
+    first = train(cfg, tmp_path / "resumed", dataset=quadrants)
+    assert first["step"] == stop_after and not first["complete"]
+    cfg.train.stop_after = 0
+    second = train(cfg, tmp_path / "resumed", dataset=quadrants)
+    assert second["complete"]
+
+    step_a, whole = final_params(tmp_path / "whole", cfg, quadrants)
+    step_b, resumed = final_params(tmp_path / "resumed", cfg, quadrants)
+    assert step_a == step_b == cfg.train.steps
+    for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
+        np.testing.assert_array_equal(x, y)
+    # the logs read as one run: the same steps (plus one line where the first invocation
+    # stopped between two log steps) and the same losses wherever a log interval did not
+    # straddle the stop
+    whole_log, resumed_log = train_metrics(tmp_path / "whole"), train_metrics(tmp_path / "resumed")
+    extra = {stop_after} if stop_after % cfg.train.log_every else set()
+    assert [r["step"] for r in resumed_log if r["step"] not in extra] == [r["step"] for r in whole_log]
+    straddled = {stop_after - stop_after % 2 + 2} if extra else set()
+    resumed_by_step = {r["step"]: r for r in resumed_log}
+    for a in whole_log:
+        if a["step"] not in straddled:
+            assert resumed_by_step[a["step"]]["loss"] == a["loss"]
+
+
+def test_gradient_accumulation_matches_one_big_batch(quadrants, tmp_path):
+    cfg = tiny_config(train={"steps": 3, "checkpoint_every": 0, "eval_every": 0})
+    train(cfg, tmp_path / "one", dataset=quadrants)
+    cfg.optim.grad_accum = 4
+    train(cfg, tmp_path / "four", dataset=quadrants)
+    _, one = final_params(tmp_path / "one", cfg, quadrants)
+    _, four = final_params(tmp_path / "four", cfg, quadrants)
+    for x, y in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_bfloat16_compute_keeps_float32_parameters(quadrants, tmp_path):
+    cfg = tiny_config(model={"dtype": "bfloat16"}, train={"steps": 20})
+    summary = train(cfg, tmp_path, dataset=quadrants)
+    _, state = final_params(tmp_path, cfg, quadrants)
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {np.dtype("float32")}
+    assert summary["test"]["accuracy"] > 0.5
+
+
+def test_run_directory_has_every_artifact(quadrants, tmp_path):
+    summary = train(tiny_config(), tmp_path, dataset=quadrants)
+    for name in ("config.json", "metrics.jsonl", "summary.json", "curves.png"):
+        assert (tmp_path / name).is_file(), name
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert Checkpoints(tmp_path / "checkpoints").all_steps() == [4, 8, 12]
+    splits = {r["split"] for r in observe.read_metrics(tmp_path / "metrics.jsonl")}
+    assert splits == {"train", "val", "test"}
+    assert summary["param_count"] == 4 * 9 + 4 + (4 * 4 * 4) * 16 + 16 + 16 * 4 + 4
+    assert summary["examples_per_s"] > 0 and summary["environment"]["versions"]["jax"]

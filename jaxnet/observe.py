@@ -107,7 +107,10 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike) -> None:
+SPLIT_STYLE = {"train": dict(color="C0"), "val": dict(color="C1"), "test": dict(color="C2", marker="*", markersize=12)}
+
+
+def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, title: str = "") -> None:
     """Draw loss and accuracy against step, one line per split, into a PNG."""
     import matplotlib
 
@@ -120,18 +123,20 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike) ->
             if name in record:
                 series[(name, record["split"])].append((record["step"], record[name]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, name in zip(axes, ("loss", "accuracy"), strict=False):
-        for (metric, split), points in sorted(series.items()):
-            if metric != name:
+    for ax, name in zip(axes, ("loss", "accuracy"), strict=True):
+        for split, style in SPLIT_STYLE.items():
+            points = series.get((name, split))
+            if not points:
                 continue
-            steps, values = zip(*points, strict=False)
-            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=split)
+            steps, values = zip(*points, strict=True)
+            marker = style.get("marker", "o" if len(points) < 30 else None)
+            ax.plot(steps, values, **{**style, "marker": marker}, label=f"{split} {values[-1]:.4g}")
         ax.set_xlabel("step")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
         ax.legend()
     axes[0].set_yscale("log")
-    fig.suptitle(Path(metrics_path).parent.name)
+    fig.suptitle(title or Path(metrics_path).parent.name)
     fig.tight_layout()
     fig.savefig(out_path, dpi=100)
     plt.close(fig)

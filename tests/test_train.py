@@ -67,9 +67,11 @@ def test_same_seed_gives_identical_results_and_another_seed_does_not(quadrants, 
     _, a = final_params(tmp_path / "a", cfg, quadrants)
     _, b = final_params(tmp_path / "b", cfg, quadrants)
     _, c = final_params(tmp_path / "c", cfg, quadrants)
-    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
         np.testing.assert_array_equal(x, y)
-    assert any(not np.array_equal(x, z) for x, z in zip(jax.tree.leaves(a.params), jax.tree.leaves(c.params)))
+    assert any(
+        not np.array_equal(x, z) for x, z in zip(jax.tree.leaves(a.params), jax.tree.leaves(c.params), strict=True)
+    )
     assert [r["loss"] for r in train_metrics(tmp_path / "a")] == [r["loss"] for r in train_metrics(tmp_path / "b")]
 
 
@@ -95,7 +97,7 @@ def test_stopped_and_resumed_run_ends_identical_to_an_uninterrupted_one(quadrant
     step_a, whole = final_params(tmp_path / "whole", cfg, quadrants)
     step_b, resumed = final_params(tmp_path / "resumed", cfg, quadrants)
     assert step_a == step_b == cfg.train.steps
-    for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
+    for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed), strict=True):
         np.testing.assert_array_equal(x, y)
     # the logs read as one run: the same steps (plus one line where the first invocation
     # stopped between two log steps) and the same losses wherever a log interval did not
@@ -117,7 +119,7 @@ def test_gradient_accumulation_matches_one_big_batch(quadrants, tmp_path):
     train(cfg, tmp_path / "four", dataset=quadrants)
     _, one = final_params(tmp_path / "one", cfg, quadrants)
     _, four = final_params(tmp_path / "four", cfg, quadrants)
-    for x, y in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
+    for x, y in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
 
 

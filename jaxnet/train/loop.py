@@ -237,7 +237,7 @@ def train(
                 log.write(end, split, metrics)
                 summary[split] = metrics
     log.close()
-    observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
+    observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png", cfg.experiment)
     summary["wall_time_s"] = round(time.time() - started, 2)
     summary["environment"] = observe.environment()
     observe.write_json(workdir / "summary.json", summary)

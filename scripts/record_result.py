@@ -1,0 +1,80 @@
+"""Train an experiment in a fresh run directory, timed from outside, and save the result.
+
+    python scripts/record_result.py cnn_fashion_mnist [key=value ...]
+
+Runs ``jaxnet train`` as a separate process (so the wall time includes start-up, data loading
+and compilation, as a user sees it), then writes
+``benchmarks/results/train-<experiment>-<platform>-<date>.json`` with the test metrics, the
+times, the command, the device and the library versions. ``scripts/update_readme.py`` turns these
+files into the README's results table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    experiment, overrides = argv[0], argv[1:]
+    workdir = Path(tempfile.mkdtemp(prefix="jaxnet-record-")) / "run"
+    command = ["jaxnet", "train", experiment, *overrides, "--workdir", str(workdir)]
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "jaxnet", *command[1:]], cwd=ROOT)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        return result.returncode
+    summary = json.loads((workdir / "summary.json").read_text())
+    env = summary["environment"]
+    date = datetime.date.today().isoformat()
+    record = {
+        "kind": "training",
+        "experiment": experiment,
+        "overrides": overrides,
+        "command": " ".join(command[:-2]),
+        "date": date,
+        "device": env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU ({cpu_model()})",
+        "platform": env["platform"],
+        "wall_time_s": round(wall, 1),
+        "test": summary["test"],
+        "val": summary["val"],
+        "steps": summary["step"],
+        "compile_time_s": summary["compile_time_s"],
+        "examples_per_s": summary["examples_per_s"],
+        "param_count": summary["param_count"],
+        "versions": env["versions"],
+        "python": env["python"],
+        "git_commit": env["git_commit"],
+    }
+    out = ROOT / "benchmarks" / "results" / f"train-{experiment}-{env['platform']}-{date}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    shutil.copy(workdir / "curves.png", out.with_suffix(".png"))
+    print(f"wrote {out.relative_to(ROOT)}: test accuracy {record['test']['accuracy']:.4f} in {wall:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

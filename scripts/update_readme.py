@@ -42,6 +42,10 @@ def render() -> str:
         "process: start-up, data loading, compilation, training, final evaluation; environment already set up)."
     ]
     body += ["", training_table(training)] if training else ["", "No results recorded yet."]
+    for r in training:
+        plot = Path(r["_file"]).with_suffix(".png")
+        if (ROOT / plot).is_file():
+            body += ["", f"![{r['experiment']} training curves]({plot})"]
     return "\n".join(body)
 
 

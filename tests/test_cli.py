@@ -97,6 +97,9 @@ BAD_INPUT = [
     (["train", "cnn_fashion_mnist:smoke", "model.hidden=128", "--workdir", "{run}"], "params/Dense_0/bias"),
     (["train", "resnet_cifar10:smoke", "data.dir={cifar}", "--workdir", "{run}"], "holds a run of"),
     (["train", "cnn_fashion_mnist:smoke", "--workdir", "{run}/config.json"], "is a file"),
+    (["train", "cnn_fashion_mnist:smoke", "--workdir", "{run}/config.json/sub"], "cannot create workdir"),
+    (["train", "cnn_fashion_mnist:smoke", "data.dir={bad_magic}"], "is not an IDX file (magic number 08080808)"),
+    (["train", "cnn_fashion_mnist:smoke", "data.dir={truncated}"], "the file is truncated or damaged"),
     (["eval", "--workdir", "{run}/tb"], "not a run directory"),
     (["train"], "the following arguments are required: experiment"),
     (["fly"], "invalid choice: 'fly'"),
@@ -108,8 +111,12 @@ BAD_INPUT = [
 def test_bad_input_is_one_line_exit_2_and_harms_nothing(smoke_run, tmp_path, capsys, args, message):
     cifar = tmp_path / "cifar"
     write_cifar_batches(cifar, per_batch=40)
+    bad_magic, truncated = write_idx_dir(tmp_path / "bad_magic", 50), write_idx_dir(tmp_path / "truncated", 50)
+    (bad_magic / "train-images-idx3-ubyte").write_bytes(b"\x08" * 100)
+    (truncated / "t10k-labels-idx1-ubyte").write_bytes((truncated / "t10k-labels-idx1-ubyte").read_bytes()[:-3])
     before = snapshot(smoke_run)
-    code = cli.main([a.format(run=smoke_run, cifar=cifar) for a in args])
+    places = dict(run=smoke_run, cifar=cifar, bad_magic=bad_magic, truncated=truncated)
+    code = cli.main([a.format(**places) for a in args])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("jaxnet: error: ")
@@ -124,6 +131,24 @@ def test_bad_input_through_the_real_entry_point_has_no_traceback(tmp_path):
         "jaxnet: error: unknown config key 'train.lr'; did you mean optim.lr or train.log_every or train.eval_every?"
     ]
     assert not (tmp_path / "runs").exists()
+
+
+def write_idx_dir(directory: Path, n: int) -> Path:
+    """Four valid, uncompressed IDX files of ``n`` random 28x28 images each."""
+    import struct
+
+    import numpy as np
+
+    directory.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix in ("train", "t10k"):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        (directory / f"{prefix}-images-idx3-ubyte").write_bytes(
+            struct.pack(">4B3I", 0, 0, 8, 3, n, 28, 28) + images.tobytes()
+        )
+        (directory / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">4BI", 0, 0, 8, 1, n) + labels.tobytes())
+    return directory
 
 
 def write_cifar_batches(directory: Path, per_batch: int) -> None:

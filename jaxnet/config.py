@@ -252,11 +252,12 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return cfg
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to one dict with dotted keys: ``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``."""
     flat: dict[str, Any] = {}
     for k, v in tree.items():
         if isinstance(v, dict):
-            flat.update(_flatten(v, f"{prefix}{k}."))
+            flat.update(flatten(v, f"{prefix}{k}."))
         else:
             flat[f"{prefix}{k}"] = v
     return flat
@@ -265,7 +266,7 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def from_dict(tree: dict[str, Any]) -> Config:
     """Build a checked Config from nested plain values (e.g. a saved ``config.json``)."""
     cfg = Config()
-    for key, value in _flatten(tree).items():
+    for key, value in flatten(tree).items():
         _set(cfg, key, value)
     return cfg
 

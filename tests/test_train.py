@@ -141,3 +141,15 @@ def test_run_directory_has_every_artifact(quadrants, tmp_path):
     assert splits == {"train", "val", "test"}
     assert summary["param_count"] == 4 * 9 + 4 + (4 * 4 * 4) * 16 + 16 + 16 * 4 + 4
     assert summary["examples_per_s"] > 0 and summary["environment"]["versions"]["jax"]
+
+
+def test_train_step_compiles_once_per_invocation_including_a_resume(quadrants, tmp_path, caplog):
+    """Evaluation, checkpointing, logging and a restored state must not trigger recompilation."""
+    cfg = tiny_config(train={"stop_after": 6})
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        train(cfg, tmp_path, dataset=quadrants)
+        cfg.train.stop_after = 0
+        train(cfg, tmp_path, dataset=quadrants)
+    compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    assert sum("train_step" in m for m in compiles) == 2, compiles
+    assert sum("eval_step" in m for m in compiles) == 2, compiles

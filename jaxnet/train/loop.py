@@ -107,8 +107,8 @@ def _changed_keys(workdir: Path, cfg: Config) -> list[str]:
     saved = workdir / "config.json"
     if not saved.exists():
         return []
-    old = config_lib._flatten(config_lib.load(saved).to_dict())
-    new = config_lib._flatten(cfg.to_dict())
+    old = config_lib.flatten(config_lib.load(saved).to_dict())
+    new = config_lib.flatten(cfg.to_dict())
     return [f"{k} {old[k]} -> {new[k]}" for k in new if old.get(k) != new[k]]
 
 
@@ -264,7 +264,9 @@ def evaluate(workdir: str | os.PathLike, split: str = "test") -> dict[str, float
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
     cfg = config_lib.load(workdir / "config.json")
     run = Run(cfg)
-    ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
+    if not (workdir / "checkpoints").is_dir():
+        raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
+    ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints, read_only=True)
     try:
         state, meta = ckpts.restore(run.init_state())
     finally:

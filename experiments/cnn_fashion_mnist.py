@@ -1,8 +1,9 @@
 """A small ConvNet on Fashion-MNIST: the default experiment.
 
 Command:  jaxnet train cnn_fashion_mnist      (or ./scripts/train, which also installs the data)
-Result:   about 92 % test accuracy (published reference for a 2-layer CNN: 91-92 %)
-Time:     about 4 minutes on a 2-core CPU (see README, "Results")
+Result:   92.07 % test accuracy (published reference for a 2-layer CNN: 91-92 %)
+Time:     3.5 minutes on a 2-core CPU, start to finish
+          (benchmarks/results/train-cnn_fashion_mnist-cpu-2026-11-21.json)
 
 Two 3x3 conv layers (32 and 64 channels) with max-pooling, a 256-unit dense layer, dropout 0.25;
 AdamW with warmup and cosine decay; 2,150 steps of 128 = 5 epochs of the 55,000 training images

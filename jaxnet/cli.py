@@ -54,8 +54,8 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         from jaxnet.train import train
 
-        summary = train(cfg, args.workdir)
-        return 0 if summary is not None else 1
+        train(cfg, args.workdir)
+        return 0
     if args.command == "eval":
         from jaxnet.train import evaluate
 

@@ -21,14 +21,19 @@ from tqdm.auto import tqdm
 class MetricsLog:
     """Appends metrics to ``metrics.jsonl`` and TensorBoard event files under ``tb/``.
 
-    When a run resumes at ``resume_step``, lines written after that step by the interrupted run
-    are dropped so the file reads as if the run had never stopped.
+    When a run resumes at ``resume_step``, lines the interrupted run wrote after that step are
+    dropped, and so are evaluation lines at that step when ``final`` (the resumed run is about
+    to evaluate it again), so the file reads as if the run had never stopped.
     """
 
-    def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, tensorboard: bool = True):
+    def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, final: bool = False, tensorboard: bool = True):
         self.path = Path(workdir) / "metrics.jsonl"
         if resume_step and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= resume_step]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if _step_of(line) < resume_step or (_step_of(line) == resume_step and not (final and _is_eval(line)))
+            ]
             self.path.write_text("".join(line + "\n" for line in kept))
         elif not resume_step:
             self.path.write_text("")
@@ -59,6 +64,10 @@ def _step_of(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError, TypeError):
         return math.inf  # a half-written line from a killed run: drop it
+
+
+def _is_eval(line: str) -> bool:
+    return json.loads(line).get("split") != "train"
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -80,8 +80,9 @@ def test_rerunning_a_finished_run_resumes_instead_of_retraining(smoke_run, tmp_p
     subprocess.run(["cp", "-r", str(smoke_run), str(workdir)], check=True)
     result = jaxnet_command("train", "cnn_fashion_mnist:smoke", "--workdir", str(workdir), cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert "resuming" in result.stdout and "from step 60" in result.stdout
+    assert "resuming" in result.stdout and "already complete" in result.stdout
     assert "step 10/60" not in result.stdout
+    assert snapshot(workdir) == snapshot(smoke_run)
 
 
 BAD_INPUT = [
@@ -96,6 +97,7 @@ BAD_INPUT = [
     (["train", "resnet_cifar10:smoke"], "CIFAR-10 directory (none given) does not exist"),
     (["train", "cnn_fashion_mnist:smoke", "model.hidden=128", "--workdir", "{run}"], "params/Dense_0/bias"),
     (["train", "resnet_cifar10:smoke", "data.dir={cifar}", "--workdir", "{run}"], "holds a run of"),
+    (["train", "cnn_fashion_mnist:smoke", "train.steps=30", "--workdir", "{run}"], "past train.steps=30"),
     (["train", "cnn_fashion_mnist:smoke", "--workdir", "{run}/config.json"], "is a file"),
     (["train", "cnn_fashion_mnist:smoke", "--workdir", "{run}/config.json/sub"], "cannot create workdir"),
     (["train", "cnn_fashion_mnist:smoke", "data.dir={bad_magic}"], "is not an IDX file (magic number 08080808)"),

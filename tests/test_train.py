@@ -153,3 +153,13 @@ def test_train_step_compiles_once_per_invocation_including_a_resume(quadrants, t
     compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
     assert sum("train_step" in m for m in compiles) == 2, compiles
     assert sum("eval_step" in m for m in compiles) == 2, compiles
+
+
+def test_finishing_a_run_whose_summary_was_lost_evaluates_once(quadrants, tmp_path):
+    cfg = tiny_config()
+    train(cfg, tmp_path, dataset=quadrants)
+    (tmp_path / "summary.json").unlink()  # as if killed between the last checkpoint and the summary
+    summary = train(cfg, tmp_path, dataset=quadrants)
+    final_evals = [(r["split"], r["step"]) for r in observe.read_metrics(tmp_path / "metrics.jsonl") if r["step"] == 12]
+    assert sorted(final_evals) == [("test", 12), ("train", 12), ("val", 12)]
+    assert summary["complete"] and "test" in summary

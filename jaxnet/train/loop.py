@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -141,10 +142,20 @@ def train(
         changes = _changed_keys(workdir, cfg)
         state, meta = ckpts.restore(state)
         start = int(meta["data_step"])
+        if start > cfg.train.steps:
+            raise UserError(
+                f"the checkpoint in {workdir} is at step {start}, past train.steps={cfg.train.steps}; "
+                "raise train.steps or use a fresh --workdir"
+            )
         print(f"resuming {workdir} from step {start}" + (f" (changed: {'; '.join(changes)})" if changes else ""))
+    if start == cfg.train.steps and (workdir / "summary.json").is_file():
+        summary = json.loads((workdir / "summary.json").read_text())
+        if summary.get("complete"):
+            print(f"{workdir} is already complete: test accuracy {summary['test']['accuracy']:.4f}")
+            return summary
     config_lib.save(cfg, workdir / "config.json")
 
-    log = observe.MetricsLog(workdir, resume_step=start)
+    log = observe.MetricsLog(workdir, resume_step=start, final=start == cfg.train.steps)
     train_cfg = cfg.train
     end = train_cfg.steps if not train_cfg.stop_after else min(train_cfg.steps, start + train_cfg.stop_after)
     num_params = state_lib.param_count(state.params)

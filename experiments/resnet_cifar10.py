@@ -17,6 +17,7 @@ VARIANTS = ("default", "smoke")
 
 
 def get_config(variant: str = "default") -> Config:
+    """The config of ``variant`` (one of VARIANTS)."""
     cfg = Config()
     cfg.data.name = "cifar10"
     cfg.data.augment = True

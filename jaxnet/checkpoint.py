@@ -1,7 +1,8 @@
 """Checkpoints with orbax: asynchronous saves, keep the newest K, restore onto any placement.
 
-Each checkpoint ``checkpoints/<step>/`` holds the train state and a small JSON record of where
-the data stream stands, so a resumed run continues with exactly the next batch.
+Each checkpoint ``checkpoints/<step>/`` holds the train state and a small JSON record (the
+experiment and its config). The data position needs no record of its own: the order of
+training examples is a function of (seed, step), and the step is part of the state.
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ class Checkpoints:
     """The checkpoints of one run directory.
 
     >>> ckpts = Checkpoints("runs/a/checkpoints", keep=3)          # doctest: +SKIP
-    >>> ckpts.save(100, state, {"data_step": 100})                  # doctest: +SKIP
-    >>> state, meta = ckpts.restore(state)   # newest, placed like the given state  # doctest: +SKIP
+    >>> ckpts.save(100, state, {"experiment": "mine"})              # doctest: +SKIP
+    >>> state, meta = ckpts.restore(abstract_state)  # newest, placed as the target says  # doctest: +SKIP
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, asynchronous: bool = True):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, asynchronous: bool = True, read_only: bool = False):
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=asynchronous)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=None if read_only else keep,
+            create=not read_only,
+            read_only=read_only,
+            enable_async_checkpointing=asynchronous,
+        )
         try:
             self._manager = ocp.CheckpointManager(
                 self.directory,
@@ -52,35 +58,56 @@ class Checkpoints:
             force=True,
         )
 
-    def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-        """Restore checkpoint ``step`` (default: newest) with the structure and placement of ``like``."""
+    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """Restore checkpoint ``step`` (default: newest) into the structure, shapes and placement of ``target``.
+
+        ``target`` is a pytree of arrays or of ``jax.ShapeDtypeStruct`` with shardings. A checkpoint
+        that does not fit it, or cannot be read, is a :class:`UserError` naming the problem.
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise UserError(f"no checkpoint in {self.directory}; train first with `jaxnet train`")
-        self._check_shapes(like, step)
-        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
-        )
-        return restored["state"], dict(restored["meta"])
+        self._check_fits(target, step)
+        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+            )
+        except Exception as e:  # orbax and tensorstore raise many types for a damaged checkpoint
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise UserError(
+                f"checkpoint step {step} in {self.directory} cannot be restored ({type(e).__name__}: {reason}); "
+                f"delete {self.directory / str(step)} to fall back to an earlier one, or use a fresh --workdir"
+            ) from None
+        return restored["state"], dict(restored["meta"] or {})
 
-    def _check_shapes(self, like: Any, step: int) -> None:
-        """Name the first array whose saved shape differs from what the model expects."""
+    def _check_fits(self, target: Any, step: int) -> None:
+        """Name the first array that is missing, extra or of another shape in the saved state."""
         try:
             saved = self._manager.item_metadata(step)["state"]
-        except Exception:  # metadata is an optimisation of the error message, not a requirement
+        except Exception:  # unreadable metadata: let restore report the damage
             return
         if saved is None:
             return
         saved_shapes = {_names(path): getattr(leaf, "shape", None) for path, leaf in _flat(saved)}
-        for path, leaf in _flat(like):
-            shape = saved_shapes.get(_names(path))
-            if shape is not None and tuple(shape) != tuple(leaf.shape):
-                name = "/".join(_names(path))
+        wanted_shapes = {_names(path): leaf.shape for path, leaf in _flat(target)}
+        where = f"checkpoint step {step} in {self.directory} does not fit this run"
+        for name, shape in wanted_shapes.items():
+            if name not in saved_shapes:
                 raise UserError(
-                    f"checkpoint step {step} in {self.directory} does not fit this model: {name} has shape "
-                    f"{tuple(shape)} there but {tuple(leaf.shape)} here; use a fresh --workdir"
+                    f"{where}: it has no {'/'.join(name)} (another model or optimizer?); use a fresh --workdir"
                 )
+            if saved_shapes[name] is not None and tuple(saved_shapes[name]) != tuple(shape):
+                raise UserError(
+                    f"{where}: {'/'.join(name)} has shape {tuple(saved_shapes[name])} there but {tuple(shape)} "
+                    "here; use a fresh --workdir"
+                )
+        extra = sorted(set(saved_shapes) - set(wanted_shapes))
+        if extra:
+            raise UserError(
+                f"{where}: it has {'/'.join(extra[0])}, which this run does not (another model or optimizer?); "
+                "use a fresh --workdir"
+            )
 
     def wait(self) -> None:
         """Block until every pending save is on disk."""

@@ -1,7 +1,7 @@
 """The ``jaxnet`` command: argument parsing only; the work happens in :mod:`jaxnet.train`.
 
     jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config]
-    jaxnet eval --workdir DIR [--split test|val]
+    jaxnet eval --workdir DIR [--split test|val] [key=value ...]
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2.
@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
     evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
     evaluate.add_argument("--split", default="test", choices=("test", "val"))
+    evaluate.add_argument("overrides", nargs="*", metavar="key=value", help="change the saved config, e.g. data.dir=DIR")
 
     commands.add_parser("list", help="list the experiments that can be trained")
     return parser
@@ -59,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "eval":
         from jaxnet.train import evaluate
 
-        result = evaluate(args.workdir, args.split)
+        result = evaluate(args.workdir, args.split, args.overrides)
         print(json.dumps(result))
         return 0
     raise AssertionError(args.command)
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv)
         # argparse stops collecting positionals at the first option, so gather the key=value
         # pairs that come after --workdir here.
-        unknown = [e for e in extra if args.command != "train" or "=" not in e or e.startswith("-")]
+        unknown = [e for e in extra if not hasattr(args, "overrides") or "=" not in e or e.startswith("-")]
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if extra:

@@ -16,7 +16,9 @@ import importlib.util
 import json
 import math
 import os
+import traceback
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,12 @@ from typing import Any
 from jaxnet.errors import UserError
 
 
-def _field(default: Any, doc: str, *, low: float | None = None, choices: tuple = ()) -> Any:
+def _field(default: Any, doc: str, *, low: float | None = None, high: float | None = None, choices: tuple = ()) -> Any:
     """A config field with its description and the range of values it accepts.
 
-    ``low`` is an inclusive lower bound for numbers (and for every item of a tuple).
+    ``low`` and ``high`` are inclusive bounds for numbers (and for every item of a tuple).
     """
-    meta = {"doc": doc, "low": low, "choices": choices}
+    meta = {"doc": doc, "low": low, "high": high, "choices": choices}
     if isinstance(default, tuple):
         return field(default_factory=lambda: default, metadata=meta)
     return field(default=default, metadata=meta)
@@ -37,6 +39,8 @@ def _field(default: Any, doc: str, *, low: float | None = None, choices: tuple =
 
 @dataclass
 class DataConfig:
+    """Which dataset, where it is, and how batches are made from it."""
+
     name: str = _field("fashion_mnist", "dataset", choices=("fashion_mnist", "mnist", "cifar10"))
     dir: str = _field("", "directory holding the dataset files ('' = the standard location)")
     val_size: int = _field(5000, "training examples held out for validation", low=0)
@@ -46,47 +50,59 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
+    """Which model and its sizes; ``dtype=bfloat16`` with ``param_dtype=float32`` is mixed precision."""
+
     name: str = _field("convnet", "model family", choices=("convnet", "resnet"))
     features: tuple[int, ...] = _field((32, 64), "channels per conv layer (convnet) or stage (resnet)", low=1)
     blocks: tuple[int, ...] = _field((2, 2, 2), "residual blocks per stage (resnet)", low=1)
     hidden: int = _field(256, "width of the dense layer before the classifier (convnet)", low=1)
-    dropout: float = _field(0.0, "dropout rate before the dense layers (convnet)", low=0.0)
-    dtype: str = _field("float32", "compute dtype", choices=("float32", "bfloat16", "float16"))
+    dropout: float = _field(0.0, "dropout rate before the dense layers (convnet)", low=0.0, high=0.95)
+    dtype: str = _field("float32", "compute dtype", choices=("float32", "bfloat16"))
     param_dtype: str = _field("float32", "parameter dtype", choices=("float32", "bfloat16"))
 
 
 @dataclass
 class OptimConfig:
+    """Optimizer, learning-rate schedule, clipping and gradient accumulation."""
+
     name: str = _field("adamw", "optimizer", choices=("adamw", "sgd"))
     lr: float = _field(1e-3, "peak learning rate", low=0.0)
-    momentum: float = _field(0.9, "SGD momentum (0 = plain SGD)", low=0.0)
+    momentum: float = _field(0.9, "SGD momentum (0 = plain SGD)", low=0.0, high=0.999)
     nesterov: bool = _field(False, "Nesterov momentum for SGD")
-    b1: float = _field(0.9, "AdamW first-moment decay", low=0.0)
-    b2: float = _field(0.999, "AdamW second-moment decay", low=0.0)
-    weight_decay: float = _field(0.0, "decoupled weight decay", low=0.0)
+    b1: float = _field(0.9, "AdamW first-moment decay", low=0.0, high=0.9999)
+    b2: float = _field(0.999, "AdamW second-moment decay", low=0.0, high=0.99999)
+    weight_decay: float = _field(
+        0.0, "AdamW: decoupled, scaled by the learning rate; SGD: L2 term added to the gradient", low=0.0
+    )
     schedule: str = _field("cosine", "learning-rate schedule after warmup", choices=("cosine", "constant"))
     warmup_steps: int = _field(0, "linear warmup from 0 to lr over this many steps", low=0)
-    end_lr_factor: float = _field(0.0, "final learning rate of the cosine schedule, as a fraction of lr", low=0.0)
+    end_lr_factor: float = _field(
+        0.0, "final learning rate of the cosine schedule, as a fraction of lr", low=0.0, high=1.0
+    )
     clip_norm: float = _field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
-    grad_accum: int = _field(1, "split each batch into this many micro-batches and sum their gradients", low=1)
+    grad_accum: int = _field(1, "split each batch into this many micro-batches and average their gradients", low=1)
 
 
 @dataclass
 class TrainConfig:
+    """Length of the run, batch sizes, and how often to log, evaluate and checkpoint."""
+
     steps: int = _field(1000, "optimizer updates in the whole run", low=1)
     batch_size: int = _field(128, "examples per optimizer update (global, across devices)", low=1)
     eval_batch_size: int = _field(1000, "examples per evaluation batch", low=1)
-    log_every: int = _field(50, "steps between training-metric logs (the only host syncs)", low=1)
+    log_every: int = _field(50, "steps between training-metric logs (when the host waits for the device)", low=1)
     eval_every: int = _field(0, "steps between validation passes (0 = only at the end)", low=0)
     checkpoint_every: int = _field(500, "steps between checkpoints (0 = only at the end)", low=0)
     keep_checkpoints: int = _field(3, "checkpoints kept on disk (the newest ones)", low=1)
     stop_after: int = _field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
-    label_smoothing: float = _field(0.0, "label smoothing of the cross-entropy", low=0.0)
+    label_smoothing: float = _field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
     progress: bool = _field(True, "show a progress bar")
 
 
 @dataclass
 class MeshConfig:
+    """How the devices are arranged."""
+
     data: int = _field(-1, "devices along the data-parallel axis (-1 = all local devices)", low=-1)
 
 
@@ -103,7 +119,7 @@ class Config:
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON-ready values (tuples become lists)."""
+        """The config as nested dicts of plain values, ready for ``json.dumps``."""
         return dataclasses.asdict(self)
 
 
@@ -192,13 +208,14 @@ def _parse(key: str, value: Any, typ: Any) -> Any:
 
 
 def _check(key: str, value: Any, f: dataclasses.Field) -> None:
-    choices, low = f.metadata.get("choices"), f.metadata.get("low")
+    choices, low, high = f.metadata.get("choices"), f.metadata.get("low"), f.metadata.get("high")
     if choices and value not in choices:
         raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}")
-    if low is not None:
-        for v in value if isinstance(value, tuple) else (value,):
-            if v < low:
-                raise UserError(f"{key}={value!r} must be >= {low}")
+    for v in value if isinstance(value, tuple) else (value,):
+        if low is not None and v < low:
+            raise UserError(f"{key}={value!r} must be >= {low}")
+        if high is not None and v > high:
+            raise UserError(f"{key}={value!r} must be <= {high}")
 
 
 # Names people bring from other frameworks.
@@ -247,6 +264,8 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"override {item!r} is not of the form key=value (e.g. optim.lr=0.05)")
+        if key.strip() == "experiment":
+            raise UserError("experiment cannot be overridden; name the experiment as the first argument instead")
         _set(cfg, key.strip(), value)
     validate(cfg)
     return cfg
@@ -287,6 +306,11 @@ def validate(cfg: Config) -> None:
         raise UserError(f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}")
     if cfg.mesh.data == 0:
         raise UserError("mesh.data=0: use a positive device count or -1 for all devices")
+    if cfg.model.name == "resnet" and len(cfg.model.features) != len(cfg.model.blocks):
+        raise UserError(
+            f"model.features={cfg.model.features} and model.blocks={cfg.model.blocks} must have one entry "
+            "per ResNet stage each"
+        )
 
 
 def save(cfg: Config, path: str | os.PathLike) -> None:
@@ -300,7 +324,12 @@ def load(path: str | os.PathLike) -> Config:
         tree = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read config {path}: {e}") from None
-    return from_dict(tree)
+    if not isinstance(tree, dict):
+        raise UserError(f"{path} is not a jaxnet config (expected a JSON object)")
+    try:
+        return from_dict(tree)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,14 +384,32 @@ def load_experiment(spec: str, overrides: list[str] | None = None) -> Config:
     path = _experiment_file(name)
     module_spec = importlib.util.spec_from_file_location(f"jaxnet_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
+    _run_experiment_code(path, lambda: module_spec.loader.exec_module(module))
+    if not callable(getattr(module, "get_config", None)):
         raise UserError(f"experiment file {path} has no get_config(variant) function")
     variants = getattr(module, "VARIANTS", ("default",))
+    variants = (variants,) if isinstance(variants, str) else tuple(variants)
     if variant not in variants:
         raise UserError(f"experiment {path.stem} has no variant {variant!r}; variants: {', '.join(variants)}")
-    cfg = module.get_config(variant)
+    cfg = _run_experiment_code(path, lambda: module.get_config(variant))
     if not isinstance(cfg, Config):
         raise UserError(f"{path}: get_config must return a jaxnet.Config, got {type(cfg).__name__}")
     cfg.experiment = path.stem if variant == "default" else f"{path.stem}:{variant}"
+    try:
+        validate(cfg)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
     return apply_overrides(cfg, overrides or [])
+
+
+def _run_experiment_code(path: Path, call: Callable[[], Any]) -> Any:
+    """Run code from an experiment file, turning its errors into one line that points at the file."""
+    try:
+        return call()
+    except UserError:
+        raise
+    except Exception as e:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+        line = e.lineno if isinstance(e, SyntaxError) else (frames[-1].lineno if frames else None)
+        where = f"{path}:{line}" if line else str(path)
+        raise UserError(f"{where}: {type(e).__name__}: {e}") from None

@@ -9,6 +9,7 @@ import datetime
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -29,11 +30,14 @@ class MetricsLog:
     def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, final: bool = False, tensorboard: bool = True):
         self.path = Path(workdir) / "metrics.jsonl"
         if resume_step and self.path.exists():
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if _step_of(line) < resume_step or (_step_of(line) == resume_step and not (final and _is_eval(line)))
-            ]
+            kept = []
+            for line in self.path.read_text().splitlines():
+                record = _record(line)
+                if record is None or record["step"] > resume_step:
+                    continue
+                if record["step"] == resume_step and final and record.get("split") != "train":
+                    continue
+                kept.append(line)
             self.path.write_text("".join(line + "\n" for line in kept))
         elif not resume_step:
             self.path.write_text("")
@@ -42,15 +46,21 @@ class MetricsLog:
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(Path(workdir) / "tb"), purge_step=resume_step or None)
+            tb_dir = Path(workdir) / "tb"
+            if not resume_step:  # a restart from scratch: events of the abandoned attempt would mislead
+                shutil.rmtree(tb_dir, ignore_errors=True)
+            self._tb = SummaryWriter(str(tb_dir), purge_step=resume_step or None)
 
     def write(self, step: int, split: str, values: dict[str, float]) -> None:
         """Record ``values`` for ``split`` (train, val or test) at ``step``."""
+        # JSON has no NaN or Infinity: write null, which every reader understands
+        values = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in values.items()}
         self._file.write(json.dumps({"step": step, "split": split, **values}) + "\n")
         self._file.flush()
         if self._tb is not None:
             for name, value in values.items():
-                self._tb.add_scalar(f"{split}/{name}", value, step)
+                if value is not None:
+                    self._tb.add_scalar(f"{split}/{name}", value, step)
 
     def close(self) -> None:
         """Flush and close both outputs."""
@@ -59,26 +69,20 @@ class MetricsLog:
             self._tb.close()
 
 
-def _step_of(line: str) -> float:
+def _record(line: str) -> dict[str, Any] | None:
+    """One metrics line, or None for a line that is not a complete record (e.g. half-written by a killed run)."""
     try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return math.inf  # a half-written line from a killed run: drop it
-
-
-def _is_eval(line: str) -> bool:
-    return json.loads(line).get("split") != "train"
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int | float):
+        return None
+    return record
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """All complete records of a ``metrics.jsonl`` file."""
-    records = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    return [r for r in map(_record, Path(path).read_text().splitlines()) if r is not None]
 
 
 class Progress:
@@ -129,8 +133,8 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
     series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for record in read_metrics(metrics_path):
         for name in ("loss", "accuracy"):
-            if name in record:
-                series[(name, record["split"])].append((record["step"], record[name]))
+            if isinstance(record.get(name), int | float):
+                series[(name, record.get("split", "?"))].append((record["step"], record[name]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, name in zip(axes, ("loss", "accuracy"), strict=True):
         for split, style in SPLIT_STYLE.items():

@@ -1,7 +1,7 @@
 """Optimizer and learning-rate schedule from the config, all from optax.
 
 >>> tx, schedule = build(OptimConfig(name="sgd", lr=0.1, warmup_steps=100), total_steps=1000)
->>> float(schedule(50))
+>>> round(float(schedule(49)), 6)
 0.05
 """
 
@@ -13,14 +13,16 @@ from jaxnet.config import OptimConfig
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
-    """Linear warmup to ``cfg.lr``, then cosine decay to ``lr * end_lr_factor`` or constant."""
+    """Linear warmup to ``cfg.lr`` over ``warmup_steps`` steps (step ``t`` < warmup gets
+    ``lr * (t + 1) / warmup_steps``), then cosine decay to ``lr * end_lr_factor``, or constant."""
     if cfg.schedule == "constant":
         main = optax.constant_schedule(cfg.lr)
     else:
         main = optax.cosine_decay_schedule(cfg.lr, max(total_steps - cfg.warmup_steps, 1), cfg.end_lr_factor)
     if cfg.warmup_steps == 0:
         return main
-    warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    # Starts at lr / warmup_steps, not 0: an update with a zero learning rate would be wasted.
+    warmup = optax.linear_schedule(cfg.lr / cfg.warmup_steps, cfg.lr, cfg.warmup_steps - 1)
     return optax.join_schedules([warmup, main], [cfg.warmup_steps])
 
 

@@ -1,19 +1,24 @@
 # Sourced by scripts/train and scripts/test: make sure a virtual environment with jaxnet and the
-# Fashion-MNIST data exists, creating or updating it when needed. Sets ROOT and VENV.
+# Fashion-MNIST data exists, creating or repairing it when needed. Sets ROOT and VENV.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="${JAXNET_VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
+HOME="${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}"
 
 die() { echo "error: $*" >&2; exit 2; }
+warn() { echo "warning: $*" >&2; }
 
 ensure_env() {
-  if [ ! -x "$VENV/bin/python" ]; then
+  # A venv without a working pip (interrupted creation, or Debian without python3-venv) is rebuilt.
+  if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
     command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python >= 3.11 or set PYTHON=/path/to/python3"
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
       || die "jaxnet needs Python >= 3.11, $PYTHON is $("$PYTHON" --version 2>&1); set PYTHON=/path/to/python3.11"
     echo "creating a virtual environment in $VENV"
-    "$PYTHON" -m venv "$VENV"
+    "$PYTHON" -m venv --clear "$VENV" \
+      || die "could not create $VENV; on Debian or Ubuntu install python3-venv first"
+    rm -f "$VENV/.jaxnet-installed"
   fi
   # Reinstall only when the declared dependencies change.
   local want have
@@ -21,28 +26,45 @@ ensure_env() {
   have=$(cat "$VENV/.jaxnet-installed" 2>/dev/null || true)
   if [ "$want" != "$have" ]; then
     echo "installing jaxnet and its dependencies into $VENV (about a minute the first time)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[test]"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[test]" \
+      || die "pip could not install jaxnet's dependencies (see above); fix that and rerun"
     echo "$want" > "$VENV/.jaxnet-installed"
   fi
 }
 
 # Fashion-MNIST comes from Debian's dataset-fashion-mnist package: installed system-wide when we
 # are root, otherwise unpacked under ~/.local/share/jaxnet/datasets (where jaxnet also looks).
+# A failure here is only a warning: jaxnet itself then says what is missing and how to get it.
+FASHION_FILES="train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz"
+
+has_fashion_mnist() {
+  local f
+  for f in $FASHION_FILES; do [ -s "$1/$f" ] || return 1; done
+}
+
 ensure_fashion_mnist() {
   local system=/usr/share/datasets/fashion-mnist
   local user_root="$HOME/.local/share/jaxnet/datasets"
-  [ -d "$system" ] || [ -d "$user_root$system" ] && return 0
-  command -v apt-get >/dev/null || {
-    echo "warning: Fashion-MNIST not found and apt-get is missing; pass data.dir=DIR to jaxnet" >&2; return 0; }
+  if has_fashion_mnist "$system" || has_fashion_mnist "$user_root$system"; then return 0; fi
+  if ! command -v apt-get >/dev/null; then
+    warn "Fashion-MNIST not found and apt-get is missing; pass data.dir=DIR to jaxnet"; return 0
+  fi
   echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist, 31 MB)"
   if [ "$(id -u)" = 0 ]; then
-    apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null 2>&1 \
-      || { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null; }
+    { apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null; }; } \
+      || warn "apt-get could not install dataset-fashion-mnist"
   else
     local tmp; tmp=$(mktemp -d)
-    (cd "$tmp" && apt-get download dataset-fashion-mnist >/dev/null) \
-      || die "could not download dataset-fashion-mnist; ask an administrator to run 'apt-get install dataset-fashion-mnist'"
-    mkdir -p "$user_root" && dpkg -x "$tmp"/dataset-fashion-mnist_*.deb "$user_root"
+    if (cd "$tmp" && apt-get download dataset-fashion-mnist >/dev/null 2>&1) \
+        && dpkg -x "$tmp"/dataset-fashion-mnist_*.deb "$tmp/unpacked" \
+        && has_fashion_mnist "$tmp/unpacked$system"; then
+      mkdir -p "$user_root$(dirname "$system")"
+      rm -rf "$user_root$system"
+      mv "$tmp/unpacked$system" "$user_root$system"  # whole or not at all
+    else
+      warn "could not download dataset-fashion-mnist; ask an administrator to run 'apt-get install dataset-fashion-mnist'"
+    fi
     rm -rf "$tmp"
   fi
 }

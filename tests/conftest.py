@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -11,9 +12,21 @@ import pytest
 
 from jaxnet import Config, Dataset
 
-FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+def _installed_fashion_mnist() -> Path | None:
+    """Where jaxnet finds Fashion-MNIST (system-wide or per user), if it is installed."""
+    from jaxnet.data.images import find_fashion_mnist
+    from jaxnet.errors import UserError
+
+    try:
+        return find_fashion_mnist()
+    except UserError:
+        return None
+
+
+FASHION_MNIST = _installed_fashion_mnist()
 needs_fashion_mnist = pytest.mark.skipif(
-    not os.path.isdir(FASHION_MNIST), reason="Fashion-MNIST not installed (scripts/test installs it)"
+    FASHION_MNIST is None, reason="Fashion-MNIST not installed (scripts/test installs it)"
 )
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_fashion_mnist
+from conftest import FASHION_MNIST, needs_fashion_mnist
 
 from jaxnet import cli, observe
 
@@ -37,7 +37,7 @@ def snapshot(directory: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> Path:
     """One real `python -m jaxnet train cnn_fashion_mnist:smoke` run, shared by the tests below."""
-    if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+    if FASHION_MNIST is None:
         pytest.skip("Fashion-MNIST not installed (scripts/test installs it)")
     workdir = tmp_path_factory.mktemp("cli") / "smoke"
     result = jaxnet_command("train", "cnn_fashion_mnist:smoke", "--workdir", str(workdir), cwd=ROOT)

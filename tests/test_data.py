@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FASHION_MNIST
 
 import jaxnet.data
 from jaxnet.config import DataConfig
@@ -19,11 +20,8 @@ from jaxnet.data import pipeline
 from jaxnet.data.images import load_cifar10, load_idx_dataset, read_idx
 from jaxnet.errors import UserError
 
-FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-HAS_FASHION_MNIST = all(
-    (FASHION_MNIST_DIR / f"{stem}-idx{n}-ubyte.gz").is_file()
-    for stem, n in (("train-images", 3), ("train-labels", 1), ("t10k-images", 3), ("t10k-labels", 1))
-)
+FASHION_MNIST_DIR = FASHION_MNIST
+HAS_FASHION_MNIST = FASHION_MNIST is not None
 
 
 # ---------------------------------------------------------------------------------------------

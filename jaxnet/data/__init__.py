@@ -34,16 +34,30 @@ class Dataset:
     name: str = "arrays"
 
     def __post_init__(self) -> None:
+        shape = np.shape(self.train[0])[1:]
         for split in ("train", "val", "test"):
-            x, y = getattr(self, split)
+            x, y = (np.asarray(a) for a in getattr(self, split))
             if len(x) != len(y):
                 raise UserError(f"{split} split has {len(x)} inputs but {len(y)} labels")
+            if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != shape:
+                raise UserError(
+                    f"{split} images are {x.dtype} {x.shape}; expected uint8 (N, height, width, channels) "
+                    f"with the training images' {shape}"
+                )
+            if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
+                raise UserError(f"{split} labels range over {y.min()}..{y.max()}; expected 0..{self.num_classes - 1}")
+            setattr(self, split, (x, y.astype(np.int32)))
         if len(self.train[0]) == 0:
             raise UserError("the training split is empty")
         # Per-channel statistics of the training images only, so no test information leaks in.
-        pixels = self.train[0].reshape(-1, self.train[0].shape[-1]).astype(np.float64) / 255.0
-        self.mean = pixels.mean(axis=0).astype(np.float32)
-        self.std = pixels.std(axis=0).astype(np.float32)
+        # Sums in float64 over uint8 pixels: exact, and without a float copy of the whole set.
+        x = self.train[0]
+        count = x.size // x.shape[-1]
+        mean = x.sum(axis=(0, 1, 2), dtype=np.float64) / count
+        mean_sq = np.einsum("nhwc,nhwc->c", x, x, dtype=np.float64) / count
+        std = np.sqrt(np.maximum(mean_sq - mean**2, 0.0))
+        self.mean = (mean / 255.0).astype(np.float32)
+        self.std = np.where(std > 0, std / 255.0, 1.0).astype(np.float32)  # a constant channel stays finite
 
 
 def _load_mnist(directory: str) -> dict[str, Split]:

@@ -7,6 +7,7 @@ state to save beyond the step number.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -37,8 +38,14 @@ def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> n
     """
     per_epoch = steps_per_epoch(num_examples, batch_size)
     epoch, index = divmod(step, per_epoch)
+    return _epoch_order(num_examples, seed, epoch)[index * batch_size : (index + 1) * batch_size]
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     order = np.random.default_rng([seed, epoch]).permutation(num_examples)
-    return order[index * batch_size : (index + 1) * batch_size]
+    order.flags.writeable = False  # shared by every batch of the epoch
+    return order
 
 
 def augment(images: np.ndarray, rng: np.random.Generator, padding: int = 4) -> np.ndarray:
@@ -86,10 +93,10 @@ def eval_batches(
 ) -> Iterator[dict[str, np.ndarray]]:
     """Every example once, in order, in batches of one fixed shape.
 
-    The last batch is padded to ``batch_size`` and carries a ``mask`` (1 = real example), so
-    evaluation compiles once whatever the split size.
+    The last batch (or the only one, for a split smaller than ``batch_size``) is padded to
+    ``batch_size`` and carries a ``mask`` (1 = real example), so evaluation compiles once whatever
+    the split size.
     """
-    batch_size = min(batch_size, len(x))
     for start in range(0, len(x), batch_size):
         images, labels = x[start : start + batch_size], y[start : start + batch_size]
         mask = np.ones(len(labels), np.float32)

@@ -88,7 +88,7 @@ class ResNet(nn.Module):
         x = nn.Conv(self.features[0], (3, 3), use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)(x)
         x = nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype, param_dtype=self.param_dtype)(x)
         x = nn.relu(x)
-        for stage, (width, count) in enumerate(zip(self.features, self.blocks, strict=False)):
+        for stage, (width, count) in enumerate(zip(self.features, self.blocks, strict=True)):
             for block in range(count):
                 strides = 2 if stage > 0 and block == 0 else 1
                 x = ResidualBlock(width, strides, self.dtype, self.param_dtype)(x, train)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -45,8 +46,12 @@ class Run:
         self.cfg = cfg
         self.dataset = dataset if dataset is not None else data_lib.load(cfg.data)
         self.mesh: Mesh = parallel.make_mesh(cfg.mesh)
-        parallel.check_batch(cfg.train.batch_size, self.mesh)
-        parallel.check_batch(cfg.train.batch_size // cfg.optim.grad_accum, self.mesh, "micro-batch size")
+        accum = cfg.optim.grad_accum
+        parallel.check_batch(
+            cfg.train.batch_size // accum,
+            self.mesh,
+            "train.batch_size" if accum == 1 else "the micro-batch size train.batch_size / optim.grad_accum",
+        )
         if cfg.train.batch_size > len(self.dataset.train[0]):
             raise UserError(
                 f"train.batch_size={cfg.train.batch_size} is larger than the {len(self.dataset.train[0])} "
@@ -62,14 +67,23 @@ class Run:
         )
         self.eval_step = jax.jit(make_eval_step(self.model))
 
+    def _create_state(self) -> state_lib.TrainState:
+        sample = jnp.zeros((1, *self.dataset.train[0].shape[1:]), jnp.float32)
+        return state_lib.create(self.model, self.tx, sample, self.cfg.seed)
+
     def init_state(self) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh."""
-        sample = jnp.zeros((1, *self.dataset.train[0].shape[1:]), jnp.float32)
-        create = lambda: state_lib.create(self.model, self.tx, sample, self.cfg.seed)  # noqa: E731
-        return jax.jit(create, out_shardings=parallel.replicated(self.mesh))()
+        return jax.jit(self._create_state, out_shardings=parallel.replicated(self.mesh))()
+
+    def abstract_state(self) -> Any:
+        """Shapes, dtypes and placement of the train state, without computing it (a restore target)."""
+        sharding = parallel.replicated(self.mesh)
+        return jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), jax.eval_shape(self._create_state)
+        )
 
     def evaluate(self, state: state_lib.TrainState, split: str) -> dict[str, float]:
-        """Mean loss and accuracy over every example of ``split`` (val or test)."""
+        """Mean loss and accuracy over every example of ``split`` (val or test); ``{}`` if it is empty."""
         x, y = getattr(self.dataset, split)
         if len(x) == 0:
             return {}
@@ -85,32 +99,66 @@ class Run:
         return {"loss": float(totals["loss"]) / count, "accuracy": float(totals["correct"]) / count}
 
 
-def _prepare_workdir(workdir: Path, cfg: Config) -> None:
+# What a run directory may contain; a directory holding anything else is not ours to write into.
+RUN_FILES = {"config.json", "metrics.jsonl", "summary.json", "eval.json", "curves.png", "checkpoints", "tb"}
+
+
+def _open_workdir(workdir: Path, cfg: Config) -> Config | None:
+    """Check that ``workdir`` can hold this run; create it. Returns the config saved there, if any."""
+    if str(workdir) in ("", "."):
+        raise UserError("--workdir must name a run directory, e.g. runs/mine")
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"workdir {workdir} is a file; pass a directory with --workdir")
+    previous = None
+    if workdir.is_dir():
+        if (workdir / "config.json").exists():
+            previous = config_lib.load(workdir / "config.json")
+            if previous.experiment != cfg.experiment:
+                raise UserError(
+                    f"workdir {workdir} holds a run of {previous.experiment or 'another experiment'!r}, "
+                    f"not {cfg.experiment!r}; pass a fresh --workdir"
+                )
+        else:
+            foreign = sorted(p.name for p in workdir.iterdir() if p.name not in RUN_FILES)
+            if foreign:
+                raise UserError(
+                    f"workdir {workdir} is not empty and is not a jaxnet run directory (it has {foreign[0]}); "
+                    "pass a new or empty --workdir"
+                )
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create workdir {workdir}: {e.strerror}; pass another --workdir") from None
     if not os.access(workdir, os.W_OK | os.X_OK):
         raise UserError(f"workdir {workdir} is not writable; pass another --workdir")
-    saved = workdir / "config.json"
-    if saved.exists():
-        previous = config_lib.load(saved)
-        if previous.experiment != cfg.experiment:
-            raise UserError(
-                f"workdir {workdir} holds a run of {previous.experiment or 'another experiment'!r}, "
-                f"not {cfg.experiment!r}; pass a fresh --workdir"
-            )
+    return previous
 
 
-def _changed_keys(workdir: Path, cfg: Config) -> list[str]:
-    saved = workdir / "config.json"
-    if not saved.exists():
-        return []
-    old = config_lib.flatten(config_lib.load(saved).to_dict())
-    new = config_lib.flatten(cfg.to_dict())
-    return [f"{k} {old[k]} -> {new[k]}" for k in new if old.get(k) != new[k]]
+def _changes(previous: Config | None, cfg: Config) -> str:
+    if previous is None:
+        return ""
+    old, new = config_lib.flatten(previous.to_dict()), config_lib.flatten(cfg.to_dict())
+    changed = [f"{k} {old.get(k)} -> {v}" for k, v in new.items() if old.get(k) != v]
+    return f" (changed: {'; '.join(changed)})" if changed else ""
+
+
+def _completed_summary(workdir: Path) -> dict[str, Any] | None:
+    try:
+        summary = json.loads((workdir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("complete") else None
+
+
+def _result_line(summary: dict[str, Any]) -> str:
+    test = summary.get("test") or summary.get("val") or {}
+    split = "test" if "test" in summary else "val"
+    if not test:
+        return f"finished; run directory {summary['workdir']}"
+    return (
+        f"{split} accuracy {test['accuracy']:.4f}  {split} loss {test['loss']:.4f}  "
+        f"wall time {summary['wall_time_s']:.0f} s  run directory {summary['workdir']}"
+    )
 
 
 def train(
@@ -133,30 +181,34 @@ def train(
     config_lib.validate(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
     run = Run(cfg, model=model, dataset=dataset)
-    _prepare_workdir(workdir, cfg)
-
+    previous = _open_workdir(workdir, cfg)
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
-    state = run.init_state()
-    start = 0
-    if ckpts.latest_step() is not None:
-        changes = _changed_keys(workdir, cfg)
-        state, meta = ckpts.restore(state)
-        start = int(meta["data_step"])
-        if start > cfg.train.steps:
+    try:
+        return _train(run, workdir, ckpts, previous, started)
+    finally:
+        ckpts.close()
+
+
+def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None, started: float) -> dict[str, Any]:
+    cfg, train_cfg = run.cfg, run.cfg.train
+    if ckpts.latest_step() is None:
+        state, start = run.init_state(), 0
+    else:
+        state, _ = ckpts.restore(run.abstract_state())
+        start = int(state.step)
+        if start > train_cfg.steps:
             raise UserError(
-                f"the checkpoint in {workdir} is at step {start}, past train.steps={cfg.train.steps}; "
+                f"the checkpoint in {workdir} is at step {start}, past train.steps={train_cfg.steps}; "
                 "raise train.steps or use a fresh --workdir"
             )
-        print(f"resuming {workdir} from step {start}" + (f" (changed: {'; '.join(changes)})" if changes else ""))
-    if start == cfg.train.steps and (workdir / "summary.json").is_file():
-        summary = json.loads((workdir / "summary.json").read_text())
-        if summary.get("complete"):
-            print(f"{workdir} is already complete: test accuracy {summary['test']['accuracy']:.4f}")
-            return summary
+        print(f"resuming {workdir} from step {start}{_changes(previous, cfg)}")
+        done_before = _completed_summary(workdir) if start == train_cfg.steps else None
+        if done_before is not None:
+            print(f"already complete: {_result_line(done_before)}")
+            return done_before
+    log = observe.MetricsLog(workdir, resume_step=start, final=start == train_cfg.steps)
     config_lib.save(cfg, workdir / "config.json")
 
-    log = observe.MetricsLog(workdir, resume_step=start, final=start == cfg.train.steps)
-    train_cfg = cfg.train
     end = train_cfg.steps if not train_cfg.stop_after else min(train_cfg.steps, start + train_cfg.stop_after)
     num_params = state_lib.param_count(state.params)
     progress = observe.Progress(train_cfg.steps, start, enabled=train_cfg.progress)
@@ -166,7 +218,6 @@ def train(
             f"{len(run.dataset.train[0]):,} training examples, {train_cfg.steps} steps of "
             f"{train_cfg.batch_size} on {run.mesh.shape['data']} {jax.devices()[0].platform} device(s)"
         )
-
     batches = pipeline.prefetch(
         pipeline.train_batches(
             *run.dataset.train,
@@ -181,10 +232,10 @@ def train(
         lambda b: parallel.put_batch(b, run.mesh),
     )
     accumulate = jax.jit(lambda total, new: jax.tree.map(jnp.add, total, new), donate_argnums=0)
-    meta = lambda step: {"data_step": step, "experiment": cfg.experiment}  # noqa: E731
+    meta = {"experiment": cfg.experiment, "config": cfg.to_dict()}
 
     compile_seconds = eval_seconds = 0.0
-    sums, interval_steps = None, 0
+    sums, interval_steps, timed_steps = None, 0, 0
     loop_start = interval_start = time.perf_counter()
     saved_step = start
     try:
@@ -196,93 +247,95 @@ def train(
             if step == start:  # the one deliberate sync outside logging: time the compilation
                 jax.block_until_ready(state)
                 compile_seconds = time.perf_counter() - loop_start
+                interval_start = time.perf_counter()
+            else:
+                timed_steps += 1
             if done % train_cfg.log_every == 0 or done == end:
                 values = {k: float(v) / interval_steps for k, v in jax.device_get(sums).items()}
+                if not math.isfinite(values["loss"]):
+                    raise UserError(
+                        f"the training loss became {values['loss']} between steps {done - interval_steps} and "
+                        f"{done}; the newest checkpoint is step {saved_step}. Lower optim.lr, set optim.clip_norm, "
+                        "or check the data"
+                    )
                 now = time.perf_counter()
-                rate = interval_steps / (now - interval_start)
+                rate = timed_steps / (now - interval_start) if timed_steps else 0.0
                 values.update(
                     lr=float(run.lr_schedule(step)), steps_per_s=rate, examples_per_s=rate * train_cfg.batch_size
                 )
                 log.write(done, "train", values)
                 progress.update(done, {"loss": values["loss"], "acc": values["accuracy"], "steps/s": rate})
-                sums, interval_steps = None, 0
+                sums, interval_steps, timed_steps = None, 0, 0
                 interval_start = now
             if train_cfg.eval_every and done % train_cfg.eval_every == 0 and done != train_cfg.steps:
                 eval_started = time.perf_counter()
                 val = run.evaluate(state, "val")
-                log.write(done, "val", val)
-                progress.note(f"step {done}: val loss {val['loss']:.4f}, val accuracy {val['accuracy']:.4f}")
+                if val:
+                    log.write(done, "val", val)
+                    progress.note(f"step {done}: val loss {val['loss']:.4f}, val accuracy {val['accuracy']:.4f}")
                 eval_seconds += time.perf_counter() - eval_started
                 interval_start += time.perf_counter() - eval_started
             if train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0 and done != end:
-                ckpts.save(done, state, meta(done))
+                ckpts.save(done, state, meta)
                 saved_step = done
         if end > saved_step:
-            ckpts.save(end, state, meta(end))
+            ckpts.save(end, state, meta)
         ckpts.wait()
+        loop_seconds = time.perf_counter() - loop_start
+
+        summary: dict[str, Any] = {
+            "experiment": cfg.experiment,
+            "workdir": str(workdir),
+            "step": end,
+            "steps_total": train_cfg.steps,
+            "complete": end == train_cfg.steps,
+            "param_count": num_params,
+            "compile_time_s": round(compile_seconds, 2),
+        }
+        if end - start > 1:
+            step_seconds = (loop_seconds - compile_seconds - eval_seconds) / (end - start - 1)
+            summary["steps_per_s"] = round(1 / step_seconds, 2)
+            summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
+        if end == train_cfg.steps:
+            for split in ("val", "test"):
+                metrics = run.evaluate(state, split)
+                if metrics:
+                    log.write(end, split, metrics)
+                    summary[split] = metrics
     finally:
         batches.close()
         progress.close()
-        ckpts.close()
-    loop_seconds = time.perf_counter() - loop_start
-
-    steps_run = end - start
-    summary: dict[str, Any] = {
-        "experiment": cfg.experiment,
-        "workdir": str(workdir),
-        "step": end,
-        "steps_total": train_cfg.steps,
-        "complete": end == train_cfg.steps,
-        "param_count": num_params,
-        "wall_time_s": round(time.time() - started, 2),
-        "compile_time_s": round(compile_seconds, 2),
-    }
-    if steps_run > 1:
-        step_seconds = (loop_seconds - compile_seconds - eval_seconds) / (steps_run - 1)
-        summary["steps_per_s"] = round(1 / step_seconds, 2)
-        summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
-    if end == train_cfg.steps:
-        for split in ("val", "test"):
-            metrics = run.evaluate(state, split)
-            if metrics:
-                log.write(end, split, metrics)
-                summary[split] = metrics
-    log.close()
+        log.close()
     observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png", cfg.experiment)
     summary["wall_time_s"] = round(time.time() - started, 2)
     summary["environment"] = observe.environment()
     observe.write_json(workdir / "summary.json", summary)
-
     if end < train_cfg.steps:
         print(f"stopped at step {end} of {train_cfg.steps}; run the same command again to continue ({workdir})")
     else:
-        test = summary.get("test", {})
-        print(
-            f"test accuracy {test.get('accuracy', float('nan')):.4f}  test loss {test.get('loss', float('nan')):.4f}  "
-            f"wall time {summary['wall_time_s']:.0f} s  run directory {workdir}"
-        )
+        print(_result_line(summary))
     return summary
 
 
-def evaluate(workdir: str | os.PathLike, split: str = "test") -> dict[str, float]:
+def evaluate(workdir: str | os.PathLike, split: str = "test", overrides: list[str] | None = None) -> dict[str, Any]:
     """Evaluate the newest checkpoint of a run directory on ``split`` (val or test).
 
-    The config is read from the run's ``config.json``; the result is also written to
-    ``eval.json`` in the run directory.
+    The config is read from the run's ``config.json``, with ``overrides`` applied (e.g. a new
+    ``data.dir``); it runs on all local devices whatever mesh the run trained on. The result is
+    also written to ``eval.json`` in the run directory.
     """
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
-    cfg = config_lib.load(workdir / "config.json")
-    run = Run(cfg)
     if not (workdir / "checkpoints").is_dir():
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
-    ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints, read_only=True)
+    cfg = config_lib.apply_overrides(config_lib.load(workdir / "config.json"), ["mesh.data=-1", *(overrides or [])])
+    run = Run(cfg)
+    ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
-        state, meta = ckpts.restore(run.init_state())
+        state, _ = ckpts.restore(run.abstract_state())
     finally:
         ckpts.close()
-    metrics = run.evaluate(state, split)
-    result = {"step": int(meta["data_step"]), "split": split, **metrics}
+    result = {"step": int(state.step), "split": split, **run.evaluate(state, split)}
     observe.write_json(workdir / "eval.json", result)
     return result

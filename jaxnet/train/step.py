@@ -40,8 +40,11 @@ def make_train_step(
     """Build ``train_step``: forward, backward, one optimizer update.
 
     With ``grad_accum > 1`` the batch is split into that many micro-batches whose gradients are
-    averaged (a ``lax.scan``, so memory holds one micro-batch of activations); the update is the
-    same as one step on the whole batch, up to BatchNorm statistics being per micro-batch.
+    averaged in float32 (a ``lax.scan``, so memory holds one micro-batch of activations). The
+    update equals one step on the whole batch, except that BatchNorm normalises each micro-batch
+    separately and updates its running statistics once per micro-batch.
+    Micro-batch ``i`` takes rows ``i, i + k, i + 2k, ...`` (k = ``grad_accum``): with the batch
+    split across devices, every device then keeps computing on its own rows.
     """
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
@@ -63,7 +66,7 @@ def make_train_step(
         if grad_accum == 1:
             (loss, (model_state, accuracy)), grads = grad_fn(state.params, state.model_state, batch, rng)
         else:
-            micro_batches = jax.tree.map(lambda x: x.reshape(grad_accum, -1, *x.shape[1:]), batch)
+            micro_batches = jax.tree.map(lambda x: x.reshape(-1, grad_accum, *x.shape[1:]).swapaxes(0, 1), batch)
 
             def micro_step(carry: tuple, inputs: tuple) -> tuple:
                 grads_sum, model_state = carry
@@ -71,13 +74,14 @@ def make_train_step(
                 (loss, (model_state, accuracy)), grads = grad_fn(
                     state.params, model_state, micro_batch, jax.random.fold_in(rng, index)
                 )
-                return (jax.tree.map(jnp.add, grads_sum, grads), model_state), (loss, accuracy)
+                grads_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), grads_sum, grads)
+                return (grads_sum, model_state), (loss, accuracy)
 
-            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
             (grads, model_state), (losses, accuracies) = jax.lax.scan(
                 micro_step, (zeros, state.model_state), (jnp.arange(grad_accum), micro_batches)
             )
-            grads = jax.tree.map(lambda g: g / grad_accum, grads)
+            grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, state.params)
             loss, accuracy = losses.mean(), accuracies.mean()
 
         updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -103,6 +103,19 @@ BAD_INPUT = [
     (["train", "cnn_fashion_mnist:smoke", "data.dir={bad_magic}"], "is not an IDX file (magic number 08080808)"),
     (["train", "cnn_fashion_mnist:smoke", "data.dir={truncated}"], "the file is truncated or damaged"),
     (["eval", "--workdir", "{run}/tb"], "not a run directory"),
+    (
+        ["train", "cnn_fashion_mnist:smoke", "optim.name=sgd", "train.steps=90", "--workdir", "{run}"],
+        "it has no opt_state",
+    ),
+    (["train", "cnn_fashion_mnist:smoke", "--workdir", "{foreign}"], "is not a jaxnet run directory"),
+    (["train", "cnn_fashion_mnist:smoke", "--workdir", ""], "--workdir must name a run directory"),
+    (["train", "cnn_fashion_mnist:smoke", "experiment=other"], "experiment cannot be overridden"),
+    (["train", "cnn_fashion_mnist:smoke", "model.dropout=1.5"], "must be <= 0.95"),
+    (["train", "cnn_fashion_mnist:smoke", "model.name=resnet"], "one entry per ResNet stage"),
+    (["train", "{broken_experiment}"], "broken.py:2: ZeroDivisionError"),
+    (["train", "{syntax_experiment}"], "syntax.py:1: SyntaxError"),
+    (["eval", "--workdir", "{run}", "data.dir=/no/such/dir"], "does not exist"),
+    (["eval", "--workdir", "{foreign}"], "not a run directory"),
     (["train"], "the following arguments are required: experiment"),
     (["fly"], "invalid choice: 'fly'"),
 ]
@@ -117,13 +130,27 @@ def test_bad_input_is_one_line_exit_2_and_harms_nothing(smoke_run, tmp_path, cap
     (bad_magic / "train-images-idx3-ubyte").write_bytes(b"\x08" * 100)
     (truncated / "t10k-labels-idx1-ubyte").write_bytes((truncated / "t10k-labels-idx1-ubyte").read_bytes()[:-3])
     before = snapshot(smoke_run)
-    places = dict(run=smoke_run, cifar=cifar, bad_magic=bad_magic, truncated=truncated)
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    (tmp_path / "broken.py").write_text("def get_config(variant):\n    return 1 / 0\n")
+    (tmp_path / "syntax.py").write_text("def get_config(variant:\n")
+    places = dict(
+        run=smoke_run,
+        cifar=cifar,
+        bad_magic=bad_magic,
+        truncated=truncated,
+        foreign=foreign,
+        broken_experiment=tmp_path / "broken.py",
+        syntax_experiment=tmp_path / "syntax.py",
+    )
     code = cli.main([a.format(**places) for a in args])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("jaxnet: error: ")
     assert message in err
     assert snapshot(smoke_run) == before
+    assert (foreign / "thesis.tex").read_text() == "precious" and len(list(foreign.iterdir())) == 1
 
 
 def test_bad_input_through_the_real_entry_point_has_no_traceback(tmp_path):

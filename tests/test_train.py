@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +15,10 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from jaxnet import observe, optim
+from jaxnet import Dataset, observe, optim
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import OptimConfig
+from jaxnet.errors import UserError
 from jaxnet.train import Run, train
 from jaxnet.train.step import cross_entropy
 
@@ -164,3 +170,105 @@ def test_finishing_a_run_whose_summary_was_lost_evaluates_once(quadrants, tmp_pa
     final_evals = [(r["split"], r["step"]) for r in observe.read_metrics(tmp_path / "metrics.jsonl") if r["step"] == 12]
     assert sorted(final_evals) == [("test", 12), ("train", 12), ("val", 12)]
     assert summary["complete"] and "test" in summary
+
+
+def test_diverging_loss_stops_the_run_with_the_step_and_no_nan_in_the_logs(quadrants, tmp_path):
+    cfg = tiny_config(optim={"name": "sgd", "lr": 1e6, "momentum": 0.0})
+    with pytest.raises(UserError, match=r"training loss became nan between steps \d+ and \d+"):
+        train(cfg, tmp_path, dataset=quadrants)
+    text = (tmp_path / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_damaged_checkpoint_is_a_user_error_naming_the_step(quadrants, tmp_path):
+    cfg = tiny_config()
+    train(cfg, tmp_path, dataset=quadrants)
+    for path in (tmp_path / "checkpoints" / "12" / "state").rglob("*"):
+        if path.is_file() and path.parent.name == "d":
+            path.write_bytes(b"garbage")
+    (tmp_path / "summary.json").unlink()
+    with pytest.raises(UserError, match=r"checkpoint step 12 in .* cannot be restored .* delete .*12 to fall back"):
+        train(cfg, tmp_path, dataset=quadrants)
+
+
+def test_resume_ignores_a_malformed_metrics_line(quadrants, tmp_path):
+    cfg = tiny_config(train={"stop_after": 4})
+    train(cfg, tmp_path, dataset=quadrants)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": null, "split": "train"}\n{"step": 3, "spl')
+    cfg.train.stop_after = 0
+    assert train(cfg, tmp_path, dataset=quadrants)["complete"]
+    steps = [r["step"] for r in observe.read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    assert steps == [2, 4, 6, 8, 10, 12]
+
+
+def test_empty_validation_split_is_skipped(tmp_path):
+    from conftest import bright_quadrant_data
+
+    empty = (np.zeros((0, 8, 8, 1), np.uint8), np.zeros(0, np.int32))
+    dataset = Dataset(train=bright_quadrant_data(256, 0), val=empty, test=bright_quadrant_data(64, 2), num_classes=4)
+    summary = train(tiny_config(), tmp_path, dataset=dataset)
+    assert "val" not in summary and summary["test"]["accuracy"] > 0.25
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: (t[0][..., 0], t[1]), "expected uint8 (N, height, width, channels)"),
+        (lambda t: (t[0].astype(np.float32), t[1]), "expected uint8"),
+        (lambda t: (t[0], t[1] + 4), "labels range over 4..7; expected 0..3"),
+        (lambda t: (t[0], t[1][:-1]), "inputs but"),
+    ],
+)
+def test_dataset_rejects_malformed_arrays(change, message):
+    from conftest import bright_quadrant_data
+
+    good = bright_quadrant_data(16, 0)
+    with pytest.raises(UserError, match=re.escape(message)):
+        Dataset(train=good, val=good, test=change(good), num_classes=4)
+
+
+def test_dataset_statistics_match_numpy_and_survive_a_constant_channel():
+    from conftest import bright_quadrant_data
+
+    x, y = bright_quadrant_data(64, 0)
+    x = np.concatenate([x, np.full_like(x, 7)], axis=-1)  # second channel constant
+    dataset = Dataset(train=(x, y), val=(x, y), test=(x, y), num_classes=4)
+    pixels = x.astype(np.float64) / 255
+    np.testing.assert_allclose(dataset.mean, pixels.mean(axis=(0, 1, 2)), rtol=1e-6)
+    np.testing.assert_allclose(dataset.std[0], pixels[..., 0].std(), rtol=1e-5)
+    assert dataset.std[1] == 1.0
+
+
+MULTI_DEVICE_SCRIPT = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+sys.path.insert(0, {tests!r})
+import jax, numpy as np
+from conftest import bright_quadrant_data, tiny_config
+from jaxnet import Dataset
+from jaxnet.train import Run, train
+
+assert jax.device_count() == 2
+data = Dataset(train=bright_quadrant_data(256, 0), val=bright_quadrant_data(5, 1),
+               test=bright_quadrant_data(7, 2), num_classes=4)
+cfg = tiny_config(optim={{"grad_accum": 4}})
+run = Run(cfg, dataset=data)
+state = run.init_state()
+batch = {{"image": np.zeros((32, 8, 8, 1), np.float32), "label": np.zeros(32, np.int32)}}
+from jaxnet import parallel
+hlo = run.train_step.lower(state, parallel.put_batch(batch, run.mesh)).compile().as_text()
+print("ALL_GATHER" if "all-gather" in hlo else "NO_ALL_GATHER")
+summary = train(cfg, {workdir!r}, dataset=data)
+print("TEST", summary["test"]["accuracy"], "VAL", summary["val"]["accuracy"])
+"""
+
+
+def test_two_devices_accumulate_without_gathering_the_batch_and_evaluate_odd_splits(tmp_path):
+    script = MULTI_DEVICE_SCRIPT.format(tests=str(Path(__file__).parent), workdir=str(tmp_path / "run"))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "NO_ALL_GATHER" in result.stdout
+    accuracies = re.search(r"TEST ([\d.]+) VAL ([\d.]+)", result.stdout)
+    assert accuracies is not None  # odd-sized splits (7 and 5 examples) evaluated on 2 devices

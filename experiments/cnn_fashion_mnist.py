@@ -6,8 +6,8 @@ Time:     3.5 minutes on a 2-core CPU, start to finish
           (benchmarks/results/train-cnn_fashion_mnist-cpu-2026-11-21.json)
 
 Two 3x3 conv layers (32 and 64 channels) with max-pooling, a 256-unit dense layer, dropout 0.25
-as the only regulariser; Adam with warmup and cosine decay; 2,150 steps of 128 = 5 epochs of the 55,000 training images
-(5,000 are held out for validation).
+as the only regulariser; Adam with warmup and cosine decay; 2,150 steps of 128 = 5 epochs of
+the 55,000 training images (5,000 are held out for validation).
 
 Variants: ``smoke`` trains 60 steps on the same data in a few seconds, for tests.
 """

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_model() -> str:
+    """The CPU's marketing name, from /proc/cpuinfo where there is one."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -35,16 +36,19 @@ def cpu_model() -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Train ``argv[0]`` with overrides ``argv[1:]`` and write its results file; returns the exit code."""
     if not argv:
         print(__doc__)
         return 2
     experiment, overrides = argv[0], argv[1:]
-    workdir = Path(tempfile.mkdtemp(prefix="jaxnet-record-")) / "run"
+    scratch = Path(tempfile.mkdtemp(prefix="jaxnet-record-"))
+    workdir = scratch / "run"
     command = ["jaxnet", "train", experiment, *overrides, "--workdir", str(workdir)]
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "jaxnet", *command[1:]], cwd=ROOT)
     wall = time.perf_counter() - started
     if result.returncode != 0:
+        shutil.rmtree(scratch, ignore_errors=True)
         return result.returncode
     summary = json.loads((workdir / "summary.json").read_text())
     env = summary["environment"]
@@ -62,16 +66,18 @@ def main(argv: list[str]) -> int:
         "val": summary["val"],
         "steps": summary["step"],
         "compile_time_s": summary["compile_time_s"],
-        "examples_per_s": summary["examples_per_s"],
+        "examples_per_s": summary.get("examples_per_s"),
         "param_count": summary["param_count"],
         "versions": env["versions"],
         "python": env["python"],
         "git_commit": env["git_commit"],
     }
-    out = ROOT / "benchmarks" / "results" / f"train-{experiment}-{env['platform']}-{date}.json"
+    name = Path(experiment.split(":")[0]).stem + "".join(f"-{v}" for v in experiment.split(":")[1:])
+    out = ROOT / "benchmarks" / "results" / f"train-{name}-{env['platform']}-{date}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     shutil.copy(workdir / "curves.png", out.with_suffix(".png"))
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"wrote {out.relative_to(ROOT)}: test accuracy {record['test']['accuracy']:.4f} in {wall:.0f} s")
     return 0
 

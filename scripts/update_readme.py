@@ -15,6 +15,7 @@ BEGIN, END = "<!-- results:begin", "<!-- results:end -->"
 
 
 def training_table(results: list[dict]) -> str:
+    """A markdown table with one row per training results file."""
     lines = [
         "| experiment | test accuracy | wall time | steps | examples/s | device | versions | date | file |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -24,13 +25,14 @@ def training_table(results: list[dict]) -> str:
         versions = f"jax {v['jax']}, flax {v['flax']}, optax {v['optax']}"
         lines.append(
             f"| `{r['command']}` | {100 * r['test']['accuracy']:.2f} % | {r['wall_time_s'] / 60:.1f} min "
-            f"| {r['steps']} | {r['examples_per_s']:.0f} | {r['device']} | {versions} | {r['date']} "
+            f"| {r['steps']} | {r.get('examples_per_s') or 0:.0f} | {r['device']} | {versions} | {r['date']} "
             f"| [{r['_file']}]({r['_file']}) |"
         )
     return "\n".join(lines)
 
 
 def render() -> str:
+    """The generated part of the README: the results tables and plots."""
     results = []
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
         record = json.loads(path.read_text())
@@ -50,6 +52,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Rewrite (or with --check, compare) the README's generated section; returns the exit code."""
     readme = ROOT / "README.md"
     text = readme.read_text()
     head, rest = text.split(BEGIN, 1)

@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
     evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
     evaluate.add_argument("--split", default="test", choices=("test", "val"))
-    evaluate.add_argument("overrides", nargs="*", metavar="key=value", help="change the saved config, e.g. data.dir=DIR")
+    evaluate.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="change the saved config, e.g. data.dir=DIR"
+    )
 
     commands.add_parser("list", help="list the experiments that can be trained")
     return parser

@@ -25,7 +25,8 @@ class MetricsLog:
     When a run resumes at ``resume_step``, lines the interrupted run wrote after that step are
     dropped, and so are evaluation lines at that step when ``final`` (the resumed run is about
     to evaluate it again). Resumed at a checkpoint that falls on a logging step, the file then
-    reads exactly as if the run had never stopped; resumed between logging steps, it keeps the
+    holds the same lines and values as an uninterrupted run's (timings aside); resumed between
+    logging steps, it keeps the
     stopped run's line at the stop, and the next line averages only the steps since.
     """
 

@@ -253,10 +253,10 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
             if done % train_cfg.log_every == 0 or done == end:
                 values = {k: float(v) / interval_steps for k, v in jax.device_get(sums).items()}
                 if not math.isfinite(values["loss"]):
+                    newest = f"the newest checkpoint is step {saved_step}" if saved_step else "there is no checkpoint"
                     raise UserError(
                         f"the training loss became {values['loss']} between steps {done - interval_steps} and "
-                        f"{done}; the newest checkpoint is step {saved_step}. Lower optim.lr, set optim.clip_norm, "
-                        "or check the data"
+                        f"{done}; {newest}. Lower optim.lr, set optim.clip_norm, or check the data"
                     )
                 now = time.perf_counter()
                 rate = timed_steps / (now - interval_start) if timed_steps else 0.0

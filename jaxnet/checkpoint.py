@@ -1,8 +1,8 @@
 """Checkpoints with orbax: asynchronous saves, keep the newest K, restore onto any placement.
 
-Each checkpoint ``checkpoints/<step>/`` holds the train state and a small JSON record (the
-experiment and its config). The data position needs no record of its own: the order of
-training examples is a function of (seed, step), and the step is part of the state.
+Each checkpoint ``checkpoints/<step>/`` holds the train state. The data position needs no
+record of its own: the order of training examples is a function of (seed, step), and the step
+is part of the state.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ class Checkpoints:
     """The checkpoints of one run directory.
 
     >>> ckpts = Checkpoints("runs/a/checkpoints", keep=3)          # doctest: +SKIP
-    >>> ckpts.save(100, state, {"experiment": "mine"})              # doctest: +SKIP
-    >>> state, meta = ckpts.restore(abstract_state)  # newest, placed as the target says  # doctest: +SKIP
+    >>> ckpts.save(100, state)                                      # doctest: +SKIP
+    >>> state = ckpts.restore(abstract_state)  # newest, placed as the target says  # doctest: +SKIP
     """
 
     def __init__(self, directory: str | os.PathLike, keep: int = 3, asynchronous: bool = True, read_only: bool = False):
@@ -37,7 +37,7 @@ class Checkpoints:
             self._manager = ocp.CheckpointManager(
                 self.directory,
                 options=options,
-                item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
+                item_handlers={"state": ocp.StandardCheckpointHandler()},
             )
         except PermissionError as e:
             raise UserError(f"cannot use checkpoint directory {self.directory}: {e.strerror}") from None
@@ -50,15 +50,15 @@ class Checkpoints:
         """Steps of every complete checkpoint, oldest first."""
         return sorted(self._manager.all_steps())
 
-    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    def save(self, step: int, state: Any) -> None:
         """Start saving ``state`` at ``step``; returns once the arrays are copied off the devices."""
         self._manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
             force=True,
         )
 
-    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    def restore(self, target: Any, step: int | None = None) -> Any:
         """Restore checkpoint ``step`` (default: newest) into the structure, shapes and placement of ``target``.
 
         ``target`` is a pytree of arrays or of ``jax.ShapeDtypeStruct`` with shardings. A checkpoint
@@ -70,16 +70,14 @@ class Checkpoints:
         self._check_fits(target, step)
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         try:
-            restored = self._manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
-            )
+            restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
         except Exception as e:  # orbax and tensorstore raise many types for a damaged checkpoint
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             raise UserError(
                 f"checkpoint step {step} in {self.directory} cannot be restored ({type(e).__name__}: {reason}); "
                 f"delete {self.directory / str(step)} to fall back to an earlier one, or use a fresh --workdir"
             ) from None
-        return restored["state"], dict(restored["meta"] or {})
+        return restored["state"]
 
     def _check_fits(self, target: Any, step: int) -> None:
         """Name the first array that is missing, extra or of another shape in the saved state."""

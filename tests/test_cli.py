@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -203,7 +204,9 @@ def test_resnet_cifar10_smoke_variant_trains_from_a_pickle_directory(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["complete"] and summary["step"] == 20 and summary["test"]["accuracy"] >= 0.0
+    assert summary["complete"] and summary["step"] == 20
+    # random pixels and labels: no accuracy to expect, but all 64 test examples were evaluated
+    assert math.isfinite(summary["test"]["loss"]) and (64 * summary["test"]["accuracy"]).is_integer()
     assert summary["wall_time_s"] < 60
 
 

@@ -27,7 +27,7 @@ def final_params(workdir, cfg, dataset):
     run = Run(cfg, dataset=dataset)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
-        state, _ = ckpts.restore(run.abstract_state())
+        state = ckpts.restore(run.abstract_state())
     finally:
         ckpts.close()
     return int(state.step), jax.tree.map(np.asarray, state)

@@ -29,6 +29,9 @@ from jaxnet.errors import UserError
 from jaxnet.train import state as state_lib
 from jaxnet.train.step import make_eval_step, make_train_step
 
+# Sums metric pytrees on the device; donating the running total keeps it in place.
+_add_trees = jax.jit(lambda total, new: jax.tree.map(jnp.add, total, new), donate_argnums=0)
+
 
 def default_workdir(cfg: Config) -> Path:
     """``runs/<experiment>`` (``:variant`` becomes ``-variant``), so rerunning a command resumes it."""
@@ -93,7 +96,7 @@ class Run:
         totals = None
         for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, lambda b: parallel.put_batch(b, self.mesh)):
             sums = self.eval_step(state, batch)
-            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+            totals = sums if totals is None else _add_trees(totals, sums)
         totals = jax.device_get(totals)
         count = float(totals["count"])
         return {"loss": float(totals["loss"]) / count, "accuracy": float(totals["correct"]) / count}
@@ -194,7 +197,7 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
     if ckpts.latest_step() is None:
         state, start = run.init_state(), 0
     else:
-        state, _ = ckpts.restore(run.abstract_state())
+        state = ckpts.restore(run.abstract_state())
         start = int(state.step)
         if start > train_cfg.steps:
             raise UserError(
@@ -231,8 +234,6 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
         cfg.data.prefetch,
         lambda b: parallel.put_batch(b, run.mesh),
     )
-    accumulate = jax.jit(lambda total, new: jax.tree.map(jnp.add, total, new), donate_argnums=0)
-    meta = {"experiment": cfg.experiment, "config": cfg.to_dict()}
 
     compile_seconds = eval_seconds = 0.0
     sums, interval_steps, timed_steps = None, 0, 0
@@ -241,7 +242,7 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
     try:
         for step in range(start, end):
             state, metrics = run.train_step(state, next(batches))
-            sums = metrics if sums is None else accumulate(sums, metrics)
+            sums = metrics if sums is None else _add_trees(sums, metrics)
             interval_steps += 1
             done = step + 1
             if step == start:  # the one deliberate sync outside logging: time the compilation
@@ -276,10 +277,10 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
                 eval_seconds += time.perf_counter() - eval_started
                 interval_start += time.perf_counter() - eval_started
             if train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0 and done != end:
-                ckpts.save(done, state, meta)
+                ckpts.save(done, state)
                 saved_step = done
         if end > saved_step:
-            ckpts.save(end, state, meta)
+            ckpts.save(end, state)
         ckpts.wait()
         loop_seconds = time.perf_counter() - loop_start
 
@@ -333,7 +334,7 @@ def evaluate(workdir: str | os.PathLike, split: str = "test", overrides: list[st
     run = Run(cfg)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
-        state, _ = ckpts.restore(run.abstract_state())
+        state = ckpts.restore(run.abstract_state())
     finally:
         ckpts.close()
     result = {"step": int(state.step), "split": split, **run.evaluate(state, split)}

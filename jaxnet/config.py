@@ -41,9 +41,24 @@ def _field(default: Any, doc: str, *, low: float | None = None, high: float | No
 class DataConfig:
     """Which dataset, where it is, and how batches are made from it."""
 
-    name: str = _field("fashion_mnist", "dataset", choices=("fashion_mnist", "mnist", "cifar10"))
+    name: str = _field(
+        "fashion_mnist", "dataset", choices=("fashion_mnist", "mnist", "cifar10", "ptb", "shakespeare", "text")
+    )
     dir: str = _field("", "directory holding the dataset files ('' = the standard location)")
-    val_size: int = _field(5000, "training examples held out for validation", low=0)
+    path: str = _field("", "text file to train a language model on (data.name=text)")
+    tokenizer: str = _field(
+        "",
+        "text tokenizer ('' = the dataset's own: word for ptb, char for shakespeare and text)",
+        choices=("", "char", "word", "byte"),
+    )
+    seq_len: int = _field(0, "language models: tokens per sequence (BPTT length or context)", low=0)
+    batching: str = _field(
+        "",
+        "language models: 'stream' = contiguous streams carrying state across batches (LSTM), 'windows' = "
+        "random windows ('' = stream for lstm, windows otherwise)",
+        choices=("", "stream", "windows"),
+    )
+    val_size: int = _field(5000, "image datasets: training examples held out for validation", low=0)
     augment: bool = _field(False, "random crop (4 px padding) and horizontal flip")
     prefetch: int = _field(2, "batches prepared ahead of the step on a background thread", low=0)
 
@@ -52,11 +67,25 @@ class DataConfig:
 class ModelConfig:
     """Which model and its sizes; ``dtype=bfloat16`` with ``param_dtype=float32`` is mixed precision."""
 
-    name: str = _field("convnet", "model family", choices=("convnet", "resnet"))
+    name: str = _field("convnet", "model family", choices=("convnet", "resnet", "lstm", "transformer"))
     features: tuple[int, ...] = _field((32, 64), "channels per conv layer (convnet) or stage (resnet)", low=1)
     blocks: tuple[int, ...] = _field((2, 2, 2), "residual blocks per stage (resnet)", low=1)
     hidden: int = _field(256, "width of the dense layer before the classifier (convnet)", low=1)
-    dropout: float = _field(0.0, "dropout rate before the dense layers (convnet)", low=0.0, high=0.95)
+    dropout: float = _field(
+        0.0,
+        "dropout rate (convnet: before the dense layers; lstm: between layers; transformer: everywhere)",
+        low=0.0,
+        high=0.95,
+    )
+    layers: int = _field(2, "lstm / transformer: number of layers", low=1)
+    width: int = _field(200, "lstm: hidden units (= embedding size); transformer: model width", low=1)
+    heads: int = _field(4, "transformer: attention heads (must divide model.width)", low=1)
+    mlp_ratio: int = _field(4, "transformer: MLP hidden size as a multiple of model.width", low=1)
+    position: str = _field("learned", "transformer: position encoding", choices=("learned", "rotary"))
+    tie_embeddings: bool = _field(False, "lstm / transformer: output layer shares the embedding matrix")
+    init_scale: float = _field(
+        0.0, "lstm: initialise every weight uniformly in [-init_scale, init_scale] (0 = Flax defaults)", low=0.0
+    )
     dtype: str = _field("float32", "compute dtype", choices=("float32", "bfloat16"))
     param_dtype: str = _field("float32", "parameter dtype", choices=("float32", "bfloat16"))
 
@@ -74,7 +103,15 @@ class OptimConfig:
     weight_decay: float = _field(
         0.0, "AdamW: decoupled, scaled by the learning rate; SGD: L2 term added to the gradient", low=0.0
     )
-    schedule: str = _field("cosine", "learning-rate schedule after warmup", choices=("cosine", "constant"))
+    schedule: str = _field(
+        "cosine",
+        "learning-rate schedule after warmup ('step': multiply by decay_factor every decay_every steps "
+        "from step decay_start on)",
+        choices=("cosine", "constant", "step"),
+    )
+    decay_start: int = _field(0, "step schedule: first step with a decayed learning rate", low=0)
+    decay_every: int = _field(1, "step schedule: steps between decays", low=1)
+    decay_factor: float = _field(0.5, "step schedule: learning-rate multiplier per decay", low=0.0, high=1.0)
     warmup_steps: int = _field(0, "linear warmup from 0 to lr over this many steps", low=0)
     end_lr_factor: float = _field(
         0.0, "final learning rate of the cosine schedule, as a fraction of lr", low=0.0, high=1.0
@@ -89,7 +126,7 @@ class TrainConfig:
 
     steps: int = _field(1000, "optimizer updates in the whole run", low=1)
     batch_size: int = _field(128, "examples per optimizer update (global, across devices)", low=1)
-    eval_batch_size: int = _field(1000, "examples per evaluation batch", low=1)
+    eval_batch_size: int = _field(1000, "examples (images, or text sequences / streams) per evaluation batch", low=1)
     log_every: int = _field(50, "steps between training-metric logs (when the host waits for the device)", low=1)
     eval_every: int = _field(0, "steps between validation passes (0 = only at the end)", low=0)
     checkpoint_every: int = _field(500, "steps between checkpoints (0 = only at the end)", low=0)
@@ -306,11 +343,39 @@ def validate(cfg: Config) -> None:
         raise UserError(f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}")
     if cfg.mesh.data == 0:
         raise UserError("mesh.data=0: use a positive device count or -1 for all devices")
+    text_data = cfg.data.name in ("ptb", "shakespeare", "text")
+    text_model = cfg.model.name in ("lstm", "transformer")
+    if text_data != text_model:
+        raise UserError(
+            f"model.name={cfg.model.name} cannot train on data.name={cfg.data.name}; language models (lstm, "
+            "transformer) need text data (ptb, shakespeare, text) and image models need image data"
+        )
+    if text_data and cfg.data.seq_len < 1:
+        raise UserError("language models need data.seq_len >= 1 (tokens per training sequence)")
+    if cfg.data.name == "text" and not cfg.data.path:
+        raise UserError("data.name=text needs data.path=FILE, the text file to train on")
+    if cfg.model.name == "transformer" and cfg.model.width % cfg.model.heads:
+        raise UserError(f"model.width={cfg.model.width} is not divisible by model.heads={cfg.model.heads}")
+    if cfg.model.name == "transformer" and cfg.model.position == "rotary" and (cfg.model.width // cfg.model.heads) % 2:
+        raise UserError(
+            f"rotary positions need an even head size; model.width / model.heads = {cfg.model.width // cfg.model.heads}"
+        )
+    if _stateful(cfg) and cfg.optim.grad_accum > 1:
+        raise UserError("optim.grad_accum > 1 cannot be combined with data.batching=stream (the carried state)")
     if cfg.model.name == "resnet" and len(cfg.model.features) != len(cfg.model.blocks):
         raise UserError(
             f"model.features={cfg.model.features} and model.blocks={cfg.model.blocks} must have one entry "
             "per ResNet stage each"
         )
+
+
+def batching(cfg: Config) -> str:
+    """How a language model's batches are made: the explicit ``data.batching`` or the model's default."""
+    return cfg.data.batching or ("stream" if cfg.model.name == "lstm" else "windows")
+
+
+def _stateful(cfg: Config) -> bool:
+    return cfg.model.name in ("lstm", "transformer") and batching(cfg) == "stream"
 
 
 def save(cfg: Config, path: str | os.PathLike) -> None:

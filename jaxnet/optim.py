@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import optax
 
 from jaxnet.config import OptimConfig
@@ -14,9 +15,13 @@ from jaxnet.config import OptimConfig
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     """Linear warmup to ``cfg.lr`` over ``warmup_steps`` steps (step ``t`` < warmup gets
-    ``lr * (t + 1) / warmup_steps``), then cosine decay to ``lr * end_lr_factor``, or constant."""
+    ``lr * (t + 1) / warmup_steps``), then cosine decay to ``lr * end_lr_factor``, constant, or
+    step decay (:func:`step_decay`)."""
     if cfg.schedule == "constant":
         main = optax.constant_schedule(cfg.lr)
+    elif cfg.schedule == "step":
+        # Counted from the end of warmup, like every schedule joined after it.
+        main = step_decay(cfg.lr, cfg.decay_start - cfg.warmup_steps, cfg.decay_every, cfg.decay_factor)
     else:
         main = optax.cosine_decay_schedule(cfg.lr, max(total_steps - cfg.warmup_steps, 1), cfg.end_lr_factor)
     if cfg.warmup_steps == 0:
@@ -24,6 +29,18 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     # Starts at lr / warmup_steps, not 0: an update with a zero learning rate would be wasted.
     warmup = optax.linear_schedule(cfg.lr / cfg.warmup_steps, cfg.lr, cfg.warmup_steps - 1)
     return optax.join_schedules([warmup, main], [cfg.warmup_steps])
+
+
+def step_decay(lr: float, start: int, every: int, factor: float) -> optax.Schedule:
+    """``lr`` before step ``start``, then ``lr * factor**(1 + (t - start) // every)``: the schedule of
+    Zaremba et al. (2014), where the rate halves at the start of every epoch after the fourth."""
+
+    def fn(t: jnp.ndarray) -> jnp.ndarray:
+        t = jnp.asarray(t)
+        decays = jnp.where(t >= start, 1 + (t - start) // every, 0)
+        return lr * jnp.asarray(factor, jnp.float32) ** decays.astype(jnp.float32)
+
+    return fn
 
 
 def build(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:

@@ -46,5 +46,9 @@ def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> 
 
 
 def put_batch(batch: Any, mesh: Mesh) -> Any:
-    """Copy a host batch (a pytree of numpy arrays) onto the mesh, split along the batch axis."""
-    return jax.device_put(batch, batch_sharding(mesh))
+    """Copy a host batch (a pytree of numpy arrays) onto the mesh, split along the batch axis.
+
+    Scalars (e.g. a batch's ``reset`` flag) are copied to every device.
+    """
+    split, whole = batch_sharding(mesh), replicated(mesh)
+    return jax.device_put(batch, jax.tree.map(lambda x: split if np.ndim(x) else whole, batch))

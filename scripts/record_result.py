@@ -67,6 +67,7 @@ def main(argv: list[str]) -> int:
         "steps": summary["step"],
         "compile_time_s": summary["compile_time_s"],
         "examples_per_s": summary.get("examples_per_s"),
+        "tokens_per_s": summary.get("tokens_per_s"),
         "param_count": summary["param_count"],
         "versions": env["versions"],
         "python": env["python"],
@@ -78,7 +79,8 @@ def main(argv: list[str]) -> int:
     out.write_text(json.dumps(record, indent=2) + "\n")
     shutil.copy(workdir / "curves.png", out.with_suffix(".png"))
     shutil.rmtree(scratch, ignore_errors=True)
-    print(f"wrote {out.relative_to(ROOT)}: test accuracy {record['test']['accuracy']:.4f} in {wall:.0f} s")
+    metric = next(k for k in ("perplexity", "bpc", "accuracy") if k in record["test"])
+    print(f"wrote {out.relative_to(ROOT)}: test {metric} {record['test'][metric]:.4f} in {wall:.0f} s")
     return 0
 
 

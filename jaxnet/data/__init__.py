@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxnet.config import DataConfig
-from jaxnet.data import images
+from jaxnet.data import images, text
 from jaxnet.data.pipeline import split_validation
+from jaxnet.data.text import TextDataset
 from jaxnet.errors import UserError
 
 Split = tuple[np.ndarray, np.ndarray]
@@ -59,6 +60,14 @@ class Dataset:
         self.mean = (mean / 255.0).astype(np.float32)
         self.std = np.where(std > 0, std / 255.0, 1.0).astype(np.float32)  # a constant channel stays finite
 
+    def describe(self) -> str:
+        """One line for the run's first message."""
+        return f"{len(self.train[0]):,} training examples"
+
+    def extra_metrics(self, loss: float) -> dict[str, float]:
+        """Metrics derived from the mean loss (none for classification)."""
+        return {}
+
 
 def _load_mnist(directory: str) -> dict[str, Split]:
     if not directory:
@@ -73,8 +82,21 @@ LOADERS = {
 }
 
 
-def load(cfg: DataConfig) -> Dataset:
-    """Read the dataset named by ``cfg.name`` and hold out ``cfg.val_size`` training examples."""
+TEXT_LOADERS = {
+    "ptb": lambda c: text.load_ptb(c.tokenizer or "word"),
+    "shakespeare": lambda c: text.load_shakespeare(c.tokenizer or "char"),
+    "text": lambda c: text.load_file(c.path, c.tokenizer or "char"),
+}
+
+
+def load(cfg: DataConfig) -> Dataset | TextDataset:
+    """Read the dataset named by ``cfg.name``.
+
+    Image datasets hold out ``cfg.val_size`` training examples for validation; text datasets
+    come with their own validation split (see :mod:`jaxnet.data.text`).
+    """
+    if cfg.name in TEXT_LOADERS:
+        return TEXT_LOADERS[cfg.name](cfg)
     splits = LOADERS[cfg.name](cfg.dir)
     x, y = splits["train"]
     if cfg.val_size >= len(x):
@@ -82,3 +104,6 @@ def load(cfg: DataConfig) -> Dataset:
     train, val = split_validation(x, y, cfg.val_size)
     num_classes = int(max(y.max(), splits["test"][1].max())) + 1
     return Dataset(train=train, val=val, test=splits["test"], num_classes=num_classes, name=cfg.name)
+
+
+__all__ = ["Dataset", "TextDataset", "load", "LOADERS", "TEXT_LOADERS"]

@@ -25,6 +25,7 @@ from jaxnet import models, observe, optim, parallel
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import Config
 from jaxnet.data import pipeline
+from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
 from jaxnet.train import state as state_lib
 from jaxnet.train.step import make_eval_step, make_train_step
@@ -48,6 +49,8 @@ class Run:
     def __init__(self, cfg: Config, *, model: nn.Module | None = None, dataset: data_lib.Dataset | None = None):
         self.cfg = cfg
         self.dataset = dataset if dataset is not None else data_lib.load(cfg.data)
+        self.text = isinstance(self.dataset, text_lib.TextDataset)
+        self.batching = config_lib.batching(cfg) if self.text else "examples"
         self.mesh: Mesh = parallel.make_mesh(cfg.mesh)
         accum = cfg.optim.grad_accum
         parallel.check_batch(
@@ -55,12 +58,16 @@ class Run:
             self.mesh,
             "train.batch_size" if accum == 1 else "the micro-batch size train.batch_size / optim.grad_accum",
         )
-        if cfg.train.batch_size > len(self.dataset.train[0]):
+        if self.text:
+            text_lib.check_batching(len(self.dataset.train), cfg.train.batch_size, cfg.data.seq_len, self.batching)
+        elif cfg.train.batch_size > len(self.dataset.train[0]):
             raise UserError(
                 f"train.batch_size={cfg.train.batch_size} is larger than the {len(self.dataset.train[0])} "
                 "training examples"
             )
-        self.model = model if model is not None else models.build(cfg.model, self.dataset.num_classes)
+        if model is None:
+            model = models.build(cfg.model, self.dataset.num_classes, cfg.data.seq_len)
+        self.model = model
         self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps)
         self.train_step = jax.jit(
             make_train_step(
@@ -71,7 +78,10 @@ class Run:
         self.eval_step = jax.jit(make_eval_step(self.model))
 
     def _create_state(self) -> state_lib.TrainState:
-        sample = jnp.zeros((1, *self.dataset.train[0].shape[1:]), jnp.float32)
+        if self.text:  # one time step, but the whole batch: a carried state is created at its real size
+            sample = jnp.zeros((self.cfg.train.batch_size, 1), jnp.int32)
+        else:
+            sample = jnp.zeros((1, *self.dataset.train[0].shape[1:]), jnp.float32)
         return state_lib.create(self.model, self.tx, sample, self.cfg.seed)
 
     def init_state(self) -> state_lib.TrainState:
@@ -85,25 +95,84 @@ class Run:
             lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), jax.eval_shape(self._create_state)
         )
 
-    def evaluate(self, state: state_lib.TrainState, split: str) -> dict[str, float]:
-        """Mean loss and accuracy over every example of ``split`` (val or test); ``{}`` if it is empty."""
+    def train_batches(self, start_step: int) -> Any:
+        """Host batches from ``start_step`` on (a pure function of the seed and the step)."""
+        cfg = self.cfg
+        if self.text:
+            return text_lib.train_batches(
+                self.dataset.train,
+                batch_size=cfg.train.batch_size,
+                seq_len=cfg.data.seq_len,
+                mode=self.batching,
+                seed=cfg.seed,
+                start_step=start_step,
+            )
+        return pipeline.train_batches(
+            *self.dataset.train,
+            batch_size=cfg.train.batch_size,
+            seed=cfg.seed,
+            start_step=start_step,
+            mean=self.dataset.mean,
+            std=self.dataset.std,
+            do_augment=cfg.data.augment,
+        )
+
+    def _eval_batches(self, split: str) -> tuple[Any, int]:
+        """Evaluation batches of ``split`` and their number of rows (0 if the split is empty)."""
+        devices = self.mesh.shape["data"]
+        round_up = lambda n: -(-n // devices) * devices
+        wanted = self.cfg.train.eval_batch_size
+        if self.text:
+            tokens, seq_len = getattr(self.dataset, split), self.cfg.data.seq_len
+            if len(tokens) < 2:
+                return iter(()), 0
+            if self.batching == "stream":  # longer streams carry more context: no more rows than needed
+                wanted = min(wanted, max(1, (len(tokens) - 1) // seq_len))
+            rows = round_up(wanted)
+            return text_lib.eval_batches(tokens, batch_size=rows, seq_len=seq_len, mode=self.batching), rows
         x, y = getattr(self.dataset, split)
         if len(x) == 0:
+            return iter(()), 0
+        rows = round_up(min(wanted, len(x)))
+        batches = pipeline.eval_batches(x, y, batch_size=rows, mean=self.dataset.mean, std=self.dataset.std)
+        return batches, rows
+
+    def evaluate(self, state: state_lib.TrainState, split: str) -> dict[str, float]:
+        """Mean loss and accuracy over every example (or token) of ``split`` (val or test), plus
+        perplexity or bits per character for text; ``{}`` if the split is empty.
+
+        A stateful model walking streams carries its state from batch to batch, starting from
+        zeros; with window batching every batch starts from zeros.
+        """
+        batches, rows = self._eval_batches(split)
+        if not rows:
             return {}
-        devices = self.mesh.shape["data"]
-        batch_size = -(-min(self.cfg.train.eval_batch_size, len(x)) // devices) * devices
-        batches = pipeline.eval_batches(x, y, batch_size=batch_size, mean=self.dataset.mean, std=self.dataset.std)
-        totals = None
+        zeros: dict = {}
+        if "carry" in state.model_state:
+            zeros = {
+                "carry": jax.tree.map(lambda c: jnp.zeros((rows, *c.shape[1:]), c.dtype), state.model_state["carry"])
+            }
+        carry, totals = zeros, None
         for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, lambda b: parallel.put_batch(b, self.mesh)):
-            sums = self.eval_step(state, batch)
+            sums, carry = self.eval_step(state, batch, carry if self.batching == "stream" else zeros)
             totals = sums if totals is None else _add_trees(totals, sums)
         totals = jax.device_get(totals)
         count = float(totals["count"])
-        return {"loss": float(totals["loss"]) / count, "accuracy": float(totals["correct"]) / count}
+        loss = float(totals["loss"]) / count
+        return {"loss": loss, "accuracy": float(totals["correct"]) / count, **self.dataset.extra_metrics(loss)}
 
 
 # What a run directory may contain; a directory holding anything else is not ours to write into.
-RUN_FILES = {"config.json", "metrics.jsonl", "summary.json", "eval.json", "curves.png", "checkpoints", "tb"}
+RUN_FILES = {
+    "config.json",
+    "vocab.json",
+    "metrics.jsonl",
+    "summary.json",
+    "eval.json",
+    "curves.png",
+    "checkpoints",
+    "tb",
+}
 
 
 def _open_workdir(workdir: Path, cfg: Config) -> Config | None:
@@ -153,15 +222,39 @@ def _completed_summary(workdir: Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) and summary.get("complete") else None
 
 
+def headline(metrics: dict[str, float], split: str) -> str:
+    """The metric people quote: perplexity (word LM), bits per character (char LM) or accuracy."""
+    if "perplexity" in metrics:
+        return f"{split} perplexity {metrics['perplexity']:.2f}  {split} loss {metrics['loss']:.4f}"
+    if "bpc" in metrics:
+        return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bpc']:.4f} bits per token)"
+    return f"{split} accuracy {metrics['accuracy']:.4f}  {split} loss {metrics['loss']:.4f}"
+
+
 def _result_line(summary: dict[str, Any]) -> str:
     test = summary.get("test") or summary.get("val") or {}
     split = "test" if "test" in summary else "val"
     if not test:
         return f"finished; run directory {summary['workdir']}"
-    return (
-        f"{split} accuracy {test['accuracy']:.4f}  {split} loss {test['loss']:.4f}  "
-        f"wall time {summary['wall_time_s']:.0f} s  run directory {summary['workdir']}"
-    )
+    return f"{headline(test, split)}  wall time {summary['wall_time_s']:.0f} s  run directory {summary['workdir']}"
+
+
+def _check_vocab(workdir: Path, dataset: Any) -> None:
+    """A run's token ids mean what its ``vocab.json`` says: refuse data whose vocabulary differs."""
+    path = workdir / "vocab.json"
+    if not isinstance(dataset, text_lib.TextDataset) or not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text())["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{path} is damaged; restore it or use a fresh --workdir") from None
+    if saved != dataset.vocab:
+        extra = [t for t in dataset.vocab if t not in set(saved)]
+        what = f"tokens outside it ({', '.join(repr(t) for t in extra[:5])})" if extra else "a different token order"
+        raise UserError(
+            f"the data's vocabulary does not match the run in {workdir}: the data has {what}; "
+            "train on the same text or use a fresh --workdir"
+        )
 
 
 def train(
@@ -185,6 +278,7 @@ def train(
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
     run = Run(cfg, model=model, dataset=dataset)
     previous = _open_workdir(workdir, cfg)
+    _check_vocab(workdir, run.dataset)
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         return _train(run, workdir, ckpts, previous, started)
@@ -211,6 +305,8 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
             return done_before
     log = observe.MetricsLog(workdir, resume_step=start, final=start == train_cfg.steps)
     config_lib.save(cfg, workdir / "config.json")
+    if run.text:
+        observe.write_json(workdir / "vocab.json", {"tokenizer": run.dataset.tokenizer, "vocab": run.dataset.vocab})
 
     end = train_cfg.steps if not train_cfg.stop_after else min(train_cfg.steps, start + train_cfg.stop_after)
     num_params = state_lib.param_count(state.params)
@@ -218,22 +314,10 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
     if start == 0:
         progress.note(
             f"{cfg.experiment or 'run'}: {type(run.model).__name__} with {num_params:,} parameters, "
-            f"{len(run.dataset.train[0]):,} training examples, {train_cfg.steps} steps of "
+            f"{run.dataset.describe()}, {train_cfg.steps} steps of "
             f"{train_cfg.batch_size} on {run.mesh.shape['data']} {jax.devices()[0].platform} device(s)"
         )
-    batches = pipeline.prefetch(
-        pipeline.train_batches(
-            *run.dataset.train,
-            batch_size=train_cfg.batch_size,
-            seed=cfg.seed,
-            start_step=start,
-            mean=run.dataset.mean,
-            std=run.dataset.std,
-            do_augment=cfg.data.augment,
-        ),
-        cfg.data.prefetch,
-        lambda b: parallel.put_batch(b, run.mesh),
-    )
+    batches = pipeline.prefetch(run.train_batches(start), cfg.data.prefetch, lambda b: parallel.put_batch(b, run.mesh))
 
     compile_seconds = eval_seconds = 0.0
     sums, interval_steps, timed_steps = None, 0, 0
@@ -261,9 +345,12 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
                     )
                 now = time.perf_counter()
                 rate = timed_steps / (now - interval_start) if timed_steps else 0.0
+                values.update(run.dataset.extra_metrics(values["loss"]))
                 values.update(
                     lr=float(run.lr_schedule(step)), steps_per_s=rate, examples_per_s=rate * train_cfg.batch_size
                 )
+                if run.text:
+                    values["tokens_per_s"] = values["examples_per_s"] * cfg.data.seq_len
                 log.write(done, "train", values)
                 progress.update(done, {"loss": values["loss"], "acc": values["accuracy"], "steps/s": rate})
                 sums, interval_steps, timed_steps = None, 0, 0
@@ -273,7 +360,7 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
                 val = run.evaluate(state, "val")
                 if val:
                     log.write(done, "val", val)
-                    progress.note(f"step {done}: val loss {val['loss']:.4f}, val accuracy {val['accuracy']:.4f}")
+                    progress.note(f"step {done}: {headline(val, 'val')}")
                 eval_seconds += time.perf_counter() - eval_started
                 interval_start += time.perf_counter() - eval_started
             if train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0 and done != end:
@@ -297,6 +384,8 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
             step_seconds = (loop_seconds - compile_seconds - eval_seconds) / (end - start - 1)
             summary["steps_per_s"] = round(1 / step_seconds, 2)
             summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
+            if run.text:
+                summary["tokens_per_s"] = round(train_cfg.batch_size * cfg.data.seq_len / step_seconds, 1)
         if end == train_cfg.steps:
             for split in ("val", "test"):
                 metrics = run.evaluate(state, split)

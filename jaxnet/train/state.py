@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -26,10 +27,13 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 def create(model: Any, tx: optax.GradientTransformation, sample_input: jnp.ndarray, seed: int) -> TrainState:
-    """Initialise the model on ``sample_input`` (a batch of shape (1, ...)) and the optimizer."""
+    """Initialise the model on ``sample_input`` (a batch of shape (1, ...)) and the optimizer.
+
+    A ``carry`` collection (state carried across batches) gets the sample's batch size.
+    """
     init_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
     variables = model.init({"params": init_rng, "dropout": init_rng}, sample_input, train=False)
-    variables = dict(variables)
+    variables = dict(nn.unbox(variables))  # drop the logical-axis annotations; parallel.py reads them separately
     params = variables.pop("params")
     return TrainState(
         step=jnp.zeros((), jnp.int32),

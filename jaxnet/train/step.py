@@ -1,8 +1,12 @@
-"""Pure training and evaluation steps for classification.
+"""Pure training and evaluation steps for classification and language modelling.
 
-``train_step(state, batch) -> (state, metrics)`` and ``eval_step(state, batch) -> sums`` are
-plain functions of their arguments; the runner jit-compiles each once. A batch is a dict with
-``image`` (float inputs) and ``label`` (int classes); evaluation batches also carry ``mask``.
+``train_step(state, batch) -> (state, metrics)`` and ``eval_step(state, batch, carry) -> (sums,
+carry)`` are plain functions of their arguments; the runner jit-compiles each once. A batch is
+a dict with either ``image`` (float inputs) and ``label`` (int classes), or ``tokens`` and
+next-token ``targets`` (int, batch x time); evaluation batches also carry ``mask``.
+
+A model that keeps state across batches (the LSTM) holds it in the ``carry`` collection of
+``state.model_state``; a batch with ``reset`` = 1 (the first of an epoch) starts it from zeros.
 """
 
 from __future__ import annotations
@@ -24,10 +28,26 @@ Metrics = dict[str, jnp.ndarray]
 def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
     """Per-example softmax cross-entropy in float32, with optional label smoothing."""
     logits = logits.astype(jnp.float32)
+    if not label_smoothing:  # no one-hot matrix: it costs as much as the softmax for a 10k vocabulary
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     targets = jax.nn.one_hot(labels, logits.shape[-1])
-    if label_smoothing:
-        targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[-1]
+    targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[-1]
     return optax.softmax_cross_entropy(logits, targets)
+
+
+def inputs_and_targets(batch: Batch) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(image, label)`` of an image batch or ``(tokens, targets)`` of a text batch."""
+    if "tokens" in batch:
+        return batch["tokens"], batch["targets"]
+    return batch["image"], batch["label"]
+
+
+def reset_carry(model_state: dict, reset: jnp.ndarray) -> dict:
+    """``model_state`` with its ``carry`` collection zeroed where ``reset`` is true."""
+    if "carry" not in model_state:
+        return model_state
+    carry = jax.tree.map(lambda c: jnp.where(reset, jnp.zeros_like(c), c), model_state["carry"])
+    return {**model_state, "carry": carry}
 
 
 def make_train_step(
@@ -48,24 +68,29 @@ def make_train_step(
     """
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
+        inputs, targets = inputs_and_targets(batch)
         logits, new_model_state = model.apply(
             {"params": params, **model_state},
-            batch["image"],
+            inputs,
             train=True,
             rngs={"dropout": rng},
             mutable=list(model_state),
         )
-        loss = cross_entropy(logits, batch["label"], label_smoothing).mean()
-        correct = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
+        loss = cross_entropy(logits, targets, label_smoothing).mean()
+        correct = jnp.mean(jnp.argmax(logits, -1) == targets)
         return loss, (dict(new_model_state), correct)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         rng = jax.random.fold_in(state.rng, state.step)
+        model_state = state.model_state
+        if "reset" in batch:
+            model_state = reset_carry(model_state, batch["reset"])
         if grad_accum == 1:
-            (loss, (model_state, accuracy)), grads = grad_fn(state.params, state.model_state, batch, rng)
+            (loss, (model_state, accuracy)), grads = grad_fn(state.params, model_state, batch, rng)
         else:
+            batch = {k: v for k, v in batch.items() if k != "reset"}
             micro_batches = jax.tree.map(lambda x: x.reshape(-1, grad_accum, *x.shape[1:]).swapaxes(0, 1), batch)
 
             def micro_step(carry: tuple, inputs: tuple) -> tuple:
@@ -79,7 +104,7 @@ def make_train_step(
 
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
             (grads, model_state), (losses, accuracies) = jax.lax.scan(
-                micro_step, (zeros, state.model_state), (jnp.arange(grad_accum), micro_batches)
+                micro_step, (zeros, model_state), (jnp.arange(grad_accum), micro_batches)
             )
             grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, state.params)
             loss, accuracy = losses.mean(), accuracies.mean()
@@ -96,19 +121,28 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(model: nn.Module) -> Callable[[TrainState, Batch], Metrics]:
+def make_eval_step(model: nn.Module) -> Callable[[TrainState, Batch, dict], tuple[Metrics, dict]]:
     """Build ``eval_step``: sums of loss and correct predictions over the unmasked examples.
 
     Sums (not means) so that batches add up exactly to the metric over the whole split.
+    ``carry`` replaces the model's carried-state collections (``{"carry": ...}`` for a stateful
+    LSTM walking a stream, ``{}`` otherwise) and is returned updated.
     """
 
-    def eval_step(state: TrainState, batch: Batch) -> Metrics:
-        logits = model.apply({"params": state.params, **state.model_state}, batch["image"], train=False)
+    def eval_step(state: TrainState, batch: Batch, carry: dict) -> tuple[Metrics, dict]:
+        inputs, targets = inputs_and_targets(batch)
+        variables = {"params": state.params, **state.model_state, **carry}
+        if carry:
+            logits, carry = model.apply(variables, inputs, train=False, mutable=list(carry))
+            carry = dict(carry)
+        else:
+            logits = model.apply(variables, inputs, train=False)
         mask = batch["mask"]
-        return {
-            "loss": jnp.sum(cross_entropy(logits, batch["label"]) * mask),
-            "correct": jnp.sum((jnp.argmax(logits, -1) == batch["label"]) * mask),
+        sums = {
+            "loss": jnp.sum(cross_entropy(logits, targets) * mask),
+            "correct": jnp.sum((jnp.argmax(logits, -1) == targets) * mask),
             "count": jnp.sum(mask),
         }
+        return sums, carry
 
     return eval_step

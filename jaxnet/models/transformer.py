@@ -1,0 +1,218 @@
+"""A decoder-only (GPT-style) Transformer language model in Flax Linen.
+
+token embedding (+ learned position embedding, or rotary positions inside attention) ->
+dropout -> ``layers`` pre-LayerNorm blocks -> LayerNorm -> output projection (optionally the
+transposed token embedding). A block is::
+
+    x = x + dropout(attention(layernorm(x)))      # causal multi-head self-attention
+    x = x + dropout(mlp(layernorm(x)))            # width -> mlp_ratio * width -> width, GELU
+
+Attention goes through ``jax.nn.dot_product_attention`` (causal), which a GPU runs with the
+cuDNN fused kernel. Weights start from N(0, 0.02), the output projections of each residual
+branch from N(0, 0.02 / sqrt(2 * layers)) (GPT-2).
+
+**Decoding.** ``decode=True`` keeps a key/value cache of ``context`` positions in the ``cache``
+collection: each call appends its tokens' keys and values and attends to everything cached so
+far, so generating token ``t`` costs one position, not ``t``. Positions past ``context`` do not
+exist; :mod:`jaxnet.sample` slides the window.
+
+Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``, ``kv``, ``mlp``)
+for the parallelism rules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Dtype = Any
+
+
+def _normal(std: float, names: tuple) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(nn.initializers.normal(std), names)
+
+
+def rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:
+    """Rotary position embedding of ``x`` (batch, time, heads, head_dim) at ``positions`` (time,).
+
+    The two halves of the head dimension are rotated as pairs by angles ``position * base**(-2i/d)``,
+    so the product of a rotated query and key depends only on their distance.
+    """
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * freqs[None, :]
+    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention, with a key/value cache when ``decode=True``."""
+
+    heads: int
+    context: int
+    rotary: bool = False
+    out_std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, decode: bool = False) -> jnp.ndarray:
+        batch, length, width = x.shape
+        head_dim = width // self.heads
+        qkv = nn.DenseGeneral(
+            (3, self.heads, head_dim),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=_normal(0.02, ("embed", None, "heads", "kv")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None, "heads", "kv")),
+            name="qkv",
+        )(x)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        if self.rotary:
+            q, k = rotary(q, positions), rotary(k, positions)
+        if decode:
+            shape = (batch, self.context, self.heads, head_dim)
+            cached_k = self.variable("cache", "key", jnp.zeros, shape, k.dtype)
+            cached_v = self.variable("cache", "value", jnp.zeros, shape, v.dtype)
+            start = positions[0]
+            cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, start, 0, 0))
+            cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, start, 0, 0))
+            mask = jnp.arange(self.context)[None, :] <= positions[:, None]  # (query, key)
+            out = jax.nn.dot_product_attention(q, cached_k.value, cached_v.value, mask=mask[None, None])
+        else:
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return nn.DenseGeneral(
+            width,
+            axis=(-2, -1),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=_normal(self.out_std, ("heads", "kv", "embed")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="out",
+        )(out)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm Transformer block: attention and MLP, each a residual branch with dropout."""
+
+    heads: int
+    context: int
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    rotary: bool = False
+    out_std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool) -> jnp.ndarray:
+        width = x.shape[-1]
+        norm = lambda name: nn.LayerNorm(
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name=name,
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        )
+        drop = nn.Dropout(self.dropout, deterministic=not train)
+        y = CausalSelfAttention(
+            self.heads, self.context, self.rotary, self.out_std, self.dtype, self.param_dtype, name="attention"
+        )(norm("norm_1")(x), positions, decode)
+        x = x + drop(y)
+        y = nn.Dense(
+            self.mlp_ratio * width,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="mlp_in",
+            kernel_init=_normal(0.02, ("embed", "mlp")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
+        )(norm("norm_2")(x))
+        y = nn.Dense(
+            width,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="mlp_out",
+            kernel_init=_normal(self.out_std, ("mlp", "embed")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        )(nn.gelu(y))
+        return x + drop(y)
+
+
+class TransformerLanguageModel(nn.Module):
+    """Token ids (batch, time) -> next-token logits (batch, time, vocab), float32.
+
+    ``context`` is the longest sequence (and the size of the decoding cache).
+    """
+
+    vocab_size: int
+    context: int
+    layers: int = 4
+    width: int = 256
+    heads: int = 4
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    position: str = "learned"
+    tie_embeddings: bool = True
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
+        length = tokens.shape[1]
+        if decode:
+            index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+            positions = index.value + jnp.arange(length)
+            if not self.is_initializing():
+                index.value = index.value + length
+        else:
+            positions = jnp.arange(length)
+        embed = nn.Embed(
+            self.vocab_size,
+            self.width,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="embed",
+            embedding_init=_normal(0.02, ("vocab", "embed")),
+        )
+        x = embed(tokens)
+        if self.position == "learned":
+            table = self.param("position", _normal(0.02, (None, "embed")), (self.context, self.width), self.param_dtype)
+            x = x + jnp.take(table, positions, axis=0).astype(self.dtype)[None]
+        x = nn.Dropout(self.dropout, deterministic=not train)(x)
+        out_std = 0.02 / math.sqrt(2 * self.layers)
+        for i in range(self.layers):
+            x = Block(
+                self.heads,
+                self.context,
+                self.mlp_ratio,
+                self.dropout,
+                self.position == "rotary",
+                out_std,
+                self.dtype,
+                self.param_dtype,
+                name=f"block_{i}",
+            )(x, positions, train, decode)
+        x = nn.LayerNorm(
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="norm_out",
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        )(x)
+        if self.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(
+                self.vocab_size,
+                use_bias=False,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                name="output",
+                kernel_init=_normal(0.02, ("embed", "vocab")),
+            )(x)
+        return logits.astype(jnp.float32)

@@ -49,6 +49,7 @@ def get_config(variant: str = "default") -> Config:
     cfg.train.checkpoint_every = STEPS_PER_EPOCH
     if variant == "smoke":
         cfg.model.width = 32
+        cfg.train.eval_batch_size = 200  # fewer, longer passes over the 74k validation words
         cfg.optim.decay_start = 20
         cfg.optim.decay_every = 10
         cfg.train.steps = 40

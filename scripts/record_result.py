@@ -5,7 +5,8 @@
 Runs ``jaxnet train`` as a separate process (so the wall time includes start-up, data loading
 and compilation, as a user sees it), then writes
 ``benchmarks/results/train-<experiment>-<platform>-<date>.json`` with the test metrics, the
-times, the command, the device and the library versions. ``scripts/update_readme.py`` turns these
+times, the command, the device and the library versions, plus the run's curves (``.png``) and
+its ``metrics.jsonl`` (``.metrics.jsonl``). ``scripts/update_readme.py`` turns these
 files into the README's results table.
 """
 
@@ -78,6 +79,7 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     shutil.copy(workdir / "curves.png", out.with_suffix(".png"))
+    shutil.copy(workdir / "metrics.jsonl", out.with_suffix(".metrics.jsonl"))  # for comparison plots
     shutil.rmtree(scratch, ignore_errors=True)
     metric = next(k for k in ("perplexity", "bpc", "accuracy") if k in record["test"])
     print(f"wrote {out.relative_to(ROOT)}: test {metric} {record['test'][metric]:.4f} in {wall:.0f} s")

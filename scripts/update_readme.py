@@ -12,21 +12,51 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin", "<!-- results:end -->"
+COMPARISON = "shakespeare-lstm-vs-transformer.png"
+
+
+def quoted(metrics: dict) -> str:
+    """The figure people quote for a split: perplexity, nats and bits per character, or accuracy."""
+    if "perplexity" in metrics:
+        return f"perplexity {metrics['perplexity']:.1f}"
+    if "bpc" in metrics:
+        return f"{metrics['loss']:.3f} nats ({metrics['bpc']:.3f} bits/char)"
+    return f"{100 * metrics['accuracy']:.2f} % accuracy"
 
 
 def training_table(results: list[dict]) -> str:
     """A markdown table with one row per training results file."""
     lines = [
-        "| experiment | test accuracy | wall time | steps | examples/s | device | versions | date | file |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| experiment | test | validation | wall time | steps | throughput | device | versions | date | file |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         v = r["versions"]
         versions = f"jax {v['jax']}, flax {v['flax']}, optax {v['optax']}"
+        if r.get("tokens_per_s"):
+            throughput = f"{r['tokens_per_s']:,.0f} tokens/s"
+        else:
+            throughput = f"{r.get('examples_per_s') or 0:,.0f} examples/s"
         lines.append(
-            f"| `{r['command']}` | {100 * r['test']['accuracy']:.2f} % | {r['wall_time_s'] / 60:.1f} min "
-            f"| {r['steps']} | {r.get('examples_per_s') or 0:.0f} | {r['device']} | {versions} | {r['date']} "
+            f"| `{r['command']}` | {quoted(r['test'])} | {quoted(r['val'])} | {r['wall_time_s'] / 60:.1f} min "
+            f"| {r['steps']} | {throughput} | {r['device']} | {versions} | {r['date']} "
             f"| [{r['_file']}]({r['_file']}) |"
+        )
+    return "\n".join(lines)
+
+
+def cost_table(results: list[dict]) -> str:
+    """A markdown table of measured costs of runs too long to finish here."""
+    lines = [
+        "| experiment | measured | projected full run | device | versions | date | file |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        v = r["versions"]
+        lines.append(
+            f"| `jaxnet train {r['experiment']}` | {r['steps_per_s']:.2f} steps/s over {r['steps_measured']} steps "
+            f"({r.get('tokens_per_s') or 0:,.0f} tokens/s) | {r['steps_total']:,} steps = {r['projected_hours']} h "
+            f"| {r['device']} | jax {v['jax']}, flax {v['flax']} | {r['date']} | [{r['_file']}]({r['_file']}) |"
         )
     return "\n".join(lines)
 
@@ -44,6 +74,24 @@ def render() -> str:
         "process: start-up, data loading, compilation, training, final evaluation; environment already set up)."
     ]
     body += ["", training_table(training)] if training else ["", "No results recorded yet."]
+    costs = [r for r in results if r.get("kind") == "cost"]
+    if costs:
+        body += [
+            "",
+            "Runs too long to finish on this machine, timed over their first steps by "
+            "`python scripts/measure_cost.py EXPERIMENT` and projected to the full schedule:",
+            "",
+            cost_table(costs),
+        ]
+    comparison = ROOT / "benchmarks" / "results" / COMPARISON
+    if comparison.is_file():
+        body += [
+            "",
+            "Shakespeare, one task for both families (same characters, tokens per step and optimizer; "
+            "drawn by `python scripts/plot_comparison.py` from the runs' committed `.metrics.jsonl`):",
+            "",
+            f"![LSTM and Transformer on Shakespeare](benchmarks/results/{COMPARISON})",
+        ]
     for r in training:
         plot = Path(r["_file"]).with_suffix(".png")
         if (ROOT / plot).is_file():

@@ -119,7 +119,10 @@ class LSTMLanguageModel(nn.Module):
     param_dtype: Dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, tokens: jnp.ndarray, train: bool = False) -> jnp.ndarray:
+    def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
+        """Logits for every position. ``decode`` changes nothing: the ``carry`` collection already
+        makes one-token-at-a-time calls continue each other (the interface matches the Transformer's)."""
+        del decode
         embed_init = symmetric_uniform(self.init_scale) if self.init_scale else nn.initializers.normal(1.0)
         embed = nn.Embed(
             self.vocab_size,

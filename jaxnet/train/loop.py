@@ -227,7 +227,7 @@ def headline(metrics: dict[str, float], split: str) -> str:
     if "perplexity" in metrics:
         return f"{split} perplexity {metrics['perplexity']:.2f}  {split} loss {metrics['loss']:.4f}"
     if "bpc" in metrics:
-        return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bpc']:.4f} bits per token)"
+        return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bpc']:.4f} bits per character)"
     return f"{split} accuracy {metrics['accuracy']:.4f}  {split} loss {metrics['loss']:.4f}"
 
 
@@ -239,7 +239,7 @@ def _result_line(summary: dict[str, Any]) -> str:
     return f"{headline(test, split)}  wall time {summary['wall_time_s']:.0f} s  run directory {summary['workdir']}"
 
 
-def _check_vocab(workdir: Path, dataset: Any) -> None:
+def check_vocab(workdir: Path, dataset: Any) -> None:
     """A run's token ids mean what its ``vocab.json`` says: refuse data whose vocabulary differs."""
     path = workdir / "vocab.json"
     if not isinstance(dataset, text_lib.TextDataset) or not path.exists():
@@ -278,7 +278,7 @@ def train(
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
     run = Run(cfg, model=model, dataset=dataset)
     previous = _open_workdir(workdir, cfg)
-    _check_vocab(workdir, run.dataset)
+    check_vocab(workdir, run.dataset)
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         return _train(run, workdir, ckpts, previous, started)

@@ -1,0 +1,58 @@
+"""The medium LSTM of Zaremba, Sutskever and Vinyals (2014) on word-level Penn Treebank.
+
+Command:  jaxnet train lstm_ptb_medium
+Result:   not measured here (see below); the paper reports test perplexity 82.7
+Time:     39 epochs of 1,327 steps; see the README for the measured cost per step
+
+Two LSTM layers of 650 units, dropout 0.5 on the non-recurrent connections, weights uniform in
+[-0.05, 0.05]; plain SGD, the learning rate held for 6 epochs then multiplied by 0.8 every
+epoch; gradients clipped by global norm; batch 20, truncated backpropagation over 35 steps with
+the hidden state carried across batches; 39 epochs.
+
+As in lstm_ptb_small, the paper's loss sums over the 35 time steps, so its learning rate 1 and
+clipping norm 5 are learning rate 35 and clipping norm 5/35 here.
+
+Variants: ``smoke`` trains a tiny model for 30 steps, for tests.
+"""
+
+from jaxnet.config import Config
+
+VARIANTS = ("default", "smoke")
+
+STEPS_PER_EPOCH = 1327  # (929,589 - 1) // 20 streams // 35 steps
+
+
+def get_config(variant: str = "default") -> Config:
+    """The config of ``variant`` (one of VARIANTS)."""
+    cfg = Config()
+    cfg.data.name = "ptb"
+    cfg.data.seq_len = 35
+    cfg.model.name = "lstm"
+    cfg.model.layers = 2
+    cfg.model.width = 650
+    cfg.model.dropout = 0.5
+    cfg.model.init_scale = 0.05
+    cfg.optim.name = "sgd"
+    cfg.optim.momentum = 0.0
+    cfg.optim.lr = 35.0  # the paper's 1, for a loss summed over seq_len=35 steps
+    cfg.optim.clip_norm = 5.0 / 35  # the paper's 5, likewise divided by 35
+    cfg.optim.schedule = "step"
+    cfg.optim.decay_start = 6 * STEPS_PER_EPOCH
+    cfg.optim.decay_every = STEPS_PER_EPOCH
+    cfg.optim.decay_factor = 0.8
+    cfg.train.batch_size = 20
+    cfg.train.eval_batch_size = 20
+    cfg.train.steps = 39 * STEPS_PER_EPOCH
+    cfg.train.log_every = 200
+    cfg.train.eval_every = STEPS_PER_EPOCH
+    cfg.train.checkpoint_every = STEPS_PER_EPOCH
+    if variant == "smoke":
+        cfg.model.width = 32
+        cfg.train.eval_batch_size = 200  # fewer, longer passes over the 74k validation words
+        cfg.optim.decay_start = 15
+        cfg.optim.decay_every = 5
+        cfg.train.steps = 30
+        cfg.train.log_every = 10
+        cfg.train.eval_every = 15
+        cfg.train.checkpoint_every = 15
+    return cfg

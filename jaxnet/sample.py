@@ -1,0 +1,172 @@
+"""Generate text from a trained language model: jit-compiled, one token per step, with a cache.
+
+The Transformer decodes with its key/value cache (``decode=True``), the LSTM with its carried
+state, so each new token costs one position. A whole pass over a buffer of positions is one
+``lax.scan``: at position ``i`` the input is the prompt token if ``i`` is inside the prompt,
+otherwise the token chosen at ``i - 1``.
+
+A Transformer sees at most ``context`` positions. To write more, generation restarts with a
+fresh cache on the last ``context // 2`` tokens (a sliding window that moves half a context at a
+time), so text of any length can be generated; a prompt must fit in the context.
+
+>>> text = sample("runs/transformer_shakespeare", prompt="ROMEO:", tokens=200)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnet.errors import UserError
+
+
+def choose(logits: jnp.ndarray, key: jax.Array, temperature: float, top_k: int) -> jnp.ndarray:
+    """The next token from float32 ``logits`` (vocab,): argmax at temperature 0, else a draw from
+    the softmax of ``logits / temperature`` restricted to the ``top_k`` most likely (0 = all)."""
+    if temperature == 0:
+        return jnp.argmax(logits).astype(jnp.int32)
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = jax.lax.top_k(logits, top_k)[0][-1]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits).astype(jnp.int32)
+
+
+def decode_state(model: nn.Module, params: Any) -> dict:
+    """Empty decoding state (the ``cache`` or ``carry`` collections) for a batch of one sequence."""
+    variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32), decode=True))
+    variables = dict(nn.unbox(variables))
+    variables.pop("params")
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "temperature", "top_k"))
+def _scan(
+    model: nn.Module,
+    params: Any,
+    state: dict,
+    tokens: jnp.ndarray,
+    given: jnp.ndarray,
+    key: jax.Array,
+    temperature: float,
+    top_k: int,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Walk every position of ``tokens``; returns the token at each position and the one after."""
+
+    def body(carry: tuple, i: jnp.ndarray) -> tuple:
+        state, previous = carry
+        token = jnp.where(i < given, tokens[i], previous)
+        logits, state = model.apply(
+            {"params": params, **state}, token[None, None], train=False, decode=True, mutable=list(state)
+        )
+        return (dict(state), choose(logits[0, -1], jax.random.fold_in(key, i), temperature, top_k)), token
+
+    (_, after), placed = jax.lax.scan(body, (state, jnp.zeros((), jnp.int32)), jnp.arange(tokens.shape[0]))
+    return placed, after
+
+
+def generate(
+    model: nn.Module,
+    params: Any,
+    prompt: np.ndarray,
+    num_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+) -> np.ndarray:
+    """``num_tokens`` token ids following ``prompt`` (1-D ids, not empty).
+
+    ``model`` is called as ``model.apply(variables, tokens, train=False, decode=True)``; a model
+    with a ``context`` attribute (the Transformer) is decoded in windows of that many positions.
+    """
+    prompt = np.asarray(prompt, np.int32)
+    if prompt.ndim != 1 or len(prompt) == 0:
+        raise UserError("the prompt is empty; give at least one token of text")
+    if num_tokens < 1:
+        return np.zeros(0, np.int32)
+    context = getattr(model, "context", None)
+    if context is not None and len(prompt) >= context:
+        raise UserError(
+            f"the prompt ({len(prompt)} tokens) is longer than the model's context of {context} leaves room "
+            f"for; give a prompt of at most {context - 1} tokens"
+        )
+    key = jax.random.PRNGKey(seed)
+    empty = decode_state(model, params)
+    text, new = list(prompt), 0
+    window = prompt
+    while new < num_tokens:
+        length = context if context is not None else len(prompt) + num_tokens - 1
+        buffer = np.zeros(length, np.int32)
+        buffer[: len(window)] = window
+        placed, after = _scan(
+            model,
+            params,
+            empty,
+            jnp.asarray(buffer),
+            jnp.asarray(len(window)),
+            jax.random.fold_in(key, new),
+            temperature,
+            top_k,
+        )
+        produced = [*np.asarray(placed)[len(window) :].tolist(), int(after)][: num_tokens - new]
+        text += produced
+        new += len(produced)
+        window = np.asarray(text[-(context // 2) :] if context is not None else text, np.int32)
+    return np.asarray(text[len(prompt) :], np.int32)
+
+
+def sample(
+    workdir: str | os.PathLike,
+    prompt: str | None = None,
+    tokens: int = 500,
+    *,
+    temperature: float = 0.8,
+    top_k: int = 0,
+    seed: int = 0,
+) -> str:
+    """Text generated by the newest checkpoint of a language-model run, continuing ``prompt``
+    (default: the start of a line)."""
+    from jaxnet import config as config_lib
+    from jaxnet.checkpoint import Checkpoints
+    from jaxnet.data.text import EOS, TextDataset
+    from jaxnet.train.loop import Run, check_vocab
+
+    workdir = Path(workdir)
+    if not (workdir / "config.json").is_file():
+        raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
+    if tokens < 0:
+        raise UserError(f"--tokens {tokens}: give a number of tokens >= 0")
+    if temperature < 0 or not np.isfinite(temperature):
+        raise UserError(f"--temperature {temperature}: give a finite temperature >= 0 (0 = always the likeliest)")
+    if top_k < 0:
+        raise UserError(f"--top-k {top_k}: give a count >= 0 (0 = no limit)")
+    cfg = config_lib.apply_overrides(config_lib.load(workdir / "config.json"), ["mesh.data=1"])
+    if cfg.model.name not in ("lstm", "transformer"):
+        raise UserError(
+            f"{workdir} trained a {cfg.model.name}, not a language model; sampling needs lstm or transformer"
+        )
+    run = Run(cfg)
+    dataset: TextDataset = run.dataset
+    check_vocab(workdir, dataset)
+    if not (workdir / "checkpoints").is_dir():
+        raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
+    ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
+    try:
+        state = ckpts.restore(run.abstract_state())
+    finally:
+        ckpts.close()
+    if not prompt:  # start a new line (a new sentence for word models)
+        ids = np.asarray([dataset.index.get(EOS if dataset.tokenizer == "word" else "\n", 0)], np.int32)
+    else:
+        ids = dataset.encode(prompt)
+    out = generate(run.model, state.params, ids, tokens, temperature=temperature, top_k=top_k, seed=seed)
+    joiner = " " if dataset.tokenizer == "word" and prompt and not prompt.endswith((" ", "\n")) else ""
+    return (prompt or "") + joiner + dataset.decode(out)

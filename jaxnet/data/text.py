@@ -143,8 +143,11 @@ class TextDataset:
     def decode(self, ids: np.ndarray) -> str:
         """Text of token ids (words are joined by spaces, ``<eos>`` becomes a newline)."""
         tokens = [self.vocab[int(i)] for i in ids]
-        if self.tokenizer == "word":
-            return " ".join(tokens).replace(f" {EOS} ", "\n").replace(EOS, "\n")
+        if self.tokenizer == "word":  # spaces between words, none around line ends
+            pieces: list[str] = []
+            for t in tokens:
+                pieces.append("\n" if t == EOS else (" " if pieces and pieces[-1] != "\n" else "") + t)
+            return "".join(pieces)
         if self.tokenizer == "byte":
             return bytes(ord(t) for t in tokens).decode("utf-8", errors="replace")
         return "".join(tokens)

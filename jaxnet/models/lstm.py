@@ -101,7 +101,7 @@ class LSTMLayer(nn.Module):
             h0, c0 = zeros(), zeros()
         x_proj = jnp.einsum("btf,fgk->btgk", x.astype(self.dtype), w_x.astype(self.dtype)) + b.astype(self.dtype)
         outputs, (h_last, c_last) = lstm_scan(x_proj, w_h, h0, c0, self.dtype)
-        if h is not None and self.is_mutable_collection("carry"):
+        if h is not None and self.is_mutable_collection("carry") and not self.is_initializing():
             h.value, c.value = h_last, c_last
         return outputs.astype(self.dtype)
 

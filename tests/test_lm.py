@@ -1,0 +1,527 @@
+"""Language models against independent references.
+
+The LSTM and causal self-attention against plain numpy, hidden state carried across calls and
+training steps, rotary positions, greedy/cached sampling against full forward passes, and (in
+test_text_data.py) the text corpora and batching.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxnet.data.text import eval_batches
+from jaxnet.errors import UserError
+from jaxnet.models.lstm import LSTMLanguageModel, LSTMLayer, lstm_scan
+from jaxnet.models.transformer import CausalSelfAttention, TransformerLanguageModel, rotary
+from jaxnet.sample import decode_state, generate
+from jaxnet.train import state as state_lib
+from jaxnet.train.step import make_eval_step, make_train_step
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@functools.cache
+def jitted(model: nn.Module, **kwargs):
+    """``model.apply`` compiled once per model and keyword arguments (eager Flax is slow on a CPU)."""
+    return jax.jit(functools.partial(model.apply, **kwargs))
+
+
+def param_shapes(model: nn.Module, *args, **kwargs):
+    """Shapes of the model's parameters, without running its initialisers (their compilation is slow)."""
+    shapes = jax.eval_shape(functools.partial(model.init, **kwargs), jax.random.PRNGKey(0), *args)
+    return jax.tree.map(lambda s: s.shape, nn.unbox(shapes)["params"])
+
+
+def random_params(model: nn.Module, *args, seed: int = 0, uniform: float = 0.0, std: float = 0.02, **kwargs):
+    """Random float32 parameters for ``model``: uniform in [-uniform, uniform] when given (the
+    LSTM's init_scale scheme), else N(0, std) with LayerNorm scales 1 and biases 0 (the GPT init)."""
+    rng = np.random.default_rng(seed)
+
+    def draw(path, shape) -> np.ndarray:
+        name = path[-1].key
+        if uniform:
+            return rng.uniform(-uniform, uniform, size=shape).astype(np.float32)
+        if name in ("scale", "bias"):
+            return np.full(shape, 1.0 if name == "scale" else 0.0, np.float32)
+        return rng.normal(0.0, std, size=shape).astype(np.float32)
+
+    shapes = param_shapes(model, *args, **kwargs)
+    return jax.tree_util.tree_map_with_path(draw, shapes, is_leaf=lambda s: isinstance(s, tuple))
+
+
+def np_tree(tree):
+    return jax.tree.map(lambda a: np.asarray(a, np.float64), nn.unbox(tree))
+
+
+def scaled(params, factor: float):
+    return jax.tree.map(lambda p: p * factor, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain numpy references (float64)
+
+
+def np_sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def np_lstm(x, w_x, w_h, b, h, c):
+    """The LSTM equations step by step: z = x W_x + h W_h + b split into gates i, f, g, o.
+
+    ``x`` (batch, time, in), ``w_x`` (in, 4, hidden), ``w_h`` (hidden, 4, hidden), ``b`` (4, hidden).
+    Returns the outputs (batch, time, hidden) and the final h, c.
+    """
+    n_in, _, hidden = w_x.shape
+    wx, wh, bias = w_x.reshape(n_in, 4 * hidden), w_h.reshape(hidden, 4 * hidden), b.reshape(4 * hidden)
+    outputs = []
+    for t in range(x.shape[1]):
+        z = x[:, t] @ wx + h @ wh + bias
+        i, f, g, o = np.split(z, 4, axis=1)
+        c = np_sigmoid(f) * c + np_sigmoid(i) * np.tanh(g)
+        h = np_sigmoid(o) * np.tanh(c)
+        outputs.append(h)
+    return np.stack(outputs, axis=1), h, c
+
+
+def np_lstm_lm(params, tokens, carry, layers: int, tied: bool):
+    """Embedding lookup, ``layers`` LSTM layers from ``carry``, output projection; logits and final carry."""
+    p = np_tree(params)
+    x = p["embed"]["embedding"][np.asarray(tokens)]
+    final = {}
+    for i in range(layers):
+        name = f"lstm_{i}"
+        layer = p[name]
+        x, h, c = np_lstm(x, layer["w_x"], layer["w_h"], layer["b"], carry[name]["h"], carry[name]["c"])
+        final[name] = {"h": h, "c": c}
+    logits = x @ p["embed"]["embedding"].T if tied else x @ p["output"]["kernel"] + p["output"]["bias"]
+    return logits, final
+
+
+def np_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def np_rotary(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
+    """Pairs (x[j], x[j + d/2]) rotated by the angle position * base**(-2j/d)."""
+    d = x.shape[-1]
+    half = d // 2
+    out = np.empty_like(x, dtype=np.float64)
+    for t, pos in enumerate(positions):
+        for j in range(half):
+            angle = pos * base ** (-2.0 * j / d)
+            a, b = x[:, t, :, j], x[:, t, :, j + half]
+            out[:, t, :, j] = a * np.cos(angle) - b * np.sin(angle)
+            out[:, t, :, j + half] = a * np.sin(angle) + b * np.cos(angle)
+    return out
+
+
+def np_causal_attention(params, x, heads: int, use_rotary: bool) -> np.ndarray:
+    """Naive multi-head causal softmax attention with input and output projections."""
+    p = np_tree(params)
+    x = np.asarray(x, np.float64)
+    batch, length, width = x.shape
+    head_dim = width // heads
+    qkv = np.einsum("btw,wshd->btshd", x, p["qkv"]["kernel"]) + p["qkv"]["bias"]
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (batch, time, heads, head_dim)
+    if use_rotary:
+        q, k = np_rotary(q, np.arange(length)), np_rotary(k, np.arange(length))
+    out = np.zeros((batch, length, heads, head_dim))
+    for bi in range(batch):
+        for h in range(heads):
+            scores = q[bi, :, h] @ k[bi, :, h].T / np.sqrt(head_dim)  # (query, key)
+            scores = np.where(np.tril(np.ones((length, length), bool)), scores, -np.inf)
+            out[bi, :, h] = np_softmax(scores) @ v[bi, :, h]
+    return np.einsum("bthd,hdw->btw", out, p["out"]["kernel"]) + p["out"]["bias"]
+
+
+def np_cross_entropy(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, np.float64)
+    m = logits.max(-1, keepdims=True)
+    logz = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[..., 0]
+    return logz - np.take_along_axis(logits, np.asarray(targets)[..., None], -1)[..., 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared tiny models
+
+VOCAB, HIDDEN, LAYERS = 23, 12, 2
+
+
+def lstm_model(tied: bool = False) -> LSTMLanguageModel:
+    return LSTMLanguageModel(VOCAB, layers=LAYERS, hidden=HIDDEN, init_scale=0.5, tie_embeddings=tied)
+
+
+@pytest.fixture(scope="module")
+def lstm_params():
+    return {
+        tied: random_params(lstm_model(tied), jnp.zeros((1, 1), jnp.int32), seed=1, uniform=0.5)
+        for tied in (False, True)
+    }
+
+
+def random_carry(batch: int, seed: int, scale: float = 0.7) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        f"lstm_{i}": {k: (scale * rng.normal(size=(batch, HIDDEN))).astype(np.float32) for k in ("h", "c")}
+        for i in range(LAYERS)
+    }
+
+
+def zero_carry(batch: int) -> dict:
+    return {f"lstm_{i}": {k: np.zeros((batch, HIDDEN), np.float32) for k in ("h", "c")} for i in range(LAYERS)}
+
+
+def random_tokens(shape, seed: int, vocab: int = VOCAB) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, size=shape).astype(np.int32)
+
+
+def assert_tree_close(got, want, **tol) -> None:
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(np.asarray(g), np.asarray(w), **tol), got, want)
+
+
+def max_tree_diff(a, b) -> float:
+    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(np.asarray(x) - np.asarray(y)).max()), a, b)))
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. LSTM against numpy
+
+
+def test_lstm_scan_matches_the_numpy_recurrence():
+    rng = np.random.default_rng(0)
+    batch, time, hidden = 3, 6, 5
+    x_proj = rng.normal(size=(batch, time, 4, hidden)).astype(np.float32)
+    w_h = (0.6 * rng.normal(size=(hidden, 4, hidden))).astype(np.float32)
+    h0, c0 = rng.normal(size=(2, batch, hidden)).astype(np.float32)
+    outputs, (h, c) = lstm_scan(jnp.asarray(x_proj), jnp.asarray(w_h), jnp.asarray(h0), jnp.asarray(c0))
+    # x_proj is the input half already: feed it through an identity input matrix and no bias
+    identity = np.eye(4 * hidden).reshape(4 * hidden, 4, hidden)
+    want, want_h, want_c = np_lstm(
+        x_proj.reshape(batch, time, 4 * hidden).astype(np.float64), identity, w_h, np.zeros((4, hidden)), h0, c0
+    )
+    assert outputs.shape == (batch, time, hidden)
+    np.testing.assert_allclose(outputs, want, **TOL)
+    np.testing.assert_allclose(h, want_h, **TOL)
+    np.testing.assert_allclose(c, want_c, **TOL)
+    np.testing.assert_allclose(outputs[:, -1], h, **TOL)
+
+
+def test_lstm_layer_matches_numpy_from_zero_and_from_a_given_carry():
+    layer = LSTMLayer(hidden=7, init_scale=0.5)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 5, 4)).astype(np.float32)
+    params = random_params(layer, x, uniform=0.5)
+    p = np_tree(params)
+    assert p["w_x"].shape == (4, 4, 7) and p["w_h"].shape == (7, 4, 7) and p["b"].shape == (4, 7)
+    assert np.abs(p["b"]).max() > 0.1  # init_scale gives non-trivial biases
+
+    want0, _, _ = np_lstm(x.astype(np.float64), p["w_x"], p["w_h"], p["b"], np.zeros((2, 7)), np.zeros((2, 7)))
+    np.testing.assert_allclose(jitted(layer)({"params": params}, x), want0, **TOL)
+
+    h0, c0 = rng.normal(size=(2, 2, 7)).astype(np.float32)
+    out, new = jitted(layer, mutable=("carry",))({"params": params, "carry": {"h": h0, "c": c0}}, x)
+    want, want_h, want_c = np_lstm(x.astype(np.float64), p["w_x"], p["w_h"], p["b"], h0, c0)
+    np.testing.assert_allclose(out, want, **TOL)
+    np.testing.assert_allclose(new["carry"]["h"], want_h, **TOL)
+    np.testing.assert_allclose(new["carry"]["c"], want_c, **TOL)
+    assert np.abs(want - want0).max() > 1e-2  # the carry matters, so the comparison can fail
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_lstm_language_model_logits_and_final_carry_match_numpy(lstm_params, tied):
+    model, params = lstm_model(tied), lstm_params[tied]
+    assert ("output" in params) != tied
+    tokens = random_tokens((3, 7), seed=2)
+    carry = random_carry(3, seed=3)
+    logits, new = jitted(model, mutable=("carry",))({"params": params, "carry": carry}, tokens)
+    want, want_carry = np_lstm_lm(params, tokens, carry, LAYERS, tied)
+    assert logits.shape == (3, 7, VOCAB) and logits.dtype == jnp.float32
+    np.testing.assert_allclose(logits, want, **TOL)
+    assert_tree_close(new["carry"], want_carry, **TOL)
+
+    # without a carry collection the model starts from zeros
+    want_zero, _ = np_lstm_lm(params, tokens, zero_carry(3), LAYERS, tied)
+    np.testing.assert_allclose(jitted(model)({"params": params}, tokens), want_zero, **TOL)
+    assert np.abs(want_zero - want).max() > 1e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Carried state across calls and training steps
+
+
+def test_lstm_split_calls_with_carried_state_equal_one_call(lstm_params):
+    model, params = lstm_model(), lstm_params[False]
+    tokens = random_tokens((3, 11), seed=4)
+    apply = jitted(model, mutable=("carry",))
+    whole, whole_carry = apply({"params": params, "carry": zero_carry(3)}, tokens)
+    first, carry = apply({"params": params, "carry": zero_carry(3)}, tokens[:, :4])
+    second, carry = apply({"params": params, **carry}, tokens[:, 4:])
+    np.testing.assert_allclose(np.concatenate([first, second], axis=1), whole, **TOL)
+    assert_tree_close(carry, whole_carry, **TOL)
+    # the second half differs when started from zeros instead
+    fresh = jitted(model)({"params": params}, tokens[:, 4:])
+    assert np.abs(np.asarray(fresh) - np.asarray(whole[:, 4:])).max() > 1e-2
+
+
+@pytest.fixture(scope="module")
+def lstm_train_state():
+    """A fresh TrainState for batches of 3 rows, with plain SGD."""
+    model = LSTMLanguageModel(VOCAB, layers=LAYERS, hidden=HIDDEN, init_scale=0.3)
+    return model, state_lib.create(model, optax.sgd(0.5), sample_input=jnp.zeros((3, 1), jnp.int32), seed=0)
+
+
+def test_train_step_stores_the_final_carry_of_each_batch_and_resets_on_reset(lstm_train_state):
+    batch_size, seq_len = 3, 6
+    model, state = lstm_train_state
+    assert jax.tree.map(np.shape, state.model_state["carry"]) == jax.tree.map(np.shape, zero_carry(batch_size))
+    for leaf in jax.tree.leaves(state.params):  # init_scale 0.3: uniform in [-0.3, 0.3], biases included
+        assert np.abs(leaf).max() <= 0.3 and np.abs(leaf).max() > 0.2
+    train_step = jax.jit(make_train_step(model, optax.sgd(0.5)))
+    apply_fn = jitted(model, mutable=("carry",))
+    apply = lambda params, carry, tokens: apply_fn({"params": params, "carry": carry}, tokens)
+
+    for k, reset in enumerate([1, 0, 0, 1, 0]):
+        tokens = random_tokens((batch_size, seq_len + 1), seed=10 + k)
+        batch = {"tokens": tokens[:, :-1], "targets": tokens[:, 1:], "reset": np.asarray(reset, np.int32)}
+        params, carry = state.params, state.model_state["carry"]
+        state, metrics = train_step(state, batch)
+
+        logits_prev, continued = apply(params, carry, batch["tokens"])
+        logits_zero, restarted = apply(params, zero_carry(batch_size), batch["tokens"])
+        expected, logits = (restarted, logits_zero) if reset else (continued, logits_prev)
+        assert_tree_close(state.model_state["carry"], expected["carry"], rtol=1e-5, atol=1e-6)
+        loss = np_cross_entropy(np.asarray(logits), batch["targets"]).mean()
+        np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
+        if k > 0:  # a non-zero carry came in: continuing and restarting differ, so the check can fail
+            assert max_tree_diff(continued, restarted) > 1e-3
+        # the stored carry was computed with the parameters before this step's update
+        _, with_new_params = apply(state.params, zero_carry(batch_size) if reset else carry, batch["tokens"])
+        assert max_tree_diff(with_new_params["carry"], expected["carry"]) > 1e-5
+    assert int(state.step) == 5
+
+
+def test_a_fresh_train_state_starts_from_a_zero_carry(lstm_train_state):
+    _, state = lstm_train_state
+    assert_tree_close(state.model_state["carry"], zero_carry(3), rtol=0, atol=0)
+
+
+def test_stream_evaluation_with_carried_state_equals_one_pass_over_each_stream(lstm_params, lstm_train_state):
+    model, params = lstm_model(), lstm_params[False]
+    tokens = random_tokens(53, seed=5)
+    batch_size, seq_len = 3, 5
+    state = lstm_train_state[1].replace(params=params)
+    eval_step = jax.jit(make_eval_step(model))
+    carry = {"carry": zero_carry(batch_size)}  # as the training loop starts an evaluation
+    batches = list(eval_batches(tokens, batch_size=batch_size, seq_len=seq_len, mode="stream"))
+    totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+    for batch in batches:
+        sums, carry = eval_step(state, batch, carry)
+        totals = {k: totals[k] + float(sums[k]) for k in totals}
+    # reference: each stream (row) in one call from zeros, then the masked sums
+    x = np.concatenate([b["tokens"] for b in batches], axis=1)
+    y = np.concatenate([b["targets"] for b in batches], axis=1)
+    m = np.concatenate([b["mask"] for b in batches], axis=1)
+    logits, _ = np_lstm_lm(params, x, zero_carry(batch_size), LAYERS, tied=False)
+    assert totals["count"] == len(tokens) - 1
+    np.testing.assert_allclose(totals["loss"], (np_cross_entropy(logits, y) * m).sum(), rtol=1e-5)
+    assert totals["correct"] == ((logits.argmax(-1) == y) * m).sum()
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Attention and rotary positions
+
+T_VOCAB, CONTEXT = 31, 8
+
+
+def transformer(position: str = "learned") -> TransformerLanguageModel:
+    return TransformerLanguageModel(T_VOCAB, CONTEXT, layers=2, width=16, heads=2, position=position)
+
+
+@pytest.fixture(scope="module")
+def transformer_params():
+    return {
+        position: random_params(transformer(position), jnp.zeros((1, CONTEXT), jnp.int32), seed=3)
+        for position in ("learned", "rotary")
+    }
+
+
+@pytest.mark.parametrize("position", ["learned", "rotary"])
+def test_transformer_logits_at_a_position_never_depend_on_later_tokens(transformer_params, position):
+    model = transformer(position)
+    params = scaled(transformer_params[position], 5.0)  # larger weights: changes propagate visibly
+    apply = functools.partial(jitted(model), {"params": params})
+    tokens = random_tokens((2, CONTEXT), seed=6, vocab=T_VOCAB)
+    base = np.asarray(apply(tokens))
+    for t in (0, 3, CONTEXT - 1):
+        changed = tokens.copy()
+        changed[:, t] = (changed[:, t] + 1) % T_VOCAB
+        logits = np.asarray(apply(changed))
+        np.testing.assert_array_equal(logits[:, :t], base[:, :t])
+        assert (np.abs(logits[:, t:] - base[:, t:]).max(axis=-1) > 1e-4).all()  # every later position sees it
+
+
+@pytest.mark.parametrize("use_rotary", [False, True], ids=["plain", "rotary"])
+def test_causal_self_attention_matches_naive_numpy_softmax_attention(use_rotary):
+    heads, length, width = 2, 7, 8
+    module = CausalSelfAttention(heads, context=CONTEXT, rotary=use_rotary)
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, length, width)).astype(np.float32)
+    shapes = param_shapes(module, x, positions=jnp.arange(length))
+    assert shapes == {
+        "qkv": {"kernel": (width, 3, heads, width // heads), "bias": (3, heads, width // heads)},
+        "out": {"kernel": (heads, width // heads, width), "bias": (width,)},
+    }
+    # random weights and biases of order one, so that the softmax is far from uniform
+    params = jax.tree.map(
+        lambda s: (0.5 * rng.normal(size=s)).astype(np.float32), shapes, is_leaf=lambda s: isinstance(s, tuple)
+    )
+    got = jitted(module)({"params": params}, x, positions=jnp.arange(length))
+    want = np_causal_attention(params, x, heads, use_rotary)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if use_rotary:  # positions matter: the same module without rotation gives something else
+        plain = np_causal_attention(params, x, heads, False)
+        assert np.abs(plain - want).max() > 1e-2
+
+
+def test_rotary_matches_numpy_half_split_rotation():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(2, 5, 3, 8)).astype(np.float32)
+    positions = np.array([0, 1, 4, 9, 30])
+    got = rotary(jnp.asarray(x), jnp.asarray(positions))
+    np.testing.assert_allclose(got, np_rotary(x.astype(np.float64), positions), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[:, 0], x[:, 0], rtol=0, atol=0)  # position 0 is the identity
+    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+
+
+def test_rotary_query_key_products_depend_only_on_the_distance():
+    rng = np.random.default_rng(9)
+    q, k = rng.normal(size=(2, 1, 1, 1, 16)).astype(np.float32)
+    dots = {}
+    for p_q, p_k in [(5, 2), (3, 3), (0, 7)]:
+        for shift in (0, 1, 13, 50):
+            rq = np.asarray(rotary(jnp.asarray(q), jnp.asarray([p_q + shift])), np.float64)
+            rk = np.asarray(rotary(jnp.asarray(k), jnp.asarray([p_k + shift])), np.float64)
+            dots.setdefault((p_q, p_k), []).append(float((rq * rk).sum()))
+    for pair, values in dots.items():
+        np.testing.assert_allclose(values, values[0], rtol=1e-4, atol=1e-4, err_msg=str(pair))
+    # but the product does depend on the distance
+    assert abs(dots[(5, 2)][0] - dots[(3, 3)][0]) > 1e-2 and abs(dots[(0, 7)][0] - dots[(3, 3)][0]) > 1e-2
+
+
+@pytest.mark.parametrize("position", ["learned", "rotary"])
+def test_transformer_decoding_with_the_cache_matches_the_full_forward_pass(transformer_params, position):
+    model = transformer(position)
+    params = scaled(transformer_params[position], 5.0)
+    tokens = random_tokens((1, CONTEXT), seed=10, vocab=T_VOCAB)
+    full = jitted(model)({"params": params}, tokens)
+    cache = decode_state(model, params)["cache"]  # an empty cache for one sequence
+    pieces, start = [], 0
+    decode = jitted(model, decode=True, mutable=("cache",))
+    for size in (3, 1, 1, 1, 1, 1):  # a chunk of several tokens, then single tokens
+        logits, variables = decode({"params": params, "cache": cache}, tokens[:, start : start + size])
+        cache, start = variables["cache"], start + size
+        pieces.append(logits)
+    assert start == CONTEXT
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Sampling
+
+
+def greedy_reference(model, params, prompt, num_tokens: int, context: int | None) -> list[int]:
+    """Argmax of a full forward pass over the text so far; with a context, the window restarts on
+    the last context // 2 tokens when it would outgrow the context (as jaxnet.sample documents).
+
+    The text is zero-padded to one fixed length (one compilation); the models are causal, so the
+    padding after the last token does not change its logits (checked above for the Transformer).
+    """
+    text, start = list(prompt), 0
+    length = context if context is not None else len(prompt) + num_tokens
+    for _ in range(num_tokens):
+        if context is not None and len(text) - start > context:
+            start = len(text) - context // 2
+        window = text[start:]
+        buffer = np.zeros((1, length), np.int32)
+        buffer[0, : len(window)] = window
+        logits = np.asarray(jitted(model)({"params": params}, buffer))
+        text.append(int(np.argmax(logits[0, len(window) - 1])))
+    return text[len(prompt) :]
+
+
+@pytest.fixture(scope="module")
+def sharp_transformer(transformer_params):
+    """A Transformer whose greedy continuations are not all one token."""
+    return transformer("learned"), scaled(transformer_params["learned"], 20.0)
+
+
+def test_greedy_generation_with_the_kv_cache_equals_full_forward_greedy_within_the_context(sharp_transformer):
+    model, params = sharp_transformer
+    prompt = np.array([3, 17, 5], np.int32)
+    n = CONTEXT - len(prompt) + 1  # the last one is predicted from a full context
+    want = greedy_reference(model, params, prompt, n, CONTEXT)
+    assert len(set(want)) > 1
+    got = generate(model, params, prompt, n, temperature=0.0)
+    assert got.dtype == np.int32 and got.tolist() == want
+
+
+def test_generation_past_the_context_slides_the_window(sharp_transformer):
+    model, params = sharp_transformer
+    prompt = np.array([9, 2], np.int32)
+    n = 3 * CONTEXT + 1
+    got = generate(model, params, prompt, n, temperature=0.0)
+    assert got.shape == (n,) and ((0 <= got) & (got < T_VOCAB)).all()
+    want = greedy_reference(model, params, prompt, n, CONTEXT)
+    assert len(set(want)) > 1
+    assert got.tolist() == want
+    sampled = generate(model, params, prompt, n, temperature=1.0, seed=3)
+    assert sampled.shape == (n,) and ((0 <= sampled) & (sampled < T_VOCAB)).all()
+
+
+def test_a_prompt_as_long_as_the_context_is_a_user_error(sharp_transformer):
+    model, params = sharp_transformer
+    with pytest.raises(UserError, match="context"):
+        generate(model, params, np.arange(CONTEXT) % T_VOCAB, 2)
+    with pytest.raises(UserError, match="empty"):
+        generate(model, params, np.zeros(0, np.int32), 2)
+    assert len(generate(model, params, np.arange(CONTEXT - 1), 2, temperature=0.0)) == 2
+
+
+def test_lstm_greedy_generation_with_carried_state_equals_full_forward_greedy(lstm_params):
+    model, params = lstm_model(), scaled(lstm_params[False], 3.0)
+    prompt = np.array([1, 4, 8, 2], np.int32)
+    want = greedy_reference(model, params, prompt, 12, None)
+    assert len(set(want)) > 1
+    assert generate(model, params, prompt, 12, temperature=0.0).tolist() == want
+
+
+def test_top_k_1_is_greedy_and_seeds_make_samples_reproducible(sharp_transformer, transformer_params):
+    model, sharp = sharp_transformer
+    flat = transformer_params["learned"]  # small weights: nearly uniform next-token distributions
+    prompt = np.array([4, 1], np.int32)
+    for params in (sharp, flat):
+        greedy = generate(model, params, prompt, 10, temperature=0.0).tolist()
+        for seed in (0, 1):
+            assert generate(model, params, prompt, 10, temperature=1.0, top_k=1, seed=seed).tolist() == greedy
+    # draws depend on the seed, and only on it
+    first = generate(model, flat, prompt, 16, temperature=1.0, seed=5)
+    assert generate(model, flat, prompt, 16, temperature=1.0, seed=5).tolist() == first.tolist()
+    assert generate(model, flat, prompt, 16, temperature=1.0, seed=6).tolist() != first.tolist()
+    assert len(set(first.tolist())) > 3
+
+
+def test_top_k_draws_only_among_the_k_likeliest_tokens(transformer_params):
+    model, params = transformer("learned"), transformer_params["learned"]
+    prompt = np.array([7, 3, 11], np.int32)
+    logits = np.asarray(jitted(model)({"params": params}, prompt[None]))[0, -1]
+    top3 = set(np.argsort(logits)[-3:].tolist())
+    drawn = {int(generate(model, params, prompt, 1, temperature=1.0, top_k=3, seed=seed)[0]) for seed in range(24)}
+    assert drawn <= top3 and len(drawn) > 1

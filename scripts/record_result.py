@@ -1,6 +1,6 @@
 """Train an experiment in a fresh run directory, timed from outside, and save the result.
 
-    python scripts/record_result.py cnn_fashion_mnist [key=value ...]
+    python scripts/record_result.py cnn_fashion_mnist [key=value ...] [--keep DIR]
 
 Runs ``jaxnet train`` as a separate process (so the wall time includes start-up, data loading
 and compilation, as a user sees it), then writes
@@ -41,9 +41,17 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
+    keep = None
+    if "--keep" in argv:  # train in DIR (which must not exist yet) and leave the run there, e.g. to sample
+        at = argv.index("--keep")
+        keep = Path(argv[at + 1]).absolute()
+        argv = argv[:at] + argv[at + 2 :]
+        if keep.exists():
+            print(f"--keep {keep}: already exists; give a new directory", file=sys.stderr)
+            return 2
     experiment, overrides = argv[0], argv[1:]
     scratch = Path(tempfile.mkdtemp(prefix="jaxnet-record-"))
-    workdir = scratch / "run"
+    workdir = keep or scratch / "run"
     command = ["jaxnet", "train", experiment, *overrides, "--workdir", str(workdir)]
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "jaxnet", *command[1:]], cwd=ROOT)

@@ -360,8 +360,8 @@ def validate(cfg: Config) -> None:
         raise UserError(
             f"rotary positions need an even head size; model.width / model.heads = {cfg.model.width // cfg.model.heads}"
         )
-    if _stateful(cfg) and cfg.optim.grad_accum > 1:
-        raise UserError("optim.grad_accum > 1 cannot be combined with data.batching=stream (the carried state)")
+    if cfg.model.name == "lstm" and cfg.optim.grad_accum > 1:
+        raise UserError("optim.grad_accum > 1 cannot be used with model.name=lstm (its carried state is per batch row)")
     if cfg.model.name == "resnet" and len(cfg.model.features) != len(cfg.model.blocks):
         raise UserError(
             f"model.features={cfg.model.features} and model.blocks={cfg.model.blocks} must have one entry "
@@ -372,10 +372,6 @@ def validate(cfg: Config) -> None:
 def batching(cfg: Config) -> str:
     """How a language model's batches are made: the explicit ``data.batching`` or the model's default."""
     return cfg.data.batching or ("stream" if cfg.model.name == "lstm" else "windows")
-
-
-def _stateful(cfg: Config) -> bool:
-    return cfg.model.name in ("lstm", "transformer") and batching(cfg) == "stream"
 
 
 def save(cfg: Config, path: str | os.PathLike) -> None:

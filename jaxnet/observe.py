@@ -127,19 +127,26 @@ SPLIT_STYLE = {"train": dict(color="C0"), "val": dict(color="C1"), "test": dict(
 
 
 def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, title: str = "") -> None:
-    """Draw loss and accuracy against step, one line per split, into a PNG."""
+    """Draw loss and the headline metric against step, one line per split, into a PNG.
+
+    The second panel is perplexity (word-level language models), bits per character
+    (character-level ones) or accuracy (classifiers), whichever the log has.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-    for record in read_metrics(metrics_path):
-        for name in ("loss", "accuracy"):
+    records = read_metrics(metrics_path)
+    names = {k for r in records for k in r}
+    metric = next((m for m in ("perplexity", "bpc", "bits_per_byte") if m in names), "accuracy")
+    for record in records:
+        for name in ("loss", metric):
             if isinstance(record.get(name), int | float):
                 series[(name, record.get("split", "?"))].append((record["step"], record[name]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, name in zip(axes, ("loss", "accuracy"), strict=True):
+    for ax, name in zip(axes, ("loss", metric), strict=True):
         for split, style in SPLIT_STYLE.items():
             points = series.get((name, split))
             if not points:
@@ -152,6 +159,8 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
         ax.grid(alpha=0.3)
         ax.legend()
     axes[0].set_yscale("log")
+    if metric == "perplexity":
+        axes[1].set_yscale("log")
     fig.suptitle(title or Path(metrics_path).parent.name)
     fig.tight_layout()
     fig.savefig(out_path, dpi=100)

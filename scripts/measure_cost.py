@@ -5,7 +5,8 @@
 Trains the first ``--steps`` steps of the experiment (``train.stop_after``) in a scratch
 directory and writes ``benchmarks/results/cost-<experiment>-<platform>-<date>.json`` with the
 measured steps/s (compilation excluded), the compile time and the projected time of the whole
-run, with the device and library versions. For experiments too long for the machine at hand.
+run's training steps (periodic validation passes and checkpoints not included), with the device
+and library versions. For experiments too long for the machine at hand.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--steps", type=int, default=200, help="steps to time (after the first, compiled one)")
     args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 (the first step is compilation)")
     scratch = Path(tempfile.mkdtemp(prefix="jaxnet-cost-"))
     workdir = scratch / "run"
     overrides = [*args.overrides, f"train.stop_after={args.steps}", "train.eval_every=0", "train.progress=false"]

@@ -29,11 +29,15 @@ EXPERIMENTS = ("lstm_shakespeare", "transformer_shakespeare")
 
 def newest(experiment: str) -> tuple[dict, list[dict]] | None:
     """The newest results record of ``experiment`` and its metrics, or None."""
-    files = sorted(RESULTS.glob(f"train-{experiment}-*.metrics.jsonl"))
-    if not files:
+    found = []
+    for path in RESULTS.glob(f"train-{experiment}-*.metrics.jsonl"):
+        record = json.loads(path.with_name(path.name.replace(".metrics.jsonl", ".json")).read_text())
+        if record["experiment"] == experiment and record["platform"] == "cpu":  # the default variant, one device kind
+            found.append((record["date"], record, path))
+    if not found:
         return None
-    record = json.loads(files[-1].with_name(files[-1].name.replace(".metrics.jsonl", ".json")).read_text())
-    return record, observe.read_metrics(files[-1])
+    _, record, path = max(found, key=lambda f: f[0])
+    return record, observe.read_metrics(path)
 
 
 def main() -> int:

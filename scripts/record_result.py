@@ -44,6 +44,9 @@ def main(argv: list[str]) -> int:
     keep = None
     if "--keep" in argv:  # train in DIR (which must not exist yet) and leave the run there, e.g. to sample
         at = argv.index("--keep")
+        if at + 1 >= len(argv):
+            print("--keep needs a directory", file=sys.stderr)
+            return 2
         keep = Path(argv[at + 1]).absolute()
         argv = argv[:at] + argv[at + 2 :]
         if keep.exists():
@@ -71,8 +74,8 @@ def main(argv: list[str]) -> int:
         "device": env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU ({cpu_model()})",
         "platform": env["platform"],
         "wall_time_s": round(wall, 1),
-        "test": summary["test"],
-        "val": summary["val"],
+        "test": summary.get("test", {}),
+        "val": summary.get("val", {}),
         "steps": summary["step"],
         "compile_time_s": summary["compile_time_s"],
         "examples_per_s": summary.get("examples_per_s"),
@@ -89,8 +92,10 @@ def main(argv: list[str]) -> int:
     shutil.copy(workdir / "curves.png", out.with_suffix(".png"))
     shutil.copy(workdir / "metrics.jsonl", out.with_suffix(".metrics.jsonl"))  # for comparison plots
     shutil.rmtree(scratch, ignore_errors=True)
-    metric = next(k for k in ("perplexity", "bpc", "accuracy") if k in record["test"])
-    print(f"wrote {out.relative_to(ROOT)}: test {metric} {record['test'][metric]:.4f} in {wall:.0f} s")
+    metric = next((k for k in ("perplexity", "bpc", "accuracy") if k in record["test"]), "loss")
+    print(
+        f"wrote {out.relative_to(ROOT)}: test {metric} {record['test'].get(metric, float('nan')):.4f} in {wall:.0f} s"
+    )
     return 0
 
 

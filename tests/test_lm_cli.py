@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import re
+import subprocess
 
 import jax
 import numpy as np
@@ -209,7 +210,12 @@ LM_BAD_INPUT = [
         ["train", "lstm_shakespeare:smoke", "data.name=text", "data.path={short}", "train.batch_size=64"],
         "too short for 64 streams",
     ),
-    (["train", "lstm_shakespeare:smoke", "optim.grad_accum=2"], "cannot be combined with data.batching=stream"),
+    (["train", "lstm_shakespeare:smoke", "optim.grad_accum=2"], "cannot be used with model.name=lstm"),
+    (
+        ["train", "lstm_shakespeare:smoke", "data.batching=windows", "optim.grad_accum=2"],
+        "cannot be used with model.name=lstm",
+    ),
+    (["eval", "--workdir", "{run}", "data.name=text", "data.path={other}"], "does not match the run"),
     (
         ["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={other}", "--workdir", "{run}"],
         "does not match the run",
@@ -256,3 +262,56 @@ def test_lm_experiments_are_listed():
         assert name in names
         cfg = config.load_experiment(f"{name}:smoke")
         assert cfg.model.name in ("lstm", "transformer")
+
+
+TWO_DEVICE_SCRIPT = """
+import os, sys, json
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax
+from jaxnet import config, parallel
+from jaxnet.train.loop import Run, train
+assert jax.device_count() == 2
+cfg = config.from_dict(json.loads({cfg!r}))
+run = Run(cfg)
+state = run.init_state()
+batches = run.train_batches(0)
+for _ in range(3):
+    state, _ = run.train_step(state, parallel.put_batch(next(batches), run.mesh))
+print("TRAIN_COMPILES", run.train_step._cache_size())
+summary = train(cfg, {workdir!r})
+print("RESULT", json.dumps(summary["test"]))
+"""
+
+
+def test_lstm_on_two_devices_matches_one_device_and_compiles_once(tmp_path):
+    """The carried state and the scalar reset flag on a 2-device data-parallel mesh."""
+    import os
+    import sys
+
+    cfg = _text_config(tmp_path, "lstm", **{"train.steps": "8", "model.dropout": "0.0"})
+    one = train(cfg, tmp_path / "one")
+    script = TWO_DEVICE_SCRIPT.format(cfg=json.dumps(cfg.to_dict()), workdir=str(tmp_path / "two"))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TRAIN_COMPILES 1" in result.stdout
+    two = json.loads(re.search(r"RESULT (.*)", result.stdout).group(1))
+    assert two["loss"] == pytest.approx(one["test"]["loss"], rel=1e-5)
+
+
+def test_sampling_needs_only_the_run_directory(tmp_path):
+    cfg = _text_config(tmp_path, "transformer", **{"train.steps": "6"})
+    train(cfg, tmp_path / "run")
+    (tmp_path / "book.txt").unlink()  # the training text is gone; vocab.json has the vocabulary
+    code = cli.main(["sample", "--workdir", str(tmp_path / "run"), "--prompt", "It is", "--tokens", "20"])
+    assert code == 0
+
+
+def test_byte_tokenizer_reads_files_that_are_not_utf8(tmp_path):
+    from jaxnet.data.text import load_file
+
+    raw = bytes(range(256)) * 20
+    (tmp_path / "blob.bin").write_bytes(raw)
+    ds = load_file(str(tmp_path / "blob.bin"), "byte")
+    assert len(ds.vocab) == 256
+    assert bytes(ord(ds.vocab[i]) for i in np.concatenate([ds.train, ds.val, ds.test])) == raw

@@ -71,12 +71,17 @@ def words(text: str) -> list[str]:
     return out
 
 
-def tokenize(text: str, tokenizer: str) -> list[str]:
-    """``text`` as a list of token strings (``byte`` tokens are one-character strings of 0..255)."""
+def tokenize(text: str | bytes, tokenizer: str) -> list[str]:
+    """``text`` as a list of token strings (``byte`` tokens are one-character strings of 0..255;
+    ``bytes`` are taken as they are, ``str`` is encoded as UTF-8)."""
+    if isinstance(text, bytes):
+        if tokenizer != "byte":
+            raise UserError(f"data.tokenizer={tokenizer} needs text; raw bytes need data.tokenizer=byte")
+        return [chr(b) for b in text]
     if tokenizer == "word":
         return words(text)
     if tokenizer == "byte":
-        return [chr(b) for b in text.encode("utf-8")]
+        return [chr(b) for b in text.encode("utf-8", errors="surrogateescape")]
     return list(text)
 
 
@@ -160,6 +165,8 @@ class TextDataset:
         """Perplexity for word models, bits per token (bits per character) for char and byte models."""
         if self.tokenizer == "word":
             return {"perplexity": math.exp(min(loss, 700.0))}
+        if self.tokenizer == "byte":
+            return {"bits_per_byte": loss / math.log(2)}
         return {"bpc": loss / math.log(2)}
 
 
@@ -169,13 +176,13 @@ def split_by_position(tokens: np.ndarray, fractions: tuple[float, ...] = SPLIT_F
     return np.split(tokens, bounds)
 
 
-def from_text(text: str, tokenizer: str = "char", name: str = "text") -> TextDataset:
+def from_text(text: str | bytes, tokenizer: str = "char", name: str = "text") -> TextDataset:
     """Tokenize ``text`` and split it 90/5/5 by position.
 
     Characters: the vocabulary is every character of the text. Words: the vocabulary is the
     training split's words plus ``<unk>`` for the rest. Bytes: all 256 byte values.
     """
-    if not text.strip():
+    if not text.strip():  # str or bytes
         raise UserError(f"the {name} text is empty; give a file with some text in it")
     tokens = tokenize(text, tokenizer)
     if tokenizer == "byte":
@@ -264,7 +271,7 @@ def load_file(path: str, tokenizer: str = "char") -> TextDataset:
     if not file.is_file():
         raise UserError(f"data.path={path} is not a file; give the path of a text file")
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_bytes() if tokenizer == "byte" else file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is not UTF-8 text (byte {e.start}); convert it or use data.tokenizer=byte") from None
     except OSError as e:

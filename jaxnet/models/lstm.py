@@ -44,14 +44,14 @@ def lstm_scan(
 ) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
     """Run the LSTM recurrence over time.
 
-    ``x_proj``: (batch, time, 4, hidden) input contributions ``x W_x + b``; ``w_h``: (hidden, 4,
+    ``x_proj``: (batch, time, 4, hidden) input contributions ``x W_x + b`` (float32); ``w_h``: (hidden, 4,
     hidden); ``h0``, ``c0``: (batch, hidden). Returns the outputs (batch, time, hidden) and the
     final ``(h, c)``. The cell state is kept in float32 whatever ``dtype`` the products use.
     """
 
     def cell(carry: tuple, z_x: jnp.ndarray) -> tuple:
         h, c = carry
-        z = (z_x + jnp.einsum("bh,hgk->bgk", h.astype(dtype), w_h.astype(dtype))).astype(jnp.float32)
+        z = z_x + jnp.einsum("bh,hgk->bgk", h.astype(dtype), w_h.astype(dtype), preferred_element_type=jnp.float32)
         i, f, g, o = z[:, 0], z[:, 1], z[:, 2], z[:, 3]
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
@@ -99,7 +99,9 @@ class LSTMLayer(nn.Module):
         else:
             h = c = None
             h0, c0 = zeros(), zeros()
-        x_proj = jnp.einsum("btf,fgk->btgk", x.astype(self.dtype), w_x.astype(self.dtype)) + b.astype(self.dtype)
+        x_proj = jnp.einsum(
+            "btf,fgk->btgk", x.astype(self.dtype), w_x.astype(self.dtype), preferred_element_type=jnp.float32
+        ) + b.astype(jnp.float32)  # gate pre-activations summed in float32 whatever the compute dtype
         outputs, (h_last, c_last) = lstm_scan(x_proj, w_h, h0, c0, self.dtype)
         if h is not None and self.is_mutable_collection("carry") and not self.is_initializing():
             h.value, c.value = h_last, c_last

@@ -7,9 +7,10 @@ transposed token embedding). A block is::
     x = x + dropout(attention(layernorm(x)))      # causal multi-head self-attention
     x = x + dropout(mlp(layernorm(x)))            # width -> mlp_ratio * width -> width, GELU
 
-Attention goes through ``jax.nn.dot_product_attention`` (causal), which a GPU runs with the
-cuDNN fused kernel. Weights start from N(0, 0.02), the output projections of each residual
-branch from N(0, 0.02 / sqrt(2 * layers)) (GPT-2).
+Attention goes through ``jax.nn.dot_product_attention`` (causal): the one call where a fused
+attention kernel plugs in (jax 0.10 picks XLA's implementation unless told otherwise).
+Weights start from N(0, 0.02), the output projections of each residual branch from
+N(0, 0.02 / sqrt(2 * layers)) (GPT-2).
 
 **Decoding.** ``decode=True`` keeps a key/value cache of ``context`` positions in the ``cache``
 collection: each call appends its tokens' keys and values and attends to everything cached so

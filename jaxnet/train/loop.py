@@ -74,8 +74,13 @@ class Run:
                 self.model, self.tx, grad_accum=cfg.optim.grad_accum, label_smoothing=cfg.train.label_smoothing
             ),
             donate_argnums=0,
+            # Outputs placed like the inputs (the carried state included), so the next call hits the
+            # same compiled step instead of compiling again for a new layout.
+            out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
-        self.eval_step = jax.jit(make_eval_step(self.model))
+        self.eval_step = jax.jit(
+            make_eval_step(self.model), out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh))
+        )
 
     def _create_state(self) -> state_lib.TrainState:
         if self.text:  # one time step, but the whole batch: a carried state is created at its real size
@@ -90,10 +95,7 @@ class Run:
 
     def abstract_state(self) -> Any:
         """Shapes, dtypes and placement of the train state, without computing it (a restore target)."""
-        sharding = parallel.replicated(self.mesh)
-        return jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), jax.eval_shape(self._create_state)
-        )
+        return abstract_state(self._create_state, self.mesh)
 
     def train_batches(self, start_step: int) -> Any:
         """Host batches from ``start_step`` on (a pure function of the seed and the step)."""
@@ -162,6 +164,12 @@ class Run:
         return {"loss": loss, "accuracy": float(totals["correct"]) / count, **self.dataset.extra_metrics(loss)}
 
 
+def abstract_state(create: Any, mesh: Mesh) -> Any:
+    """Shapes, dtypes and placement of the state ``create()`` would build, without building it."""
+    sharding = parallel.replicated(mesh)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), jax.eval_shape(create))
+
+
 # What a run directory may contain; a directory holding anything else is not ours to write into.
 RUN_FILES = {
     "config.json",
@@ -228,6 +236,8 @@ def headline(metrics: dict[str, float], split: str) -> str:
         return f"{split} perplexity {metrics['perplexity']:.2f}  {split} loss {metrics['loss']:.4f}"
     if "bpc" in metrics:
         return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bpc']:.4f} bits per character)"
+    if "bits_per_byte" in metrics:
+        return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bits_per_byte']:.4f} bits per byte)"
     return f"{split} accuracy {metrics['accuracy']:.4f}  {split} loss {metrics['loss']:.4f}"
 
 
@@ -421,6 +431,7 @@ def evaluate(workdir: str | os.PathLike, split: str = "test", overrides: list[st
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
     cfg = config_lib.apply_overrides(config_lib.load(workdir / "config.json"), ["mesh.data=-1", *(overrides or [])])
     run = Run(cfg)
+    check_vocab(workdir, run.dataset)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
         state = ckpts.restore(run.abstract_state())

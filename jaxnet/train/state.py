@@ -33,7 +33,7 @@ def create(model: Any, tx: optax.GradientTransformation, sample_input: jnp.ndarr
     """
     init_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
     variables = model.init({"params": init_rng, "dropout": init_rng}, sample_input, train=False)
-    variables = dict(nn.unbox(variables))  # drop the logical-axis annotations; parallel.py reads them separately
+    variables = dict(nn.unbox(variables))  # drop the logical-axis annotations (nn.get_partition_spec reads them)
     params = variables.pop("params")
     return TrainState(
         step=jnp.zeros((), jnp.int32),

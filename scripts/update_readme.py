@@ -92,6 +92,17 @@ def render() -> str:
             "",
             f"![LSTM and Transformer on Shakespeare](benchmarks/results/{COMPARISON})",
         ]
+    for r in (r for r in results if r.get("kind") == "sample"):
+        body += [
+            "",
+            f"Text from the {r['experiment']} run above (step {r['checkpoint_step']}), "
+            f"written by `python scripts/record_sample.py` ([{r['_file']}]({r['_file']})):",
+            "",
+            "```",
+            f"$ {r['command']}",
+            r["text"],
+            "```",
+        ]
     for r in training:
         plot = Path(r["_file"]).with_suffix(".png")
         if (ROOT / plot).is_file():

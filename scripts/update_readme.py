@@ -74,6 +74,9 @@ def render() -> str:
         "process: start-up, data loading, compilation, training, final evaluation; environment already set up)."
     ]
     body += ["", training_table(training)] if training else ["", "No results recorded yet."]
+    notes = [r for r in training if r.get("note")]
+    if notes:
+        body += [""] + [f"- `{r['experiment']}`: {r['note']}" for r in notes]
     costs = [r for r in results if r.get("kind") == "cost"]
     if costs:
         body += [

@@ -284,6 +284,7 @@ def train(
         print(summary["test"]["accuracy"])
     """
     started = time.time()
+    environment = observe.environment()  # at the start: the commit and versions the run was launched with
     config_lib.validate(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
     run = Run(cfg, model=model, dataset=dataset)
@@ -291,12 +292,14 @@ def train(
     check_vocab(workdir, run.dataset)
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
-        return _train(run, workdir, ckpts, previous, started)
+        return _train(run, workdir, ckpts, previous, started, environment)
     finally:
         ckpts.close()
 
 
-def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None, started: float) -> dict[str, Any]:
+def _train(
+    run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None, started: float, environment: dict[str, Any]
+) -> dict[str, Any]:
     cfg, train_cfg = run.cfg, run.cfg.train
     if ckpts.latest_step() is None:
         state, start = run.init_state(), 0
@@ -408,7 +411,7 @@ def _train(run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None,
         log.close()
     observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png", cfg.experiment)
     summary["wall_time_s"] = round(time.time() - started, 2)
-    summary["environment"] = observe.environment()
+    summary["environment"] = environment
     observe.write_json(workdir / "summary.json", summary)
     if end < train_cfg.steps:
         print(f"stopped at step {end} of {train_cfg.steps}; run the same command again to continue ({workdir})")

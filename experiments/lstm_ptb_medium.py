@@ -1,13 +1,16 @@
 """The medium LSTM of Zaremba, Sutskever and Vinyals (2014) on word-level Penn Treebank.
 
 Command:  jaxnet train lstm_ptb_medium
-Result:   not measured here (see below); the paper reports test perplexity 82.7
-Time:     39 epochs of 1,327 steps; see the README for the measured cost per step
+Result:   not run to the end here; the paper reports test perplexity 82.7
+Time:     39 epochs of 1,327 steps = 51,753 steps; 2.44 steps/s on a 2-core CPU, so about 5.9 hours
+          of training (benchmarks/results/cost-lstm_ptb_medium-cpu-2026-11-21.json, from
+          scripts/measure_cost.py); a GPU is the place for it
 
 Two LSTM layers of 650 units, dropout 0.5 on the non-recurrent connections, weights uniform in
 [-0.05, 0.05]; plain SGD, the learning rate held for 6 epochs then divided by 1.2 every epoch
-(the paper's schedule; TensorFlow's well-known port multiplies by 0.8 instead); gradients clipped by global norm; batch 20, truncated backpropagation over 35 steps with
-the hidden state carried across batches; 39 epochs.
+(the paper's schedule; TensorFlow's well-known port multiplies by 0.8 instead); gradients
+clipped by global norm; batch 20, truncated backpropagation over 35 steps with the hidden state
+carried across batches; 39 epochs.
 
 As in lstm_ptb_small, the paper's loss sums over the 35 time steps, so its learning rate 1 and
 clipping norm 5 are learning rate 35 and clipping norm 5/35 here.

@@ -1,12 +1,15 @@
 """A character-level LSTM on Shakespeare's complete works: the Transformer's task, a recurrent model.
 
 Command:  jaxnet train lstm_shakespeare
-Result:   not yet recorded
-Time:     not yet recorded
+Result:   validation loss 1.633 nats/char (2.356 bits/char), test 1.623 (2.342) after 2,000 steps;
+          transformer_shakespeare reaches 1.628 / 1.615 with the same characters (the README plots both)
+Time:     7 minutes on a 2-core CPU, start to finish
+          (benchmarks/results/train-lstm_shakespeare-cpu-2026-11-21.json)
 
 Two LSTM layers of 224 units (0.84 M parameters, like transformer_shakespeare's 0.82 M),
-trained on the same characters with the same optimizer and the same tokens per step: batch 32,
-sequences of 128, 2,000 steps. The LSTM reads the text as 32 contiguous streams and carries its
+trained on the same characters with the same tokens per step (batch 32, sequences of 128,
+2,000 steps) and the same optimizer family (AdamW, warmup and cosine decay; the LSTM takes a
+learning rate of 2e-3 and no weight decay). The LSTM reads the text as 32 contiguous streams and carries its
 hidden state from batch to batch (truncated backpropagation through time), which gives it
 context beyond 128 characters.
 

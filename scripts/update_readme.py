@@ -90,7 +90,8 @@ def render() -> str:
     if comparison.is_file():
         body += [
             "",
-            "Shakespeare, one task for both families (same characters, tokens per step and optimizer; "
+            "Shakespeare, one task for both families (the same characters and 4,096 per step, AdamW with "
+            "cosine decay for both, learning rates tuned per family; "
             "drawn by `python scripts/plot_comparison.py` from the runs' committed `.metrics.jsonl`):",
             "",
             f"![LSTM and Transformer on Shakespeare](benchmarks/results/{COMPARISON})",

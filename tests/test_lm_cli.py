@@ -121,7 +121,7 @@ def test_a_users_own_text_file_trains_with_each_tokenizer(tmp_path, tokenizer):
     result = jaxnet_command("train", "transformer_shakespeare:smoke", *overrides, "--workdir", "run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert ("perplexity" if tokenizer == "word" else "bpc") in summary["test"]
+    assert {"word": "perplexity", "char": "bpc", "byte": "bits_per_byte"}[tokenizer] in summary["test"]
     vocab = json.loads((tmp_path / "run" / "vocab.json").read_text())["vocab"]
     assert len(vocab) == {"byte": 256, "char": len(set(TEXT))}.get(tokenizer, len(vocab))
     if tokenizer == "word":

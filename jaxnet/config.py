@@ -140,7 +140,11 @@ class TrainConfig:
 class MeshConfig:
     """How the devices are arranged."""
 
-    data: int = _field(-1, "devices along the data-parallel axis (-1 = all local devices)", low=-1)
+    data: int = _field(-1, "devices along the data-parallel axis (-1 = the rest of the devices)", low=-1)
+    fsdp: int = _field(
+        1, "devices that split the batch and shard parameters and optimizer state (-1 = the rest)", low=-1
+    )
+    tensor: int = _field(1, "devices that split attention heads and hidden units (-1 = the rest)", low=-1)
 
 
 @dataclass
@@ -341,8 +345,9 @@ def validate(cfg: Config) -> None:
         )
     if cfg.optim.warmup_steps > cfg.train.steps:
         raise UserError(f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}")
-    if cfg.mesh.data == 0:
-        raise UserError("mesh.data=0: use a positive device count or -1 for all devices")
+    for axis in ("data", "fsdp", "tensor"):
+        if getattr(cfg.mesh, axis) == 0:
+            raise UserError(f"mesh.{axis}=0: use a positive device count or -1 for the rest of the devices")
     text_data = cfg.data.name in ("ptb", "shakespeare", "text")
     text_model = cfg.model.name in ("lstm", "transformer")
     if text_data != text_model:

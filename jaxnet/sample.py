@@ -152,7 +152,9 @@ def sample(
         raise UserError(f"--temperature {temperature}: give a finite temperature >= 0 (0 = always the likeliest)")
     if top_k < 0:
         raise UserError(f"--top-k {top_k}: give a count >= 0 (0 = no limit)")
-    cfg = config_lib.apply_overrides(config_lib.load(workdir / "config.json"), ["mesh.data=1"])
+    cfg = config_lib.apply_overrides(
+        config_lib.load(workdir / "config.json"), ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]
+    )
     if cfg.model.name not in ("lstm", "transformer"):
         raise UserError(
             f"{workdir} trained a {cfg.model.name}, not a language model; sampling needs lstm or transformer"

@@ -93,7 +93,7 @@ BAD_INPUT = [
     (["train", "cnn_fashion_mnist:smoke", "train.steps=many"], "expected an integer"),
     (["train", "cnn_fashion_mnist:smoke", "train.batch_size=0"], "must be >= 1"),
     (["train", "cnn_fashion_mnist:smoke", "optim.lr=nan"], "finite"),
-    (["train", "cnn_fashion_mnist:smoke", "mesh.data=64"], "only 1 device"),
+    (["train", "cnn_fashion_mnist:smoke", "mesh.data=64"], "needs 64 devices but 1 device(s) are present"),
     (["train", "cnn_fashion_mnist:smoke", "data.dir=/no/such/dir"], "does not exist"),
     (["train", "resnet_cifar10:smoke"], "CIFAR-10 directory (none given) does not exist"),
     (["train", "cnn_fashion_mnist:smoke", "model.hidden=128", "--workdir", "{run}"], "params/Dense_0/bias"),

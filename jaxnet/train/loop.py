@@ -69,6 +69,10 @@ class Run:
             model = models.build(cfg.model, self.dataset.num_classes, cfg.data.seq_len)
         self.model = model
         self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps)
+        # Where every leaf of the train state lives, from the parameters' logical axis names.
+        self.state_shardings = parallel.state_shardings(
+            jax.eval_shape(lambda: self._create_state(unbox=False)), self.mesh
+        )
         self.train_step = jax.jit(
             make_train_step(
                 self.model, self.tx, grad_accum=cfg.optim.grad_accum, label_smoothing=cfg.train.label_smoothing
@@ -76,26 +80,26 @@ class Run:
             donate_argnums=0,
             # Outputs placed like the inputs (the carried state included), so the next call hits the
             # same compiled step instead of compiling again for a new layout.
-            out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
+            out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         self.eval_step = jax.jit(
             make_eval_step(self.model), out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh))
         )
 
-    def _create_state(self) -> state_lib.TrainState:
+    def _create_state(self, unbox: bool = True) -> state_lib.TrainState:
         if self.text:  # one time step, but the whole batch: a carried state is created at its real size
             sample = jnp.zeros((self.cfg.train.batch_size, 1), jnp.int32)
         else:
             sample = jnp.zeros((1, *self.dataset.train[0].shape[1:]), jnp.float32)
-        return state_lib.create(self.model, self.tx, sample, self.cfg.seed)
+        return state_lib.create(self.model, self.tx, sample, self.cfg.seed, unbox=unbox)
 
     def init_state(self) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh."""
-        return jax.jit(self._create_state, out_shardings=parallel.replicated(self.mesh))()
+        return jax.jit(self._create_state, out_shardings=self.state_shardings)()
 
     def abstract_state(self) -> Any:
         """Shapes, dtypes and placement of the train state, without computing it (a restore target)."""
-        return abstract_state(self._create_state, self.mesh)
+        return abstract_state(self._create_state, self.mesh, self.state_shardings)
 
     def train_batches(self, start_step: int) -> Any:
         """Host batches from ``start_step`` on (a pure function of the seed and the step)."""
@@ -121,7 +125,7 @@ class Run:
 
     def _eval_batches(self, split: str) -> tuple[Any, int]:
         """Evaluation batches of ``split`` and their number of rows (0 if the split is empty)."""
-        devices = self.mesh.shape["data"]
+        devices = parallel.batch_devices(self.mesh)
         round_up = lambda n: -(-n // devices) * devices
         wanted = self.cfg.train.eval_batch_size
         if self.text:
@@ -164,10 +168,15 @@ class Run:
         return {"loss": loss, "accuracy": float(totals["correct"]) / count, **self.dataset.extra_metrics(loss)}
 
 
-def abstract_state(create: Any, mesh: Mesh) -> Any:
-    """Shapes, dtypes and placement of the state ``create()`` would build, without building it."""
-    sharding = parallel.replicated(mesh)
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), jax.eval_shape(create))
+def abstract_state(create: Any, mesh: Mesh, shardings: Any = None) -> Any:
+    """Shapes, dtypes and placement of the state ``create()`` would build, without building it.
+
+    ``shardings`` (a tree like the state's) places each leaf; by default everything is replicated.
+    """
+    shapes = jax.eval_shape(create)
+    if shardings is None:
+        shardings = jax.tree.map(lambda _: parallel.replicated(mesh), shapes)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
 # What a run directory may contain; a directory holding anything else is not ours to write into.
@@ -328,8 +337,10 @@ def _train(
         progress.note(
             f"{cfg.experiment or 'run'}: {type(run.model).__name__} with {num_params:,} parameters, "
             f"{run.dataset.describe()}, {train_cfg.steps} steps of "
-            f"{train_cfg.batch_size} on {run.mesh.shape['data']} {jax.devices()[0].platform} device(s)"
+            f"{train_cfg.batch_size} on {run.mesh.size} {jax.devices()[0].platform} device(s)"
         )
+        if run.mesh.size > 1:
+            progress.note(parallel.describe(run.mesh, run.abstract_state()))
     batches = pipeline.prefetch(run.train_batches(start), cfg.data.prefetch, lambda b: parallel.put_batch(b, run.mesh))
 
     compile_seconds = eval_seconds = 0.0
@@ -432,7 +443,9 @@ def evaluate(workdir: str | os.PathLike, split: str = "test", overrides: list[st
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
     if not (workdir / "checkpoints").is_dir():
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
-    cfg = config_lib.apply_overrides(config_lib.load(workdir / "config.json"), ["mesh.data=-1", *(overrides or [])])
+    cfg = config_lib.apply_overrides(
+        config_lib.load(workdir / "config.json"), ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])]
+    )
     run = Run(cfg)
     check_vocab(workdir, run.dataset)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)

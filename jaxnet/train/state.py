@@ -26,14 +26,18 @@ class TrainState(flax.struct.PyTreeNode):
     rng: jnp.ndarray
 
 
-def create(model: Any, tx: optax.GradientTransformation, sample_input: jnp.ndarray, seed: int) -> TrainState:
+def create(
+    model: Any, tx: optax.GradientTransformation, sample_input: jnp.ndarray, seed: int, *, unbox: bool = True
+) -> TrainState:
     """Initialise the model on ``sample_input`` (a batch of shape (1, ...)) and the optimizer.
 
-    A ``carry`` collection (state carried across batches) gets the sample's batch size.
+    A ``carry`` collection (state carried across batches) gets the sample's batch size. With
+    ``unbox=False`` the parameters and the optimizer moments keep their logical-axis boxes
+    (for :func:`jaxnet.parallel.state_shardings`).
     """
     init_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
     variables = model.init({"params": init_rng, "dropout": init_rng}, sample_input, train=False)
-    variables = dict(nn.unbox(variables))  # drop the logical-axis annotations (nn.get_partition_spec reads them)
+    variables = dict(nn.unbox(variables) if unbox else variables)
     params = variables.pop("params")
     return TrainState(
         step=jnp.zeros((), jnp.int32),

@@ -136,3 +136,33 @@ def test_a_layer_the_mesh_cannot_split_names_the_array():
 def test_bad_mesh_through_the_config():
     with pytest.raises(UserError, match="mesh.fsdp=0"):
         config.load_experiment("transformer_shakespeare:smoke", ["mesh.fsdp=0"])
+
+
+REMESH = """
+import os, sys, json, pathlib
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from jaxnet import config
+from jaxnet.data.text import from_text
+from jaxnet.train.loop import train
+text = from_text("the quick brown fox jumps over the lazy dog. " * 200, "char")
+base = config.load_experiment("transformer_shakespeare:smoke", [
+    "train.batch_size=16", "data.seq_len=16", "model.width=64", "train.steps=12", "train.checkpoint_every=6",
+    "train.eval_every=0", "train.progress=false", "model.dropout=0.0"])
+d = pathlib.Path(sys.argv[1])
+whole = train(config.apply_overrides(base, ["mesh.data=1"]), d / "whole", dataset=text)
+train(config.apply_overrides(base, ["mesh.data=1", "mesh.fsdp=8", "train.stop_after=6"]), d / "moved", dataset=text)
+moved = train(config.apply_overrides(base, ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]), d / "moved", dataset=text)
+print("RESULT" + json.dumps([whole["test"]["loss"], moved["test"]["loss"]]))
+"""
+
+
+def test_a_run_resumes_on_a_different_mesh(tmp_path):
+    """Checkpointed under fsdp=8, resumed on data=2 x fsdp=2 x tensor=2: the same run as one device."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-c", REMESH, str(tmp_path)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming" in result.stdout and "mesh.fsdp 8 -> 2" in result.stdout
+    whole, moved = json.loads(result.stdout.split("RESULT", 1)[1])
+    assert moved == pytest.approx(whole, rel=1e-5)

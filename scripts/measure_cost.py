@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from record_result import ROOT, cpu_model
+from record_result import ROOT, device_name
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         "experiment": args.experiment,
         "command": f"python scripts/measure_cost.py {args.experiment} --steps {args.steps}",
         "date": datetime.date.today().isoformat(),
-        "device": env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU ({cpu_model()})",
+        "device": device_name(env),
         "platform": env["platform"],
         "steps_measured": summary["step"],
         "steps_total": steps_total,

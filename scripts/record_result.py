@@ -36,6 +36,11 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def device_name(env: dict) -> str:
+    """The device of a run's environment record, with the CPU's model name on a CPU."""
+    return env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU ({cpu_model()})"
+
+
 def main(argv: list[str]) -> int:
     """Train ``argv[0]`` with overrides ``argv[1:]`` and write its results file; returns the exit code."""
     if not argv:
@@ -71,7 +76,7 @@ def main(argv: list[str]) -> int:
         "overrides": overrides,
         "command": " ".join(command[:-2]),
         "date": date,
-        "device": env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU ({cpu_model()})",
+        "device": device_name(env),
         "platform": env["platform"],
         "wall_time_s": round(wall, 1),
         "test": summary.get("test", {}),

@@ -422,7 +422,7 @@ def test_transformer_decoding_with_the_cache_matches_the_full_forward_pass(trans
     params = scaled(transformer_params[position], 5.0)
     tokens = random_tokens((1, CONTEXT), seed=10, vocab=T_VOCAB)
     full = jitted(model)({"params": params}, tokens)
-    cache = decode_state(model, params)["cache"]  # an empty cache for one sequence
+    cache = decode_state(model)["cache"]  # an empty cache for one sequence
     pieces, start = [], 0
     decode = jitted(model, decode=True, mutable=("cache",))
     for size in (3, 1, 1, 1, 1, 1):  # a chunk of several tokens, then single tokens

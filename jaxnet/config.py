@@ -86,8 +86,14 @@ class ModelConfig:
     init_scale: float = _field(
         0.0, "lstm: initialise every weight uniformly in [-init_scale, init_scale] (0 = Flax defaults)", low=0.0
     )
-    dtype: str = _field("float32", "compute dtype", choices=("float32", "bfloat16"))
-    param_dtype: str = _field("float32", "parameter dtype", choices=("float32", "bfloat16"))
+    dtype: str = _field(
+        "float32",
+        "compute dtype (float64 needs JAX_ENABLE_X64=1; for numerical checks)",
+        choices=("float32", "bfloat16", "float64"),
+    )
+    param_dtype: str = _field(
+        "float32", "parameter dtype (float64 needs JAX_ENABLE_X64=1)", choices=("float32", "bfloat16", "float64")
+    )
 
 
 @dataclass
@@ -148,6 +154,18 @@ class MeshConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How the devices of the mesh cooperate on a step."""
+
+    mode: str = _field(
+        "sharded",
+        "sharded: one program over the whole mesh, the compiler places the work (jit + NamedSharding); "
+        "replicas: a whole model copy per device, gradients averaged with pmean (shard_map)",
+        choices=("sharded", "replicas"),
+    )
+
+
+@dataclass
 class Config:
     """Everything that defines a run. Saved as ``config.json`` in the run directory."""
 
@@ -158,6 +176,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as nested dicts of plain values, ready for ``json.dumps``."""
@@ -367,6 +386,16 @@ def validate(cfg: Config) -> None:
         )
     if cfg.model.name == "lstm" and cfg.optim.grad_accum > 1:
         raise UserError("optim.grad_accum > 1 cannot be used with model.name=lstm (its carried state is per batch row)")
+    if "float64" in (cfg.model.dtype, cfg.model.param_dtype):
+        import jax
+
+        if not jax.config.read("jax_enable_x64"):
+            raise UserError("model.dtype=float64 needs JAX's 64-bit mode: run with JAX_ENABLE_X64=1")
+    if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1):
+        raise UserError(
+            f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1 and "
+            f"mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.tensor={cfg.mesh.tensor})"
+        )
     if cfg.model.name == "resnet" and len(cfg.model.features) != len(cfg.model.blocks):
         raise UserError(
             f"model.features={cfg.model.features} and model.blocks={cfg.model.blocks} must have one entry "

@@ -88,6 +88,23 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     return [r for r in map(_record, Path(path).read_text().splitlines()) if r is not None]
 
 
+class Quiet:
+    """Stands in for :class:`MetricsLog` and :class:`Progress` in the processes of a multi-process
+    run other than process 0, which alone writes logs and prints progress."""
+
+    def write(self, *args: Any) -> None:
+        """Do nothing."""
+
+    def update(self, *args: Any) -> None:
+        """Do nothing."""
+
+    def note(self, *args: Any) -> None:
+        """Do nothing."""
+
+    def close(self) -> None:
+        """Do nothing."""
+
+
 class Progress:
     """A progress bar on a terminal; one plain line per update otherwise (logs, CI)."""
 
@@ -184,6 +201,7 @@ def environment() -> dict[str, Any]:
         "platform": device.platform,
         "device": device.device_kind,
         "device_count": jax.device_count(),
+        "process_count": jax.process_count(),
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "versions": versions,

@@ -6,11 +6,19 @@ compiler) and ``tensor`` (the hidden dimensions of a layer are split: attention 
 hidden units, LSTM gates). Models name the axes of their parameters logically (``embed``,
 ``heads``, ``mlp``, ``vocab``, ...); :data:`RULES` is the one table that maps those names onto
 mesh axes, so no model knows about devices. Every placement decision goes through this module.
+
+**Several processes** (hosts) run the same program: :func:`init_processes` joins them, the mesh
+spans every process's devices, each process reads only the rows of each batch that its devices
+hold (:func:`process_rows`) and :func:`put_batch` assembles the global batch from those pieces.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -23,6 +31,7 @@ from jaxnet.errors import UserError
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
+REPLICA_AXIS = "data"  # parallel.mode=replicas: one whole model per device along this axis
 
 # Logical parameter axis -> mesh axis (None: not split). The first matching rule wins.
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -98,23 +107,154 @@ def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> 
 def put_batch(batch: Any, mesh: Mesh) -> Any:
     """Copy a host batch (a pytree of numpy arrays) onto the mesh, split along the batch axis.
 
-    Scalars (e.g. a batch's ``reset`` flag) are copied to every device.
+    Scalars (e.g. a batch's ``reset`` flag) are copied to every device. With several processes,
+    ``batch`` holds this process's rows (:func:`process_rows`) and the result is the global batch.
     """
     split, whole = batch_sharding(mesh), replicated(mesh)
-    return jax.device_put(batch, jax.tree.map(lambda x: split if np.ndim(x) else whole, batch))
+    shardings = jax.tree.map(lambda x: split if np.ndim(x) else whole, batch)
+    if jax.process_count() == 1:
+        return jax.device_put(batch, shardings)
+    return jax.tree.map(jax.make_array_from_process_local_data, shardings, batch)
 
 
-def state_shardings(boxed_state: Any, mesh: Mesh) -> Any:
+def process_rows(mesh: Mesh, batch_size: int) -> slice:
+    """The rows of a ``batch_size`` batch that this process's devices hold (all of them with one
+    process): the only rows it needs to read."""
+    if jax.process_count() == 1:
+        return slice(0, batch_size)
+    index = batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
+    spans = sorted({(s[0].start or 0, batch_size if s[0].stop is None else s[0].stop) for s in index.values()})
+    if any(a[1] != b[0] for a, b in zip(spans, spans[1:], strict=False)):
+        raise UserError(f"this process's devices hold rows {spans} of the batch, not one block; use mesh.tensor=1")
+    return slice(spans[0][0], spans[-1][1])
+
+
+def init_processes(
+    coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> None:
+    """Join a multi-process run before JAX touches a device.
+
+    With ``coordinator`` (``HOST:PORT`` of process 0), ``num_processes`` and ``process_id`` given,
+    those are used. With none given, a cluster scheduler's environment (Slurm, Open MPI, or
+    ``JAX_COORDINATOR_ADDRESS``) is detected by ``jax.distributed.initialize``; otherwise this
+    is a single-process run and nothing happens.
+    """
+    given = {"--coordinator": coordinator, "--num-processes": num_processes, "--process-id": process_id}
+    if any(v is not None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise UserError(
+                "a multi-process run needs --coordinator, --num-processes and --process-id; "
+                f"{', '.join(missing)} missing"
+            )
+        if not re.fullmatch(r"[\w.\-\[\]:]+:\d+", str(coordinator)):
+            raise UserError(f"--coordinator {coordinator}: expected HOST:PORT of process 0, e.g. localhost:12355")
+        if num_processes < 1 or not 0 <= process_id < num_processes:
+            raise UserError(
+                f"--process-id {process_id} with --num-processes {num_processes}: "
+                f"ids run from 0 to {max(num_processes, 1) - 1}"
+            )
+        jax.distributed.initialize(coordinator, num_processes, process_id)
+    elif _scheduled():
+        jax.distributed.initialize()
+
+
+def _scheduled() -> bool:
+    """Whether a cluster scheduler started several processes of this run."""
+    env = os.environ
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        return True
+    slurm_tasks = int(env.get("SLURM_NTASKS") or 1) if "SLURM_PROCID" in env else 1  # started by srun
+    return slurm_tasks > 1 or int(env.get("OMPI_COMM_WORLD_SIZE") or 1) > 1
+
+
+def is_primary() -> bool:
+    """Whether this process writes logs, summaries and plots (process 0; every single-process run)."""
+    return jax.process_index() == 0
+
+
+def sync(name: str) -> None:
+    """Wait until every process gets here (nothing to wait for in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def state_shardings(boxed_state: Any, mesh: Mesh, split_carry: bool = False) -> Any:
     """Shardings for every leaf of a state whose parameters carry logical axis names.
 
     ``boxed_state`` is the (abstract) state with Flax's ``LogicallyPartitioned`` boxes still on,
-    optimizer moments included (optax keeps the boxes of the parameters it mirrors). Unnamed
-    leaves (step, counters, RNG, BatchNorm statistics, carried state) are replicated. A dimension
-    that its mesh axes do not divide is a one-line error naming the array.
+    optimizer moments included (optax keeps the boxes of the parameters it mirrors). Unnamed leaves
+    (step, counters, RNG, BatchNorm statistics, a model's carried state) are replicated; with
+    ``split_carry`` the carried state (the ``carry`` collection, one row per batch row) is split
+    like the batch instead, as per-device replicas need it. (Under ``jit``, a batch-split carry
+    made jax 0.10.2's partitioner compute wrong LSTM gradients on a data x fsdp x tensor mesh, so
+    the sharded mode keeps it whole: it is one small array per layer.) A vocabulary
+    the ``tensor`` axis does not divide stays whole (the vocabulary is the data's, not a choice);
+    any other dimension that its mesh axes do not divide is a one-line error naming the array.
     """
-    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_state), mesh, RULES)
-    check_divisible(nn.unbox(boxed_state), shardings, mesh)
+    shapes = nn.unbox(boxed_state)
+    tensor = mesh.shape["tensor"]
+
+    def keep_whole_vocab(spec: Any, leaf: Any) -> Any:
+        names = [None if n == "vocab" and dim % tensor else n for n, dim in zip(spec, leaf.shape, strict=False)]
+        return PartitionSpec(*names)
+
+    logical = jax.tree.map(
+        keep_whole_vocab,
+        nn.get_partition_spec(boxed_state),
+        shapes,
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
+    shardings = nn.logical_to_mesh_sharding(logical, mesh, RULES)
+    rows = batch_sharding(mesh)
+    shardings = jax.tree_util.tree_map_with_path(
+        lambda path, sh: rows if split_carry and any(getattr(k, "key", None) == "carry" for k in path) else sh,
+        shardings,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+    check_divisible(shapes, shardings, mesh)
     return shardings
+
+
+def under_rules(fn: Callable, mesh: Mesh) -> Callable:
+    """``fn`` traced with :data:`RULES` and ``mesh`` in scope, so the activation marks in the models
+    (``nn.with_logical_constraint``) become sharding constraints for the compiler."""
+
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(RULES):
+            return fn(*args)
+
+    return traced
+
+
+def replicas(step: Callable, mesh: Mesh, shardings: Any) -> Callable:
+    """``step(state, batch)``, written for one device (its rows of the batch, a whole model), run on
+    every device of ``mesh`` with ``jax.shard_map``: the ``pmap`` model of data parallelism.
+
+    ``shardings`` (the state's) says which state leaves are per-device rows (the carried state)
+    and which are one value on every device; the step must make the latter agree (``lax.pmean``).
+    Metrics come back as one value.
+    """
+
+    def used_axes(spec: PartitionSpec) -> PartitionSpec:  # mesh axes of size 1 split nothing
+        keep = lambda names: tuple(
+            a for a in ((names,) if isinstance(names, str) else names or ()) if mesh.shape[a] > 1
+        )
+        return PartitionSpec(*(keep(n) or None for n in spec))
+
+    specs = jax.tree.map(lambda sh: used_axes(sh.spec), shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    rows = PartitionSpec(REPLICA_AXIS)
+
+    @functools.wraps(step)
+    def on_mesh(state: Any, batch: Any) -> Any:
+        batch_specs = jax.tree.map(lambda x: rows if x.ndim else PartitionSpec(), batch)
+        mapped = jax.shard_map(step, mesh=mesh, in_specs=(specs, batch_specs), out_specs=(specs, PartitionSpec()))
+        return mapped(state, batch)
+
+    return on_mesh
 
 
 def check_divisible(state: Any, shardings: Any, mesh: Any) -> None:
@@ -133,17 +273,42 @@ def check_divisible(state: Any, shardings: Any, mesh: Any) -> None:
                 )
 
 
-def describe(mesh: Mesh, state: Any) -> str:
-    """One line: the mesh and the bytes of parameters and optimizer state each device holds."""
-    shape = ", ".join(f"{a}={n}" for a, n in mesh.shape.items())
-    params, opt = bytes_per_device(state.params), bytes_per_device(state.opt_state)
+def memory(state: Any, compiled: Any = None) -> dict[str, int]:
+    """Bytes per device: ``params`` and ``opt_state`` as placed, their unsharded ``total``, and
+    ``activations``, the scratch memory XLA planned for the compiled step (activations kept for the
+    backward pass, gradients, temporaries; -1 if the backend does not say)."""
     whole = sum(
         math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves((state.params, state.opt_state))
     )
+    stats = compiled.memory_analysis() if compiled is not None else None
+    return {
+        "params": bytes_per_device(state.params),
+        "opt_state": bytes_per_device(state.opt_state),
+        "total": whole,
+        "activations": int(stats.temp_size_in_bytes) if stats is not None else -1,
+    }
+
+
+def describe(mesh: Mesh, state: Any, compiled: Any = None) -> str:
+    """One line: the mesh and, per device, the bytes of parameters, optimizer state and (given the
+    compiled train step) activations."""
+    shape = " x ".join(f"{a}={n}" for a, n in mesh.shape.items())
+    sizes = memory(state, compiled)
+    acts = f", {size(sizes['activations'])} of activations and temporaries" if sizes["activations"] >= 0 else ""
     return (
-        f"mesh {shape}: per device {params / 2**20:.1f} MiB of parameters and {opt / 2**20:.1f} MiB of "
-        f"optimizer state (of {whole / 2**20:.1f} MiB in all)"
+        f"mesh {shape} ({mesh.size} {mesh.devices.flat[0].platform} device(s)): per device "
+        f"{size(sizes['params'])} of parameters, {size(sizes['opt_state'])} of optimizer state{acts} "
+        f"(parameters and optimizer state unsharded: {size(sizes['total'])})"
     )
+
+
+def size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the number at or above 1, e.g. ``'3.2 MiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
 
 
 def bytes_per_device(tree: Any) -> int:

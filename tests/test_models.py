@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,12 +71,12 @@ RESNET = ResNet(10, features=(4, 8), blocks=(1, 1))
 
 @pytest.fixture(scope="module")
 def convnet_variables():
-    return CONVNET.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))
+    return nn.unbox(CONVNET.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1))))
 
 
 @pytest.fixture(scope="module")
 def resnet_variables():
-    return RESNET.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))
+    return nn.unbox(RESNET.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +94,7 @@ def test_models_give_float32_logits_and_keep_float32_params_when_computing_in_bf
     assert logits.shape == (3, 10) and logits.dtype == jnp.float32
 
     bf16 = model.clone(dtype=jnp.bfloat16, param_dtype=jnp.float32)
-    bf16_shapes = jax.eval_shape(bf16.init, jax.random.PRNGKey(0), x)
+    bf16_shapes = nn.unbox(jax.eval_shape(bf16.init, jax.random.PRNGKey(0), x))
     assert jax.tree.map(lambda a: (a.shape, a.dtype), bf16_shapes) == jax.tree.map(
         lambda a: (a.shape, a.dtype), variables
     )
@@ -108,7 +109,7 @@ def test_models_give_float32_logits_and_keep_float32_params_when_computing_in_bf
 
 def test_bfloat16_param_dtype_stores_bfloat16_params(convnet_variables):
     model = CONVNET.clone(param_dtype=jnp.bfloat16)
-    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))
+    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1))))
     assert dtypes(shapes["params"]) == {jnp.dtype(jnp.bfloat16)}
     bf16_variables = jax.tree.map(lambda v: v.astype(jnp.bfloat16), convnet_variables)
     assert model.apply(bf16_variables, images((2, 8, 8, 1))).dtype == jnp.float32
@@ -292,7 +293,7 @@ def test_build_resnet_from_config_uses_its_features_and_blocks(resnet_variables)
     assert isinstance(model, ResNet)
     assert tuple(model.features) == (4, 8) and tuple(model.blocks) == (1, 1) and model.num_classes == 10
     x = images((2, 16, 16, 3), seed=6)
-    params = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)["params"]
+    params = nn.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), x))["params"]
     assert sorted(k for k in params if k.startswith("ResidualBlock")) == ["ResidualBlock_0", "ResidualBlock_1"]
     assert params["ResidualBlock_1"]["Conv_0"]["kernel"].shape == (3, 3, 4, 8)
     assert params["ResidualBlock_1"]["Conv_2"]["kernel"].shape == (1, 1, 4, 8)  # the projection shortcut

@@ -48,15 +48,21 @@ def _epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return order
 
 
-def augment(images: np.ndarray, rng: np.random.Generator, padding: int = 4) -> np.ndarray:
-    """Random crop from a zero-padded image plus a random horizontal flip (NHWC uint8)."""
+def augment(images: np.ndarray, rng: np.random.Generator, padding: int = 4, rows: slice = slice(None)) -> np.ndarray:
+    """Random crop from a zero-padded image plus a random horizontal flip (NHWC uint8).
+
+    ``images`` may be rows ``rows`` of a larger batch: the draws are made for the whole batch
+    (``rows.stop`` examples) and the ones of these rows used, so every process of a multi-process
+    run augments its rows exactly as a single process would.
+    """
     n, h, w, _ = images.shape
+    total = n if rows.stop is None else rows.stop
     padded = np.pad(images, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
-    dy, dx = rng.integers(0, 2 * padding + 1, size=(2, n))
+    dy, dx = rng.integers(0, 2 * padding + 1, size=(2, total))[:, rows]
+    flip = (rng.random(total) < 0.5)[rows]
     rows = dy[:, None] + np.arange(h)[None, :]
     cols = dx[:, None] + np.arange(w)[None, :]
     out = padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
-    flip = rng.random(n) < 0.5
     out[flip] = out[flip, :, ::-1]
     return out
 
@@ -76,14 +82,20 @@ def train_batches(
     mean: np.ndarray,
     std: np.ndarray,
     do_augment: bool = False,
+    rows: slice = slice(None),
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless training batches ``{"image", "label"}`` from step ``start_step`` on."""
+    """Endless training batches ``{"image", "label"}`` from step ``start_step`` on.
+
+    ``rows`` selects the rows of every batch this process feeds to its devices (all of them in a
+    single-process run); only those examples are read.
+    """
+    rows = slice(rows.start or 0, batch_size if rows.stop is None else rows.stop)
     step = start_step
     while True:
-        idx = batch_indices(len(x), batch_size, seed, step)
+        idx = batch_indices(len(x), batch_size, seed, step)[rows]
         images = x[idx]
         if do_augment:
-            images = augment(images, np.random.default_rng([seed, 1, step]))
+            images = augment(images, np.random.default_rng([seed, 1, step]), rows=rows)
         yield {"image": normalize(images, mean, std), "label": y[idx]}
         step += 1
 

@@ -285,33 +285,46 @@ def check_batching(num_tokens: int, batch_size: int, seq_len: int, mode: str) ->
         )
 
 
-def stream_batch(tokens: np.ndarray, batch_size: int, seq_len: int, step: int) -> dict[str, np.ndarray]:
-    """Batch ``step`` of stream batching: ``tokens``, next-token ``targets`` and the epoch-start ``reset``."""
+def stream_batch(
+    tokens: np.ndarray, batch_size: int, seq_len: int, step: int, rows: slice = slice(None)
+) -> dict[str, np.ndarray]:
+    """Batch ``step`` of stream batching: ``tokens``, next-token ``targets`` and the epoch-start
+    ``reset``; only rows ``rows`` of it (a process's share), all by default."""
     length = (len(tokens) - 1) // batch_size
     per_epoch = length // seq_len
     k = step % per_epoch
-    starts = np.arange(batch_size)[:, None] * length + k * seq_len + np.arange(seq_len)[None, :]
+    starts = np.arange(batch_size)[rows, None] * length + k * seq_len + np.arange(seq_len)[None, :]
     return {"tokens": tokens[starts], "targets": tokens[starts + 1], "reset": np.asarray(k == 0, np.int32)}
 
 
-def window_batch(tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int) -> dict[str, np.ndarray]:
-    """Batch ``step`` of window batching: rows start at offsets drawn from ``(seed, step)``."""
-    offsets = np.random.default_rng([seed, 2, step]).integers(0, len(tokens) - seq_len, size=batch_size)
+def window_batch(
+    tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int, rows: slice = slice(None)
+) -> dict[str, np.ndarray]:
+    """Batch ``step`` of window batching: rows start at offsets drawn from ``(seed, step)``; only
+    rows ``rows`` of it, all by default."""
+    offsets = np.random.default_rng([seed, 2, step]).integers(0, len(tokens) - seq_len, size=batch_size)[rows]
     idx = offsets[:, None] + np.arange(seq_len)[None, :]
     # Unrelated windows: a model with carried state starts every batch from zeros.
     return {"tokens": tokens[idx], "targets": tokens[idx + 1], "reset": np.asarray(1, np.int32)}
 
 
 def train_batches(
-    tokens: np.ndarray, *, batch_size: int, seq_len: int, mode: str, seed: int, start_step: int
+    tokens: np.ndarray,
+    *,
+    batch_size: int,
+    seq_len: int,
+    mode: str,
+    seed: int,
+    start_step: int,
+    rows: slice = slice(None),
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless training batches from ``start_step`` on."""
+    """Endless training batches from ``start_step`` on; only rows ``rows`` of each (a process's share)."""
     step = start_step
     while True:
         if mode == "stream":
-            yield stream_batch(tokens, batch_size, seq_len, step)
+            yield stream_batch(tokens, batch_size, seq_len, step, rows)
         else:
-            yield window_batch(tokens, batch_size, seq_len, seed, step)
+            yield window_batch(tokens, batch_size, seq_len, seed, step, rows)
         step += 1
 
 

@@ -17,16 +17,18 @@ from jaxnet.models.cnn import ConvNet, ResNet
 from jaxnet.models.lstm import LSTMLanguageModel
 from jaxnet.models.transformer import TransformerLanguageModel
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# float64 needs JAX's 64-bit mode (JAX_ENABLE_X64=1); it is there for numerical checks.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
 
-# Each entry: (model config, number of classes or vocabulary size, sequence length) -> module.
-REGISTRY: dict[str, Callable[[ModelConfig, int, int], nn.Module]] = {
-    "convnet": lambda c, n, _: ConvNet(n, c.features, c.hidden, c.dropout, DTYPES[c.dtype], DTYPES[c.param_dtype]),
-    "resnet": lambda c, n, _: ResNet(n, c.features, c.blocks, DTYPES[c.dtype], DTYPES[c.param_dtype]),
-    "lstm": lambda c, n, _: LSTMLanguageModel(
+# Each entry: (model config, number of classes or vocabulary size, sequence length, mesh axes
+# BatchNorm averages over per device) -> module.
+REGISTRY: dict[str, Callable[..., nn.Module]] = {
+    "convnet": lambda c, n, t, b: ConvNet(n, c.features, c.hidden, c.dropout, DTYPES[c.dtype], DTYPES[c.param_dtype]),
+    "resnet": lambda c, n, t, b: ResNet(n, c.features, c.blocks, DTYPES[c.dtype], DTYPES[c.param_dtype], b),
+    "lstm": lambda c, n, t, b: LSTMLanguageModel(
         n, c.layers, c.width, c.dropout, c.init_scale, c.tie_embeddings, DTYPES[c.dtype], DTYPES[c.param_dtype]
     ),
-    "transformer": lambda c, n, t: TransformerLanguageModel(
+    "transformer": lambda c, n, t, b: TransformerLanguageModel(
         n,
         t,
         c.layers,
@@ -44,10 +46,11 @@ REGISTRY: dict[str, Callable[[ModelConfig, int, int], nn.Module]] = {
 LANGUAGE_MODELS = ("lstm", "transformer")
 
 
-def build(cfg: ModelConfig, num_classes: int, seq_len: int = 0) -> nn.Module:
+def build(cfg: ModelConfig, num_classes: int, seq_len: int = 0, batch_axis: str | None = None) -> nn.Module:
     """The module named by ``cfg.name`` with ``num_classes`` outputs (the vocabulary size for
-    language models); ``seq_len`` is the Transformer's context."""
-    return REGISTRY[cfg.name](cfg, num_classes, seq_len)
+    language models); ``seq_len`` is the Transformer's context. ``batch_axis`` names the mesh
+    axes a per-device (``shard_map``) model averages BatchNorm statistics over."""
+    return REGISTRY[cfg.name](cfg, num_classes, seq_len, batch_axis)
 
 
 __all__ = ["ConvNet", "ResNet", "LSTMLanguageModel", "TransformerLanguageModel", "build", "REGISTRY"]

@@ -8,7 +8,12 @@
 
 ``dtype`` is the compute dtype and ``param_dtype`` the storage dtype of the parameters, so
 ``dtype=jnp.bfloat16, param_dtype=jnp.float32`` is bf16 compute with f32 master weights.
-Every model maps ``(images, train)`` to float32 logits.
+Every model maps ``(images, train)`` to float32 logits (float64 if ``dtype`` is).
+
+Parameters carry logical axis names for the parallelism rules: a kernel's input channels are
+``embed`` (split for FSDP) and its output channels ``mlp`` (split for tensor parallelism); the
+first convolution's 1 or 3 input channels and the classifier's outputs are never split.
+Activations are marked ``(batch, ..., mlp)`` so the compiler keeps channels where the kernels are.
 """
 
 from __future__ import annotations
@@ -20,6 +25,52 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 Dtype = Any
+
+_IMAGE_ACT = ("batch", None, None, "mlp")
+
+
+def _named(init: nn.initializers.Initializer, *names: str | None) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(init, names)
+
+
+def _conv(features: int, kernel: int, strides: int = 1, *, first: bool = False, **kw: Any) -> nn.Conv:
+    """A convolution whose kernel is named ``(None, None, embed, mlp)`` (``None`` inputs if ``first``)."""
+    return nn.Conv(
+        features,
+        (kernel, kernel),
+        (strides, strides),
+        kernel_init=_named(nn.initializers.lecun_normal(), None, None, None if first else "embed", "mlp"),
+        bias_init=_named(nn.initializers.zeros, "mlp"),
+        **kw,
+    )
+
+
+def _dense(features: int, hidden: bool, **kw: Any) -> nn.Dense:
+    """A dense layer named ``(embed, mlp)``, or ``(embed, None)`` for the classifier (``hidden=False``)."""
+    out = "mlp" if hidden else None
+    return nn.Dense(
+        features,
+        kernel_init=_named(nn.initializers.lecun_normal(), "embed", out),
+        bias_init=_named(nn.initializers.zeros, out),
+        **kw,
+    )
+
+
+def _batch_norm(train: bool, dtype: Dtype, param_dtype: Dtype, axis_name: Any, **kw: Any) -> nn.BatchNorm:
+    """BatchNorm over the global batch; ``axis_name`` names the devices to average over inside
+    ``shard_map`` (under ``jit`` the batch is one global array and no name is needed)."""
+    return nn.BatchNorm(
+        use_running_average=not train,
+        momentum=0.9,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        axis_name=axis_name,
+        # statistics in float32 under bf16 (Flax's default), in float64 for float64 checks
+        force_float32_reductions=jnp.finfo(dtype).bits < 64,
+        scale_init=_named(kw.pop("scale_init", nn.initializers.ones), "mlp"),
+        bias_init=_named(nn.initializers.zeros, "mlp"),
+        **kw,
+    )
 
 
 class ConvNet(nn.Module):
@@ -35,15 +86,16 @@ class ConvNet(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray, train: bool = False) -> jnp.ndarray:
         x = x.astype(self.dtype)
-        for width in self.features:
-            x = nn.Conv(width, (3, 3), dtype=self.dtype, param_dtype=self.param_dtype)(x)
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        for i, width in enumerate(self.features):
+            x = nn.with_logical_constraint(_conv(width, 3, first=i == 0, **kw)(x), _IMAGE_ACT)
             x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
         x = x.reshape(x.shape[0], -1)
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
-        x = nn.relu(nn.Dense(self.hidden, dtype=self.dtype, param_dtype=self.param_dtype)(x))
+        x = nn.relu(nn.with_logical_constraint(_dense(self.hidden, True, **kw)(x), ("batch", "mlp")))
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
-        x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype)(x)
-        return x.astype(jnp.float32)
+        x = _dense(self.num_classes, False, **kw)(x)
+        return x.astype(jnp.promote_types(self.dtype, jnp.float32))
 
 
 class ResidualBlock(nn.Module):
@@ -53,27 +105,27 @@ class ResidualBlock(nn.Module):
     strides: int = 1
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    batch_axis: Any = None
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
-        conv = lambda f, k, s: nn.Conv(  # noqa: E731
-            f, (k, k), (s, s), use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype
-        )
-        norm = lambda **kw: nn.BatchNorm(  # noqa: E731
-            use_running_average=not train, momentum=0.9, dtype=self.dtype, param_dtype=self.param_dtype, **kw
-        )
-        y = nn.relu(norm()(conv(self.features, 3, self.strides)(x)))
+        kw = {"use_bias": False, "dtype": self.dtype, "param_dtype": self.param_dtype}
+        norm = lambda **kw: _batch_norm(train, self.dtype, self.param_dtype, self.batch_axis, **kw)  # noqa: E731
+        y = nn.relu(norm()(_conv(self.features, 3, self.strides, **kw)(x)))
+        y = nn.with_logical_constraint(y, _IMAGE_ACT)
         # Zero-initialised last scale: each block starts as the identity, which trains faster.
-        y = norm(scale_init=nn.initializers.zeros)(conv(self.features, 3, 1)(y))
+        y = norm(scale_init=nn.initializers.zeros)(_conv(self.features, 3, **kw)(y))
         if x.shape != y.shape:
-            x = norm()(conv(self.features, 1, self.strides)(x))
-        return nn.relu(x + y)
+            x = norm()(_conv(self.features, 1, self.strides, **kw)(x))
+        return nn.with_logical_constraint(nn.relu(x + y), _IMAGE_ACT)
 
 
 class ResNet(nn.Module):
     """CIFAR-style ResNet: ``features[i]`` channels and ``blocks[i]`` blocks in stage ``i``.
 
-    ``features=(16, 32, 64), blocks=(3, 3, 3)`` is ResNet-20.
+    ``features=(16, 32, 64), blocks=(3, 3, 3)`` is ResNet-20. ``batch_axis`` names the mesh axes
+    BatchNorm averages its statistics over when the model runs per device inside ``shard_map``
+    (``parallel.mode=replicas``); under ``jit`` the statistics are global without it.
     """
 
     num_classes: int
@@ -81,17 +133,18 @@ class ResNet(nn.Module):
     blocks: Sequence[int] = (3, 3, 3)
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    batch_axis: Any = None
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, train: bool = False) -> jnp.ndarray:
         x = x.astype(self.dtype)
-        x = nn.Conv(self.features[0], (3, 3), use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)(x)
-        x = nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype, param_dtype=self.param_dtype)(x)
-        x = nn.relu(x)
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        x = _conv(self.features[0], 3, first=True, use_bias=False, **kw)(x)
+        x = nn.relu(_batch_norm(train, self.dtype, self.param_dtype, self.batch_axis)(x))
         for stage, (width, count) in enumerate(zip(self.features, self.blocks, strict=True)):
             for block in range(count):
                 strides = 2 if stage > 0 and block == 0 else 1
-                x = ResidualBlock(width, strides, self.dtype, self.param_dtype)(x, train)
+                x = ResidualBlock(width, strides, self.dtype, self.param_dtype, self.batch_axis)(x, train)
         x = jnp.mean(x, axis=(1, 2))
-        x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype)(x)
-        return x.astype(jnp.float32)
+        x = _dense(self.num_classes, False, **kw)(x)
+        return x.astype(jnp.promote_types(self.dtype, jnp.float32))

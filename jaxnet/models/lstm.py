@@ -16,7 +16,8 @@ state flows across consecutive truncated-BPTT batches. The training step zeroes 
 boundaries; without a ``carry`` collection every call starts from zeros.
 
 Parameters carry logical axis names (``vocab``, ``embed``, ``mlp`` for the hidden units of the
-gates) for the parallelism rules.
+gates) for the parallelism rules; the gate pre-activations and logits are marked
+``(batch, ..., mlp)`` and ``(batch, ..., vocab)`` for the compiler (no effect without axis rules).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from jaxnet.models.common import lookup
 
 Dtype = Any
 
@@ -46,18 +49,20 @@ def lstm_scan(
 
     ``x_proj``: (batch, time, 4, hidden) input contributions ``x W_x + b`` (float32); ``w_h``: (hidden, 4,
     hidden); ``h0``, ``c0``: (batch, hidden). Returns the outputs (batch, time, hidden) and the
-    final ``(h, c)``. The cell state is kept in float32 whatever ``dtype`` the products use.
+    final ``(h, c)``. The state and the sums are kept in float32 (float64 if ``dtype`` is) whatever
+    ``dtype`` the products use.
     """
+    acc = jnp.promote_types(dtype, jnp.float32)
 
     def cell(carry: tuple, z_x: jnp.ndarray) -> tuple:
         h, c = carry
-        z = z_x + jnp.einsum("bh,hgk->bgk", h.astype(dtype), w_h.astype(dtype), preferred_element_type=jnp.float32)
+        z = z_x + jnp.einsum("bh,hgk->bgk", h.astype(dtype), w_h.astype(dtype), preferred_element_type=acc)
         i, f, g, o = z[:, 0], z[:, 1], z[:, 2], z[:, 3]
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
         return (h, c), h
 
-    (h, c), outputs = jax.lax.scan(cell, (h0.astype(jnp.float32), c0.astype(jnp.float32)), x_proj.swapaxes(0, 1))
+    (h, c), outputs = jax.lax.scan(cell, (h0.astype(acc), c0.astype(acc)), x_proj.swapaxes(0, 1))
     return outputs.swapaxes(0, 1), (h, c)
 
 
@@ -92,7 +97,8 @@ class LSTMLayer(nn.Module):
             self.param_dtype,
         )
         b = self.param("b", nn.with_logical_partitioning(bias_init, (None, "mlp")), (4, self.hidden), self.param_dtype)
-        zeros = lambda: jnp.zeros((batch, self.hidden), jnp.float32)
+        acc = jnp.promote_types(self.dtype, jnp.float32)  # float32 sums under bf16 compute
+        zeros = lambda: jnp.zeros((batch, self.hidden), acc)
         if self.is_mutable_collection("carry") or self.has_variable("carry", "h"):
             h, c = self.variable("carry", "h", zeros), self.variable("carry", "c", zeros)
             h0, c0 = h.value, c.value
@@ -100,8 +106,9 @@ class LSTMLayer(nn.Module):
             h = c = None
             h0, c0 = zeros(), zeros()
         x_proj = jnp.einsum(
-            "btf,fgk->btgk", x.astype(self.dtype), w_x.astype(self.dtype), preferred_element_type=jnp.float32
-        ) + b.astype(jnp.float32)  # gate pre-activations summed in float32 whatever the compute dtype
+            "btf,fgk->btgk", x.astype(self.dtype), w_x.astype(self.dtype), preferred_element_type=acc
+        ) + b.astype(acc)  # gate pre-activations summed in float32 whatever the compute dtype
+        x_proj = nn.with_logical_constraint(x_proj, ("batch", None, None, "mlp"))
         outputs, (h_last, c_last) = lstm_scan(x_proj, w_h, h0, c0, self.dtype)
         if h is not None and self.is_mutable_collection("carry") and not self.is_initializing():
             h.value, c.value = h_last, c_last
@@ -134,7 +141,8 @@ class LSTMLanguageModel(nn.Module):
             param_dtype=self.param_dtype,
             name="embed",
         )
-        x = nn.Dropout(self.dropout, deterministic=not train)(embed(tokens))
+        x = lookup(embed, tokens, self.dtype)
+        x = nn.Dropout(self.dropout, deterministic=not train)(x)
         for i in range(self.layers):
             x = LSTMLayer(self.hidden, self.init_scale, self.dtype, self.param_dtype, name=f"lstm_{i}")(x)
             x = nn.Dropout(self.dropout, deterministic=not train)(x)
@@ -152,4 +160,5 @@ class LSTMLanguageModel(nn.Module):
                 ),
                 name="output",
             )(x)
-        return logits.astype(jnp.float32)
+        logits = nn.with_logical_constraint(logits, ("batch", None, "vocab"))
+        return logits.astype(jnp.promote_types(self.dtype, jnp.float32))

@@ -18,7 +18,9 @@ far, so generating token ``t`` costs one position, not ``t``. Positions past ``c
 exist; :mod:`jaxnet.sample` slides the window.
 
 Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``, ``kv``, ``mlp``)
-for the parallelism rules.
+for the parallelism rules, and activations are marked where tensor parallelism splits them
+(Megatron: queries, keys and values by head, the MLP's hidden units, the logits by vocabulary;
+the residual stream whole on every tensor device). Without axis rules the marks do nothing.
 """
 
 from __future__ import annotations
@@ -30,11 +32,43 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxnet.models.common import lookup
+
 Dtype = Any
 
 
 def _normal(std: float, names: tuple) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.normal(std), names)
+
+
+class Projection(nn.Module):
+    """``x @ kernel + bias`` contracting the last ``contract`` axes of ``x`` into ``features``.
+
+    ``names`` are the logical names of the kernel's axes (inputs, then outputs). The kernel is
+    created at its full shape (Flax's ``DenseGeneral`` creates it flat and reshapes, which its own
+    logical-axis constraints reject), so its axes can be named and split.
+    """
+
+    features: tuple[int, ...]
+    names: tuple[str | None, ...]
+    contract: int = 1
+    std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        shape = (*x.shape[x.ndim - self.contract :], *self.features)
+        kernel = self.param("kernel", _normal(self.std, self.names), shape, self.param_dtype)
+        out_names = self.names[self.contract :]
+        bias = self.param(
+            "bias", nn.with_logical_partitioning(nn.initializers.zeros, out_names), self.features, self.param_dtype
+        )
+        inputs = tuple(range(x.ndim - self.contract, x.ndim))
+        y = jax.lax.dot_general(
+            x.astype(self.dtype), kernel.astype(self.dtype), ((inputs, tuple(range(self.contract))), ((), ()))
+        )
+        return y + bias.astype(self.dtype)
 
 
 def rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:
@@ -65,14 +99,14 @@ class CausalSelfAttention(nn.Module):
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, decode: bool = False) -> jnp.ndarray:
         batch, length, width = x.shape
         head_dim = width // self.heads
-        qkv = nn.DenseGeneral(
+        qkv = Projection(
             (3, self.heads, head_dim),
+            ("embed", None, "heads", "kv"),
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-            kernel_init=_normal(0.02, ("embed", None, "heads", "kv")),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None, "heads", "kv")),
             name="qkv",
         )(x)
+        qkv = nn.with_logical_constraint(qkv, ("batch", None, None, "heads", None))
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         if self.rotary:
             q, k = rotary(q, positions), rotary(k, positions)
@@ -87,13 +121,13 @@ class CausalSelfAttention(nn.Module):
             out = jax.nn.dot_product_attention(q, cached_k.value, cached_v.value, mask=mask[None, None])
         else:
             out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-        return nn.DenseGeneral(
-            width,
-            axis=(-2, -1),
+        return Projection(
+            (width,),
+            ("heads", "kv", "embed"),
+            contract=2,
+            std=self.out_std,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-            kernel_init=_normal(self.out_std, ("heads", "kv", "embed")),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
             name="out",
         )(out)
 
@@ -133,6 +167,7 @@ class Block(nn.Module):
             kernel_init=_normal(0.02, ("embed", "mlp")),
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
         )(norm("norm_2")(x))
+        y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
         y = nn.Dense(
             width,
             dtype=self.dtype,
@@ -141,7 +176,7 @@ class Block(nn.Module):
             kernel_init=_normal(self.out_std, ("mlp", "embed")),
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
         )(nn.gelu(y))
-        return x + drop(y)
+        return nn.with_logical_constraint(x + drop(y), ("batch", None, None))
 
 
 class TransformerLanguageModel(nn.Module):
@@ -180,7 +215,7 @@ class TransformerLanguageModel(nn.Module):
             name="embed",
             embedding_init=_normal(0.02, ("vocab", "embed")),
         )
-        x = embed(tokens)
+        x = lookup(embed, tokens, self.dtype)
         if self.position == "learned":
             table = self.param("position", _normal(0.02, (None, "embed")), (self.context, self.width), self.param_dtype)
             x = x + jnp.take(table, positions, axis=0).astype(self.dtype)[None]
@@ -216,4 +251,5 @@ class TransformerLanguageModel(nn.Module):
                 name="output",
                 kernel_init=_normal(0.02, ("embed", "vocab")),
             )(x)
-        return logits.astype(jnp.float32)
+        logits = nn.with_logical_constraint(logits, ("batch", None, "vocab"))
+        return logits.astype(jnp.promote_types(self.dtype, jnp.float32))

@@ -65,25 +65,38 @@ class Run:
                 f"train.batch_size={cfg.train.batch_size} is larger than the {len(self.dataset.train[0])} "
                 "training examples"
             )
+        self.replicas = cfg.parallel.mode == "replicas"
         if model is None:
-            model = models.build(cfg.model, self.dataset.num_classes, cfg.data.seq_len)
+            # Per-device replicas see only their rows: BatchNorm averages its statistics across them.
+            batch_axis = parallel.REPLICA_AXIS if self.replicas else None
+            model = models.build(cfg.model, self.dataset.num_classes, cfg.data.seq_len, batch_axis=batch_axis)
         self.model = model
         self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps)
         # Where every leaf of the train state lives, from the parameters' logical axis names.
         self.state_shardings = parallel.state_shardings(
-            jax.eval_shape(lambda: self._create_state(unbox=False)), self.mesh
+            jax.eval_shape(lambda: self._create_state(unbox=False)), self.mesh, split_carry=self.replicas
         )
+        step = make_train_step(
+            self.model,
+            self.tx,
+            grad_accum=cfg.optim.grad_accum,
+            label_smoothing=cfg.train.label_smoothing,
+            axis_name=parallel.REPLICA_AXIS if self.replicas else None,
+        )
+        if self.replicas:
+            step = parallel.replicas(step, self.mesh, self.state_shardings)
+        else:
+            step = parallel.under_rules(step, self.mesh)
         self.train_step = jax.jit(
-            make_train_step(
-                self.model, self.tx, grad_accum=cfg.optim.grad_accum, label_smoothing=cfg.train.label_smoothing
-            ),
+            step,
             donate_argnums=0,
             # Outputs placed like the inputs (the carried state included), so the next call hits the
             # same compiled step instead of compiling again for a new layout.
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         self.eval_step = jax.jit(
-            make_eval_step(self.model), out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh))
+            parallel.under_rules(make_eval_step(self.model), self.mesh),
+            out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
 
     def _create_state(self, unbox: bool = True) -> state_lib.TrainState:
@@ -95,6 +108,8 @@ class Run:
 
     def init_state(self) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh."""
+        # (Not under the axis rules: Flax would then constrain each initialiser's output by its
+        # parameter's names, and DenseGeneral initialises its kernels flat.)
         return jax.jit(self._create_state, out_shardings=self.state_shardings)()
 
     def abstract_state(self) -> Any:
@@ -102,8 +117,10 @@ class Run:
         return abstract_state(self._create_state, self.mesh, self.state_shardings)
 
     def train_batches(self, start_step: int) -> Any:
-        """Host batches from ``start_step`` on (a pure function of the seed and the step)."""
+        """Host batches from ``start_step`` on (a pure function of the seed and the step): the rows
+        this process's devices hold, which with one process is all of them."""
         cfg = self.cfg
+        rows = parallel.process_rows(self.mesh, cfg.train.batch_size)
         if self.text:
             return text_lib.train_batches(
                 self.dataset.train,
@@ -112,6 +129,7 @@ class Run:
                 mode=self.batching,
                 seed=cfg.seed,
                 start_step=start_step,
+                rows=rows,
             )
         return pipeline.train_batches(
             *self.dataset.train,
@@ -121,10 +139,19 @@ class Run:
             mean=self.dataset.mean,
             std=self.dataset.std,
             do_augment=cfg.data.augment,
+            rows=rows,
         )
 
     def _eval_batches(self, split: str) -> tuple[Any, int]:
-        """Evaluation batches of ``split`` and their number of rows (0 if the split is empty)."""
+        """Evaluation batches of ``split`` (this process's rows of them) and their number of rows
+        (0 if the split is empty)."""
+        batches, rows = self._all_eval_batches(split)
+        mine = parallel.process_rows(self.mesh, rows) if rows else slice(None)
+        if jax.process_count() > 1:
+            batches = ({k: v[mine] if v.ndim else v for k, v in b.items()} for b in batches)
+        return batches, rows
+
+    def _all_eval_batches(self, split: str) -> tuple[Any, int]:
         devices = parallel.batch_devices(self.mesh)
         round_up = lambda n: -(-n // devices) * devices
         wanted = self.cfg.train.eval_batch_size
@@ -296,6 +323,7 @@ def train(
     run = Run(cfg, model=model, dataset=dataset)
     previous = _open_workdir(workdir, cfg)
     check_vocab(workdir, run.dataset)
+    parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         return _train(run, workdir, ckpts, previous, started, environment)
@@ -307,6 +335,8 @@ def _train(
     run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None, started: float, environment: dict[str, Any]
 ) -> dict[str, Any]:
     cfg, train_cfg = run.cfg, run.cfg.train
+    primary = parallel.is_primary()  # with several processes, only process 0 writes and prints
+    say = print if primary else lambda *_: None
     if ckpts.latest_step() is None:
         state, start = run.init_state(), 0
     else:
@@ -317,45 +347,49 @@ def _train(
                 f"the checkpoint in {workdir} is at step {start}, past train.steps={train_cfg.steps}; "
                 "raise train.steps or use a fresh --workdir"
             )
-        print(f"resuming {workdir} from step {start}{_changes(previous, cfg)}")
+        say(f"resuming {workdir} from step {start}{_changes(previous, cfg)}")
         done_before = _completed_summary(workdir) if start == train_cfg.steps else None
         if done_before is not None:
-            print(f"already complete: {_result_line(done_before)}")
+            say(f"already complete: {_result_line(done_before)}")
             return done_before
-    log = observe.MetricsLog(workdir, resume_step=start, final=start == train_cfg.steps)
-    config_lib.save(cfg, workdir / "config.json")
-    if run.text:
-        observe.write_json(workdir / "vocab.json", {"tokenizer": run.dataset.tokenizer, "vocab": run.dataset.vocab})
+    if primary:
+        log = observe.MetricsLog(workdir, resume_step=start, final=start == train_cfg.steps)
+        config_lib.save(cfg, workdir / "config.json")
+        if run.text:
+            observe.write_json(workdir / "vocab.json", {"tokenizer": run.dataset.tokenizer, "vocab": run.dataset.vocab})
+    else:
+        log = observe.Quiet()
 
     end = train_cfg.steps if not train_cfg.stop_after else min(train_cfg.steps, start + train_cfg.stop_after)
     num_params = state_lib.param_count(state.params)
-    progress = observe.Progress(train_cfg.steps, start, enabled=train_cfg.progress)
+    progress = observe.Progress(train_cfg.steps, start, enabled=train_cfg.progress) if primary else observe.Quiet()
     if start == 0:
         progress.note(
             f"{cfg.experiment or 'run'}: {type(run.model).__name__} with {num_params:,} parameters, "
             f"{run.dataset.describe()}, {train_cfg.steps} steps of "
             f"{train_cfg.batch_size} on {run.mesh.size} {jax.devices()[0].platform} device(s)"
         )
-        if run.mesh.size > 1:
-            progress.note(parallel.describe(run.mesh, run.abstract_state()))
     batches = pipeline.prefetch(run.train_batches(start), cfg.data.prefetch, lambda b: parallel.put_batch(b, run.mesh))
 
     compile_seconds = eval_seconds = 0.0
-    sums, interval_steps, timed_steps = None, 0, 0
-    loop_start = interval_start = time.perf_counter()
+    sums, interval_steps = None, 0
+    loop_start = time.perf_counter()
     saved_step = start
     try:
+        # Compiled ahead of time for the placed state and batch: the same program every step, and
+        # XLA's memory plan for the start-up report.
+        batch = next(batches) if end > start else None
+        train_step = run.train_step.lower(state, batch).compile() if batch is not None else None
+        compile_seconds = time.perf_counter() - loop_start
+        progress.note(parallel.describe(run.mesh, state, train_step))
+        interval_start = time.perf_counter()
         for step in range(start, end):
-            state, metrics = run.train_step(state, next(batches))
+            if step > start:
+                batch = next(batches)
+            state, metrics = train_step(state, batch)
             sums = metrics if sums is None else _add_trees(sums, metrics)
             interval_steps += 1
             done = step + 1
-            if step == start:  # the one deliberate sync outside logging: time the compilation
-                jax.block_until_ready(state)
-                compile_seconds = time.perf_counter() - loop_start
-                interval_start = time.perf_counter()
-            else:
-                timed_steps += 1
             if done % train_cfg.log_every == 0 or done == end:
                 values = {k: float(v) / interval_steps for k, v in jax.device_get(sums).items()}
                 if not math.isfinite(values["loss"]):
@@ -365,7 +399,7 @@ def _train(
                         f"{done}; {newest}. Lower optim.lr, set optim.clip_norm, or check the data"
                     )
                 now = time.perf_counter()
-                rate = timed_steps / (now - interval_start) if timed_steps else 0.0
+                rate = interval_steps / (now - interval_start)
                 values.update(run.dataset.extra_metrics(values["loss"]))
                 values.update(
                     lr=float(run.lr_schedule(step)), steps_per_s=rate, examples_per_s=rate * train_cfg.batch_size
@@ -374,7 +408,7 @@ def _train(
                     values["tokens_per_s"] = values["examples_per_s"] * cfg.data.seq_len
                 log.write(done, "train", values)
                 progress.update(done, {"loss": values["loss"], "acc": values["accuracy"], "steps/s": rate})
-                sums, interval_steps, timed_steps = None, 0, 0
+                sums, interval_steps = None, 0
                 interval_start = now
             if train_cfg.eval_every and done % train_cfg.eval_every == 0 and done != train_cfg.steps:
                 eval_started = time.perf_counter()
@@ -401,8 +435,8 @@ def _train(
             "param_count": num_params,
             "compile_time_s": round(compile_seconds, 2),
         }
-        if end - start > 1:
-            step_seconds = (loop_seconds - compile_seconds - eval_seconds) / (end - start - 1)
+        if end > start:
+            step_seconds = (loop_seconds - compile_seconds - eval_seconds) / (end - start)
             summary["steps_per_s"] = round(1 / step_seconds, 2)
             summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
             if run.text:
@@ -417,14 +451,15 @@ def _train(
         batches.close()
         progress.close()
         log.close()
-    observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png", cfg.experiment)
     summary["wall_time_s"] = round(time.time() - started, 2)
     summary["environment"] = environment
-    observe.write_json(workdir / "summary.json", summary)
+    if primary:
+        observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png", cfg.experiment)
+        observe.write_json(workdir / "summary.json", summary)
     if end < train_cfg.steps:
-        print(f"stopped at step {end} of {train_cfg.steps}; run the same command again to continue ({workdir})")
+        say(f"stopped at step {end} of {train_cfg.steps}; run the same command again to continue ({workdir})")
     else:
-        print(_result_line(summary))
+        say(_result_line(summary))
     return summary
 
 

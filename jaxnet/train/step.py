@@ -27,7 +27,7 @@ Metrics = dict[str, jnp.ndarray]
 
 def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
     """Per-example softmax cross-entropy in float32, with optional label smoothing."""
-    logits = logits.astype(jnp.float32)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     if not label_smoothing:  # no one-hot matrix: it costs as much as the softmax for a 10k vocabulary
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     targets = jax.nn.one_hot(labels, logits.shape[-1])
@@ -56,6 +56,7 @@ def make_train_step(
     *,
     grad_accum: int = 1,
     label_smoothing: float = 0.0,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Build ``train_step``: forward, backward, one optimizer update.
 
@@ -65,6 +66,11 @@ def make_train_step(
     separately and updates its running statistics once per micro-batch.
     Micro-batch ``i`` takes rows ``i, i + k, i + 2k, ...`` (k = ``grad_accum``): with the batch
     split across devices, every device then keeps computing on its own rows.
+
+    ``axis_name`` makes it the per-device step of ``parallel.mode=replicas`` (run inside
+    ``jax.shard_map`` over those mesh axes): each device computes the gradient of its own rows,
+    the gradients and metrics are averaged with ``lax.pmean`` and every device applies the same
+    update. Each device draws its own dropout masks.
     """
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
@@ -84,11 +90,17 @@ def make_train_step(
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         rng = jax.random.fold_in(state.rng, state.step)
+        params = state.params
+        if axis_name is not None:
+            rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+            # Differentiate this device's copy: its gradient is then the gradient of its own rows,
+            # averaged across devices explicitly below.
+            params = jax.lax.pcast(params, axis_name, to="varying")
         model_state = state.model_state
         if "reset" in batch:
             model_state = reset_carry(model_state, batch["reset"])
         if grad_accum == 1:
-            (loss, (model_state, accuracy)), grads = grad_fn(state.params, model_state, batch, rng)
+            (loss, (model_state, accuracy)), grads = grad_fn(params, model_state, batch, rng)
         else:
             batch = {k: v for k, v in batch.items() if k != "reset"}
             micro_batches = jax.tree.map(lambda x: x.reshape(-1, grad_accum, *x.shape[1:]).swapaxes(0, 1), batch)
@@ -97,17 +109,19 @@ def make_train_step(
                 grads_sum, model_state = carry
                 index, micro_batch = inputs
                 (loss, (model_state, accuracy)), grads = grad_fn(
-                    state.params, model_state, micro_batch, jax.random.fold_in(rng, index)
+                    params, model_state, micro_batch, jax.random.fold_in(rng, index)
                 )
                 grads_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), grads_sum, grads)
                 return (grads_sum, model_state), (loss, accuracy)
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+            zeros = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.float32), params)
             (grads, model_state), (losses, accuracies) = jax.lax.scan(
                 micro_step, (zeros, model_state), (jnp.arange(grad_accum), micro_batches)
             )
             grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, state.params)
             loss, accuracy = losses.mean(), accuracies.mean()
+        if axis_name is not None:
+            grads, loss, accuracy = jax.lax.pmean((grads, loss, accuracy), axis_name)
 
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         new_state = state.replace(

@@ -1,0 +1,19 @@
+"""Pieces the language models share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+def lookup(embed: nn.Embed, tokens: jnp.ndarray, dtype: Any) -> jnp.ndarray:
+    """Embedding rows of ``tokens`` (batch, time) -> (batch, time, width), split like the batch.
+
+    The rows come from the whole table (gathered like any FSDP weight): gathering from a table
+    split along its width leaves a layout the SPMD partitioner can only convert by replicating it.
+    Without axis rules in scope this is ``embed(tokens)``.
+    """
+    table = nn.with_logical_constraint(embed.embedding, (None, None))
+    return nn.with_logical_constraint(jnp.take(table, tokens, axis=0).astype(dtype), ("batch", None, None))

@@ -1,0 +1,129 @@
+"""Multi-process runs: 2 processes x 4 CPU devices, started by ``scripts/launch_local.sh`` and
+talking over localhost (gloo), train exactly like 1 process with 8 devices, write one set of
+logs, and leave checkpoints that a single process resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = [
+    "transformer_shakespeare:smoke",
+    "data.name=text",
+    "train.progress=false",
+    "train.checkpoint_every=10",
+    "mesh.data=-1",
+    "mesh.fsdp=2",
+]
+
+
+def _env(devices: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHON"] = sys.executable
+    return env
+
+
+def _losses(workdir: Path) -> dict[tuple[int, str], float]:
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {(r["step"], r["split"]): r["loss"] for r in lines}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("multiprocess")
+    text = tmp / "fox.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)
+    args = [*RUN, f"data.path={text}"]
+    one = subprocess.run(
+        [sys.executable, "-m", "jaxnet", "train", *args, "--workdir", str(tmp / "one")],
+        capture_output=True,
+        text=True,
+        env=_env(8),
+        timeout=300,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(
+        [str(ROOT / "scripts" / "launch_local.sh"), "2", *args, "--workdir", str(tmp / "two")],
+        capture_output=True,
+        text=True,
+        env=_env(4),
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    # Stopped after 20 steps by two processes, finished by one process with its own 8 devices.
+    half = subprocess.run(
+        [str(ROOT / "scripts" / "launch_local.sh"), "2", *args, "train.stop_after=20", "--workdir", str(tmp / "moved")],
+        capture_output=True,
+        text=True,
+        env=_env(4),
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert half.returncode == 0, half.stderr[-3000:]
+    rest = subprocess.run(
+        [sys.executable, "-m", "jaxnet", "train", *args, "--workdir", str(tmp / "moved")],
+        capture_output=True,
+        text=True,
+        env=_env(8),
+        timeout=300,
+    )
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    return {"one": (tmp / "one", one), "two": (tmp / "two", two), "half": (tmp / "moved", half), "rest": rest}
+
+
+def test_two_processes_train_like_one_process_with_as_many_devices(runs):
+    one_dir, one = runs["one"]
+    two_dir, two = runs["two"]
+    assert "on 8 cpu device(s)" in two.stdout and "data=4 x fsdp=2" in two.stdout
+    expected, got = _losses(one_dir), _losses(two_dir)
+    assert got.keys() == expected.keys() and (30, "test") in got
+    for key, loss in expected.items():
+        assert got[key] == pytest.approx(loss, rel=1e-5), key
+    summary = json.loads((two_dir / "summary.json").read_text())
+    assert summary["environment"]["process_count"] == 2 and summary["complete"]
+
+
+def test_only_process_zero_prints_and_writes_logs(runs):
+    _, two = runs["two"]
+    # One process's output: each line once, not once per process.
+    assert two.stdout.count("step 15: val loss") == 1
+    assert two.stdout.count("test loss") == 1
+    lines = (runs["two"][0] / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == len(set(lines)) == len((runs["one"][0] / "metrics.jsonl").read_text().splitlines())
+
+
+def test_checkpoints_written_by_two_processes_resume_in_one(runs):
+    moved, half = runs["half"]
+    assert "stopped at step 20" in half.stdout
+    assert "resuming" in runs["rest"].stdout
+    expected, got = _losses(runs["one"][0]), _losses(moved)
+    assert got[(30, "test")] == pytest.approx(expected[(30, "test")], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--coordinator", "localhost:1"], "--num-processes, --process-id missing"),
+        (["--coordinator", "nohostport", "--num-processes", "2", "--process-id", "0"], "expected HOST:PORT"),
+        (["--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "2"], "ids run from 0 to 1"),
+    ],
+)
+def test_bad_multi_process_flags_are_one_line_errors(tmp_path, flags, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxnet", "train", "transformer_shakespeare:smoke", *flags, "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=_env(1),
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr

@@ -1,4 +1,4 @@
-"""Regenerate the README's results table from benchmarks/results/*.json.
+"""Regenerate the README's generated sections (results, memory per device) from benchmarks/results/*.json.
 
 python scripts/update_readme.py          # rewrite README.md
 python scripts/update_readme.py --check  # exit 1 if README.md is out of date
@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- results:begin", "<!-- results:end -->"
 COMPARISON = "shakespeare-lstm-vs-transformer.png"
 
 
@@ -61,13 +60,48 @@ def cost_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def render() -> str:
-    """The generated part of the README: the results tables and plots."""
+def load_results() -> list[dict]:
+    """Every results file, with its path relative to the repository as ``_file``."""
     results = []
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
         record = json.loads(path.read_text())
         record["_file"] = str(path.relative_to(ROOT))
         results.append(record)
+    return results
+
+
+def mib(n: int) -> str:
+    return "n/a" if n < 0 else f"{n / 2**20:,.2f}"
+
+
+def render_memory() -> str:
+    """Tables of per-device memory under each mesh layout, one per ``memory`` results file."""
+    body = []
+    for r in (r for r in load_results() if r.get("kind") == "memory"):
+        m, v = r["model"], r["versions"]
+        one = r["rows"][0]
+        body += [
+            f"**{r['name']}**: {m['name']} with {m['layers']} layers, width {m['width']}, {m['heads']} heads, "
+            f"batch {r['shape']['batch_size']} x {r['shape']['seq_len']} tokens, float32; {r['devices']}, "
+            f"jax {v['jax']}, {r['date']} (`{r['command']}`, [{r['_file']}]({r['_file']})). MiB per device:",
+            "",
+            "| layout | parameters | optimizer state | activations and temporaries "
+            "| parameters + optimizer vs 1 device |",
+            "|---|---|---|---|---|",
+        ]
+        for row in r["rows"]:
+            share = (row["params"] + row["opt_state"]) / (one["params"] + one["opt_state"])
+            body.append(
+                f"| {row['layout']} | {mib(row['params'])} | {mib(row['opt_state'])} | {mib(row['activations'])} "
+                f"| {share:.3f} |"
+            )
+        body.append("")
+    return "\n".join(body).rstrip() or "No memory results recorded yet."
+
+
+def render() -> str:
+    """The generated part of the README: the results tables and plots."""
+    results = load_results()
     training = [r for r in results if r.get("kind") == "training"]
     body = [
         "Measured by `python scripts/record_result.py EXPERIMENT` (wall time of the whole `jaxnet train` "
@@ -114,14 +148,20 @@ def render() -> str:
     return "\n".join(body)
 
 
+BLOCKS = {"results": render, "memory": render_memory}
+
+
 def main(argv: list[str]) -> int:
-    """Rewrite (or with --check, compare) the README's generated section; returns the exit code."""
+    """Rewrite (or with --check, compare) the README's generated sections; returns the exit code."""
     readme = ROOT / "README.md"
     text = readme.read_text()
-    head, rest = text.split(BEGIN, 1)
-    marker_line, _, tail = rest.partition("\n")
-    _, end_tail = tail.split(END, 1)
-    new = f"{head}{BEGIN}{marker_line}\n{render()}\n{END}{end_tail}"
+    new = text
+    for name, render_block in BLOCKS.items():
+        begin, end = f"<!-- {name}:begin", f"<!-- {name}:end -->"
+        head, rest = new.split(begin, 1)
+        marker_line, _, tail = rest.partition("\n")
+        _, end_tail = tail.split(end, 1)
+        new = f"{head}{begin}{marker_line}\n{render_block()}\n{end}{end_tail}"
     if "--check" in argv:
         return 0 if new == text else 1
     readme.write_text(new)

@@ -36,47 +36,26 @@ def _losses(workdir: Path) -> dict[tuple[int, str], float]:
     return {(r["step"], r["split"]): r["loss"] for r in lines}
 
 
+def _run(command: list[str], devices: int) -> subprocess.CompletedProcess:
+    """Run ``command`` with ``devices`` simulated CPU devices per process; it must succeed."""
+    result = subprocess.run(command, capture_output=True, text=True, env=_env(devices), timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("multiprocess")
     text = tmp / "fox.txt"
     text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)
     args = [*RUN, f"data.path={text}"]
-    one = subprocess.run(
-        [sys.executable, "-m", "jaxnet", "train", *args, "--workdir", str(tmp / "one")],
-        capture_output=True,
-        text=True,
-        env=_env(8),
-        timeout=300,
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run(
-        [str(ROOT / "scripts" / "launch_local.sh"), "2", *args, "--workdir", str(tmp / "two")],
-        capture_output=True,
-        text=True,
-        env=_env(4),
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert two.returncode == 0, two.stderr[-3000:]
+    one_process = [sys.executable, "-m", "jaxnet", "train", *args]
+    two_processes = [str(ROOT / "scripts" / "launch_local.sh"), "2", *args]
+    one = _run([*one_process, "--workdir", str(tmp / "one")], 8)
+    two = _run([*two_processes, "--workdir", str(tmp / "two")], 4)
     # Stopped after 20 steps by two processes, finished by one process with its own 8 devices.
-    half = subprocess.run(
-        [str(ROOT / "scripts" / "launch_local.sh"), "2", *args, "train.stop_after=20", "--workdir", str(tmp / "moved")],
-        capture_output=True,
-        text=True,
-        env=_env(4),
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert half.returncode == 0, half.stderr[-3000:]
-    rest = subprocess.run(
-        [sys.executable, "-m", "jaxnet", "train", *args, "--workdir", str(tmp / "moved")],
-        capture_output=True,
-        text=True,
-        env=_env(8),
-        timeout=300,
-    )
-    assert rest.returncode == 0, rest.stderr[-3000:]
+    half = _run([*two_processes, "train.stop_after=20", "--workdir", str(tmp / "moved")], 4)
+    rest = _run([*one_process, "--workdir", str(tmp / "moved")], 8)
     return {"one": (tmp / "one", one), "two": (tmp / "two", two), "half": (tmp / "moved", half), "rest": rest}
 
 

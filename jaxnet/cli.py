@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 
 from jaxnet.errors import UserError
 
@@ -109,7 +111,31 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except UserError as e:
         print(f"jaxnet: error: {e}", file=sys.stderr)
+        _leave_processes(2)
         return 2
     except KeyboardInterrupt:
         print("jaxnet: interrupted; run the same command again to resume from the last checkpoint", file=sys.stderr)
+        _leave_processes(130)
         return 130
+    except BaseException:
+        if _multi_process():
+            traceback.print_exc()
+            _leave_processes(1)
+        raise
+
+
+def _multi_process() -> bool:
+    if "jax" not in sys.modules:  # failed before JAX was needed
+        return False
+    import jax
+
+    return jax.process_count() > 1
+
+
+def _leave_processes(code: int) -> None:
+    """In a multi-process run, exit at once: a normal exit waits at JAX's shutdown barrier for the
+    other processes, which wait in a collective for this one; exiting makes theirs fail now."""
+    if _multi_process():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -76,6 +76,11 @@ def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
     devices = devices if devices is not None else jax.devices()
     sizes = mesh_shape(cfg, len(devices))
     count = math.prod(sizes.values())
+    if jax.process_count() > 1 and count != len(devices):
+        raise UserError(
+            f"a multi-process run's mesh must use all {len(devices)} devices of its {jax.process_count()} "
+            f"processes, not {count}; set one mesh axis to -1"
+        )
     return Mesh(np.asarray(devices[:count]).reshape(tuple(sizes.values())), AXES)
 
 
@@ -154,9 +159,19 @@ def init_processes(
                 f"--process-id {process_id} with --num-processes {num_processes}: "
                 f"ids run from 0 to {max(num_processes, 1) - 1}"
             )
-        jax.distributed.initialize(coordinator, num_processes, process_id)
+        _initialize(coordinator, num_processes, process_id)
     elif _scheduled():
-        jax.distributed.initialize()
+        _initialize()
+
+
+def _initialize(*args: Any) -> None:
+    try:
+        jax.distributed.initialize(*args)
+    except (ValueError, RuntimeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"could not join the multi-process run ({reason}); pass --coordinator, --num-processes and --process-id"
+        ) from None
 
 
 def _scheduled() -> bool:
@@ -164,8 +179,8 @@ def _scheduled() -> bool:
     env = os.environ
     if env.get("JAX_COORDINATOR_ADDRESS"):
         return True
-    slurm_tasks = int(env.get("SLURM_NTASKS") or 1) if "SLURM_PROCID" in env else 1  # started by srun
-    return slurm_tasks > 1 or int(env.get("OMPI_COMM_WORLD_SIZE") or 1) > 1
+    # srun sets SLURM_STEP_NUM_TASKS for the tasks it starts; a batch script itself is one task
+    return int(env.get("SLURM_STEP_NUM_TASKS") or 1) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE") or 1) > 1
 
 
 def is_primary() -> bool:

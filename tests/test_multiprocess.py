@@ -106,3 +106,59 @@ def test_bad_multi_process_flags_are_one_line_errors(tmp_path, flags, message):
     )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr
+
+
+def test_a_mesh_that_leaves_out_a_process_stops_every_process_at_once(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog.\n" * 50)
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "launch_local.sh"), "2", *RUN, f"data.path={text}", "mesh.data=2", "mesh.fsdp=1"]
+        + ["--workdir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=_env(2),
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("jaxnet: error:")]
+    assert errors and all("must use all 4 devices of its 2 processes" in e for e in errors)
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_each_process_reads_exactly_its_rows_of_every_batch(parts):
+    """Rows read piece by piece (one piece per process) put together are the whole batch, with
+    augmentation drawn as for the whole batch."""
+    import numpy as np
+
+    from jaxnet.data import pipeline, text
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (100, 8, 8, 3), dtype=np.uint8), rng.integers(0, 10, 100)
+    tokens = rng.integers(0, 50, 5000).astype(np.int32)
+    size = 16
+    pieces = [slice(i * size // parts, (i + 1) * size // parts) for i in range(parts)]
+    stats = {"mean": np.zeros(3, np.float32), "std": np.ones(3, np.float32)}
+
+    def image_batch(rows):
+        batches = pipeline.train_batches(
+            images, labels, batch_size=size, seed=3, start_step=5, do_augment=True, rows=rows, **stats
+        )
+        return next(batches)
+
+    def text_batch(mode, rows):
+        batches = text.train_batches(tokens, batch_size=size, seq_len=8, mode=mode, seed=3, start_step=7, rows=rows)
+        return next(batches)
+
+    for whole, part in [
+        (image_batch(slice(None)), image_batch),
+        (text_batch("stream", slice(None)), lambda rows: text_batch("stream", rows)),
+        (text_batch("windows", slice(None)), lambda rows: text_batch("windows", rows)),
+    ]:
+        got = [part(rows) for rows in pieces]
+        for key, value in whole.items():
+            if np.ndim(value):
+                np.testing.assert_array_equal(np.concatenate([g[key] for g in got]), value, err_msg=key)
+            else:
+                assert all(g[key] == value for g in got)

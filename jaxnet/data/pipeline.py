@@ -48,15 +48,17 @@ def _epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return order
 
 
-def augment(images: np.ndarray, rng: np.random.Generator, padding: int = 4, rows: slice = slice(None)) -> np.ndarray:
+def augment(
+    images: np.ndarray, rng: np.random.Generator, padding: int = 4, rows: slice = slice(None), total: int = 0
+) -> np.ndarray:
     """Random crop from a zero-padded image plus a random horizontal flip (NHWC uint8).
 
-    ``images`` may be rows ``rows`` of a larger batch: the draws are made for the whole batch
-    (``rows.stop`` examples) and the ones of these rows used, so every process of a multi-process
-    run augments its rows exactly as a single process would.
+    ``images`` may be rows ``rows`` of a batch of ``total`` examples: the draws are made for the
+    whole batch and the ones of these rows used, so every process of a multi-process run augments
+    its rows exactly as a single process would.
     """
     n, h, w, _ = images.shape
-    total = n if rows.stop is None else rows.stop
+    total = total or n
     padded = np.pad(images, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
     dy, dx = rng.integers(0, 2 * padding + 1, size=(2, total))[:, rows]
     flip = (rng.random(total) < 0.5)[rows]
@@ -95,7 +97,7 @@ def train_batches(
         idx = batch_indices(len(x), batch_size, seed, step)[rows]
         images = x[idx]
         if do_augment:
-            images = augment(images, np.random.default_rng([seed, 1, step]), rows=rows)
+            images = augment(images, np.random.default_rng([seed, 1, step]), rows=rows, total=batch_size)
         yield {"image": normalize(images, mean, std), "label": y[idx]}
         step += 1
 

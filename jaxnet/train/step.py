@@ -111,10 +111,10 @@ def make_train_step(
                 (loss, (model_state, accuracy)), grads = grad_fn(
                     params, model_state, micro_batch, jax.random.fold_in(rng, index)
                 )
-                grads_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), grads_sum, grads)
+                grads_sum = jax.tree.map(lambda total, g: total + g.astype(total.dtype), grads_sum, grads)
                 return (grads_sum, model_state), (loss, accuracy)
 
-            zeros = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.float32), params)
+            zeros = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.promote_types(p.dtype, jnp.float32)), params)
             (grads, model_state), (losses, accuracies) = jax.lax.scan(
                 micro_step, (zeros, model_state), (jnp.arange(grad_accum), micro_batches)
             )

@@ -166,6 +166,15 @@ class ParallelConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """Tracing a few steps for TensorBoard's profiler or Perfetto."""
+
+    steps: str = _field(
+        "", "trace updates A to B (e.g. 10-20) into WORKDIR/profile for TensorBoard or Perfetto ('' = off)"
+    )
+
+
+@dataclass
 class Config:
     """Everything that defines a run. Saved as ``config.json`` in the run directory."""
 
@@ -177,6 +186,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as nested dicts of plain values, ready for ``json.dumps``."""
@@ -391,6 +401,7 @@ def validate(cfg: Config) -> None:
 
         if not jax.config.read("jax_enable_x64"):
             raise UserError("model.dtype=float64 needs JAX's 64-bit mode: run with JAX_ENABLE_X64=1")
+    profile_steps(cfg)
     if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1):
         raise UserError(
             f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1 and "
@@ -401,6 +412,20 @@ def validate(cfg: Config) -> None:
             f"model.features={cfg.model.features} and model.blocks={cfg.model.blocks} must have one entry "
             "per ResNet stage each"
         )
+
+
+def profile_steps(cfg: Config) -> tuple[int, int] | None:
+    """The updates ``profile.steps=A-B`` asks to trace, as ``(A, B)`` (1-based, inclusive), or None."""
+    text = cfg.profile.steps.strip()
+    if not text:
+        return None
+    first, sep, last = text.partition("-")
+    if not (sep and first.strip().isdigit() and last.strip().isdigit()):
+        raise UserError(f"profile.steps={text!r}: expected A-B, the first and last update to trace, e.g. 10-20")
+    a, b = int(first), int(last)
+    if not 1 <= a <= b <= cfg.train.steps:
+        raise UserError(f"profile.steps={text}: needs 1 <= A <= B <= train.steps={cfg.train.steps}")
+    return a, b
 
 
 def batching(cfg: Config) -> str:

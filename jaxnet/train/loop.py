@@ -216,6 +216,7 @@ RUN_FILES = {
     "curves.png",
     "checkpoints",
     "tb",
+    "profile",
 }
 
 
@@ -375,6 +376,7 @@ def _train(
     sums, interval_steps = None, 0
     loop_start = time.perf_counter()
     saved_step = start
+    profile, tracing = config_lib.profile_steps(cfg), False
     try:
         # Compiled ahead of time for the placed state and batch: the same program every step, and
         # XLA's memory plan for the start-up report.
@@ -386,10 +388,22 @@ def _train(
         for step in range(start, end):
             if step > start:
                 batch = next(batches)
+            if profile and primary and not tracing and profile[0] <= step + 1 <= profile[1]:
+                jax.profiler.start_trace(str(workdir / "profile"), create_perfetto_trace=True)
+                tracing = True
             state, metrics = train_step(state, batch)
             sums = metrics if sums is None else _add_trees(sums, metrics)
             interval_steps += 1
             done = step + 1
+            if tracing and done >= profile[1]:
+                jax.block_until_ready(state)
+                jax.profiler.stop_trace()
+                tracing = False
+                progress.note(
+                    f"trace of updates {max(profile[0], start + 1)}-{done} written to {workdir / 'profile'}: "
+                    f"`tensorboard --logdir {workdir / 'profile'}` (profile plugin), or open its "
+                    "plugins/profile/*/perfetto_trace.json.gz at ui.perfetto.dev"
+                )
             if done % train_cfg.log_every == 0 or done == end:
                 values = {k: float(v) / interval_steps for k, v in jax.device_get(sums).items()}
                 if not math.isfinite(values["loss"]):
@@ -448,6 +462,8 @@ def _train(
                     log.write(end, split, metrics)
                     summary[split] = metrics
     finally:
+        if tracing:
+            jax.profiler.stop_trace()
         batches.close()
         progress.close()
         log.close()

@@ -129,7 +129,7 @@ def _multi_process() -> bool:
         return False
     import jax
 
-    return jax.process_count() > 1
+    return jax.distributed.is_initialized()
 
 
 def _leave_processes(code: int) -> None:

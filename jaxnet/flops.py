@@ -128,24 +128,17 @@ def forward_flops(model: Any, *, batch: int, input_shape: tuple, vocab: int, cau
     if model.name == "lstm":
         return lstm_forward(batch=batch, seq_len=input_shape[0], vocab=vocab, layers=model.layers, width=model.width)
     height, _, channels = input_shape
+    images = {
+        "batch": batch,
+        "height": height,
+        "channels": channels,
+        "features": tuple(model.features),
+        "classes": vocab,
+    }
     if model.name == "convnet":
-        return convnet_forward(
-            batch=batch,
-            height=height,
-            channels=channels,
-            features=tuple(model.features),
-            hidden=model.hidden,
-            classes=vocab,
-        )
+        return convnet_forward(**images, hidden=model.hidden)
     if model.name == "resnet":
-        return resnet_forward(
-            batch=batch,
-            height=height,
-            channels=channels,
-            features=tuple(model.features),
-            blocks=tuple(model.blocks),
-            classes=vocab,
-        )
+        return resnet_forward(**images, blocks=tuple(model.blocks))
     raise ValueError(f"no FLOP count for model.name={model.name}")
 
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from record_result import ROOT, device_name
+from record_result import ROOT, device_name, write_result
 
 
 def main(argv: list[str]) -> int:
@@ -65,8 +65,7 @@ def main(argv: list[str]) -> int:
         "git_commit": env["git_commit"],
     }
     name = Path(args.experiment.split(":")[0]).stem
-    out = ROOT / "benchmarks" / "results" / f"cost-{name}-{env['platform']}-{record['date']}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = write_result(f"cost-{name}-{env['platform']}-{record['date']}.json", record)
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"wrote {out.relative_to(ROOT)}: {record['steps_per_s']} steps/s, full run ~{record['projected_hours']} h")
     return 0

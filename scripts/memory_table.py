@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import sys
 from pathlib import Path
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -69,7 +67,8 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.layers=12")
     parser.add_argument("--name", help="name in the results file (default: the experiment)")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
+    from record_result import write_result
+
     from jaxnet import observe
 
     rows, model, shape, devices = measure(args.experiment, args.overrides)
@@ -88,8 +87,7 @@ def main() -> int:
         "date": datetime.date.today().isoformat(),
         "git_commit": env["git_commit"],
     }
-    out = ROOT / "benchmarks" / "results" / f"memory-{name}-{record['date']}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = write_result(f"memory-{name}-{record['date']}.json", record)
     print(f"wrote {out.relative_to(ROOT)}")
     return 0
 

@@ -25,6 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def write_result(filename: str, record: dict) -> Path:
+    """Write ``record`` as benchmarks/results/FILENAME (indented JSON) and return its path."""
+    out = ROOT / "benchmarks" / "results" / filename
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    return out
+
+
 def cpu_model() -> str:
     """The CPU's marketing name, from /proc/cpuinfo where there is one."""
     try:
@@ -91,9 +99,7 @@ def main(argv: list[str]) -> int:
         "git_commit": env["git_commit"],
     }
     name = Path(experiment.split(":")[0]).stem + "".join(f"-{v}" for v in experiment.split(":")[1:])
-    out = ROOT / "benchmarks" / "results" / f"train-{name}-{env['platform']}-{date}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = write_result(f"train-{name}-{env['platform']}-{date}.json", record)
     shutil.copy(workdir / "curves.png", out.with_suffix(".png"))
     shutil.copy(workdir / "metrics.jsonl", out.with_suffix(".metrics.jsonl"))  # for comparison plots
     shutil.rmtree(scratch, ignore_errors=True)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from record_result import ROOT
+from record_result import ROOT, write_result
 
 
 def main(argv: list[str]) -> int:
@@ -56,8 +56,7 @@ def main(argv: list[str]) -> int:
         "versions": env["versions"],
         "git_commit": env["git_commit"],
     }
-    out = ROOT / "benchmarks" / "results" / f"sample-{experiment}-{env['platform']}-{record['date']}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = write_result(f"sample-{experiment}-{env['platform']}-{record['date']}.json", record)
     print(f"wrote {out.relative_to(ROOT)}")
     return 0
 

@@ -108,8 +108,7 @@ class Run:
 
     def init_state(self) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh."""
-        # (Not under the axis rules: Flax would then constrain each initialiser's output by its
-        # parameter's names, and DenseGeneral initialises its kernels flat.)
+        # The output shardings place every leaf; the models' activation marks are not needed here.
         return jax.jit(self._create_state, out_shardings=self.state_shardings)()
 
     def abstract_state(self) -> Any:
@@ -146,8 +145,8 @@ class Run:
         """Evaluation batches of ``split`` (this process's rows of them) and their number of rows
         (0 if the split is empty)."""
         batches, rows = self._all_eval_batches(split)
-        mine = parallel.process_rows(self.mesh, rows) if rows else slice(None)
-        if jax.process_count() > 1:
+        if rows and jax.process_count() > 1:
+            mine = parallel.process_rows(self.mesh, rows)
             batches = ({k: v[mine] if v.ndim else v for k, v in b.items()} for b in batches)
         return batches, rows
 

@@ -87,12 +87,26 @@ class ModelConfig:
         0.0, "lstm: initialise every weight uniformly in [-init_scale, init_scale] (0 = Flax defaults)", low=0.0
     )
     dtype: str = _field(
-        "float32",
-        "compute dtype (float64 needs JAX_ENABLE_X64=1; for numerical checks)",
-        choices=("float32", "bfloat16", "float64"),
+        "auto",
+        "compute dtype: auto = bfloat16 on a GPU or TPU, float32 on a CPU (float64 needs JAX_ENABLE_X64=1; for "
+        "numerical checks)",
+        choices=("auto", "float32", "bfloat16", "float64"),
     )
     param_dtype: str = _field(
         "float32", "parameter dtype (float64 needs JAX_ENABLE_X64=1)", choices=("float32", "bfloat16", "float64")
+    )
+    attention: str = _field(
+        "auto",
+        "transformer: attention kernel; auto = cuDNN's fused kernel on an NVIDIA GPU in bfloat16, XLA's otherwise",
+        choices=("auto", "xla", "cudnn"),
+    )
+    lstm_impl: str = _field(
+        "auto",
+        "lstm: recurrence; auto = cuDNN's fused LSTM on an NVIDIA GPU, a lax.scan loop otherwise",
+        choices=("auto", "scan", "cudnn"),
+    )
+    remat: bool = _field(
+        False, "transformer: recompute each block's activations in the backward pass (less memory, more compute)"
     )
 
 

@@ -2,8 +2,19 @@
 
 embedding -> dropout -> [LSTM layer -> dropout] x layers -> output projection. Dropout touches
 only the non-recurrent connections (between layers and before the output), as in the paper.
-Each layer runs its time loop with ``lax.scan``; the input half of the gate pre-activations is
-computed for all time steps in one matrix product before the scan.
+
+**Two implementations** of a layer's recurrence, chosen by ``impl`` (same parameters, same
+results up to rounding, interchangeable checkpoints):
+
+- ``"scan"`` (default, runs everywhere): the input half of the gate pre-activations is computed for
+  all time steps in one matrix product, then the time loop runs with ``lax.scan``
+  (:func:`lstm_scan`). Products use the compute ``dtype``; state and sums stay float32. This is
+  the reference the other path is tested against.
+- ``"cudnn"``: cuDNN's fused LSTM through ``jax.experimental.rnn.lstm`` (:func:`lstm_cudnn`), with
+  the parameters repacked into cuDNN's flat weight vector (:func:`pack_cudnn_weights`) on every
+  call. Only available on NVIDIA GPUs (the kernel has no CPU or TPU lowering, and ROCm's MIOpen
+  orders the gates differently), and computed in float32 whatever the compute ``dtype``. Tests run
+  this path on a CPU by pointing the module hook ``_RNN_FN`` at :func:`cudnn_lstm_reference`.
 
 The LSTM equations, with ``z = x W_x + h W_h + b`` split into four gates ``i, f, g, o``::
 
@@ -22,15 +33,23 @@ gates) for the parallelism rules; the gate pre-activations and logits are marked
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental import rnn
 
 from jaxnet.models.common import lookup
 
 Dtype = Any
+
+#: The fused LSTM the ``"cudnn"`` implementation calls, with ``jax.experimental.rnn.lstm``'s signature;
+#: ``None`` means ``jax.experimental.rnn.lstm`` itself (NVIDIA GPUs only). Tests set it to
+#: :func:`cudnn_lstm_reference` to run that path on a CPU. It is read when a model is traced, so a
+#: function already compiled keeps the implementation it was traced with.
+_RNN_FN: Callable[..., tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]] | None = None
 
 
 def symmetric_uniform(scale: float) -> nn.initializers.Initializer:
@@ -66,16 +85,122 @@ def lstm_scan(
     return outputs.swapaxes(0, 1), (h, c)
 
 
+def pack_cudnn_weights(w_x: jnp.ndarray, w_h: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+    """One layer's parameters as cuDNN's flat weight vector (one layer, one direction, double bias).
+
+    ``jax.experimental.rnn`` lays the vector out as ``W_ih`` (4 hidden, in), ``W_hh`` (4 hidden,
+    hidden), ``b_ih`` (4 hidden,), ``b_hh`` (4 hidden,), each flattened row-major, with the rows of
+    each block grouped by gate in the order i, f, g, o, the same order as ours, and each gate's
+    block multiplying as ``x @ W.T``. So ``W_ih[g * hidden + k, f] = w_x[f, g, k]``,
+    ``W_hh[g * hidden + k, j] = w_h[j, g, k]``, ``b_ih = b`` flattened, and ``b_hh = 0``. The
+    length is ``rnn.get_num_params_in_lstm(in, hidden, 1, False)``; the dtype is the parameters'.
+    """
+    features, _, hidden = w_x.shape
+    w_ih = w_x.reshape(features, 4 * hidden).T
+    w_hh = w_h.reshape(hidden, 4 * hidden).T
+    b_ih = b.reshape(4 * hidden)
+    b_hh = jnp.zeros_like(b_ih)  # our single bias goes entirely to b_ih
+    return jnp.concatenate([w_ih.ravel(), w_hh.ravel(), b_ih, b_hh])
+
+
+def cudnn_lstm_reference(
+    x: jnp.ndarray,
+    h_0: jnp.ndarray,
+    c_0: jnp.ndarray,
+    weights: jnp.ndarray,
+    seq_lengths: jnp.ndarray,
+    input_size: int,
+    hidden_size: int,
+    num_layers: int,
+    dropout: float,
+    bidirectional: bool,
+    precision: Any = None,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """``jax.experimental.rnn.lstm`` computed by its pure-JAX reference ``rnn.lstm_ref`` (any backend).
+
+    Same signature and flat weight layout as ``rnn.lstm`` (``rnn.lstm_ref`` itself takes the
+    unpacked weight dictionaries instead), so it can stand in for it as ``_RNN_FN``. ``precision``
+    is ignored: the reference uses JAX's default matmul precision.
+    """
+    del precision
+    w_ih, w_hh, b_ih, b_hh = rnn.unpack_lstm_weights(weights, input_size, hidden_size, num_layers, bidirectional)
+    return rnn.lstm_ref(
+        x, h_0, c_0, w_ih, w_hh, b_ih, b_hh, seq_lengths, input_size, hidden_size, num_layers, dropout, bidirectional
+    )
+
+
+def lstm_cudnn(
+    x: jnp.ndarray,
+    w_x: jnp.ndarray,
+    w_h: jnp.ndarray,
+    b: jnp.ndarray,
+    h0: jnp.ndarray,
+    c0: jnp.ndarray,
+    dtype: Dtype = jnp.float32,
+    rnn_fn: Callable[..., tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]] | None = None,
+) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
+    """One LSTM layer over a whole sequence through cuDNN's fused kernel (``rnn_fn``, by default
+    ``jax.experimental.rnn.lstm``, which runs only on NVIDIA GPUs).
+
+    ``x``: (batch, time, in); ``w_x``, ``w_h``, ``b``: the layer's parameters; ``h0``, ``c0``:
+    (batch, hidden). Returns the outputs (batch, time, hidden) and the final ``(h, c)``, float32,
+    like :func:`lstm_scan` after the input projection. Differentiable (``rnn.lstm`` has a custom
+    VJP running cuDNN's backward pass).
+
+    **Dtypes.** jaxlib's cuDNN RNN kernel takes float32 only (its lowering rejects bfloat16 and
+    ``rnn.lstm`` raises for bfloat16 matmul precision), so inputs, weights and state are cast to
+    float32 and the whole layer runs in float32 whatever ``dtype`` is. ``dtype`` only picks the
+    matmul precision: float32 passes ``precision=None``, which follows
+    ``jax_default_matmul_precision`` (unset: cuDNN may use TF32 tensor cores; ``"highest"``: full
+    float32), and a 16-bit ``dtype`` (bfloat16 compute) explicitly allows TF32. A ``dtype`` wider
+    than float32 is an error, since the kernel cannot honour it.
+    """
+    f32 = jnp.float32
+    if jnp.promote_types(dtype, f32) != f32:
+        raise ValueError(f"the cuDNN LSTM computes in float32 and cannot run in {jnp.dtype(dtype).name}")
+    if rnn_fn is None:
+        if jax.default_backend() != "gpu":
+            raise RuntimeError(
+                f"the cuDNN LSTM needs an NVIDIA GPU (JAX's backend is {jax.default_backend()}); use impl='scan', "
+                "or pass cudnn_lstm_reference as rnn_fn (or set jaxnet.models.lstm._RNN_FN to it) to emulate it"
+            )
+        rnn_fn = rnn.lstm
+    batch, time, features = x.shape
+    hidden = w_h.shape[0]
+    precision = None if jnp.dtype(dtype) == f32 else jax.lax.Precision.HIGH  # HIGH = TF32 allowed
+    weights = pack_cudnn_weights(w_x.astype(f32), w_h.astype(f32), b.astype(f32))
+    outputs, h_n, c_n = rnn_fn(
+        x.astype(f32),
+        h0.astype(f32)[None],  # (layers * directions, batch, hidden)
+        c0.astype(f32)[None],
+        weights,
+        jnp.full((batch,), time, jnp.int32),  # every sequence runs the full length
+        input_size=features,
+        hidden_size=hidden,
+        num_layers=1,
+        dropout=0.0,
+        bidirectional=False,
+        precision=precision,
+    )
+    return outputs.astype(f32), (h_n[0].astype(f32), c_n[0].astype(f32))
+
+
 class LSTMLayer(nn.Module):
-    """One LSTM layer over a whole sequence; its state lives in the ``carry`` collection."""
+    """One LSTM layer over a whole sequence; its state lives in the ``carry`` collection.
+
+    ``impl``: ``"scan"`` (:func:`lstm_scan`, anywhere) or ``"cudnn"`` (:func:`lstm_cudnn`, NVIDIA
+    GPUs, float32 inside; see the module docstring)."""
 
     hidden: int
     init_scale: float = 0.0
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    impl: str = "scan"
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        if self.impl not in ("scan", "cudnn"):
+            raise ValueError(f"LSTMLayer.impl must be 'scan' or 'cudnn', not {self.impl!r}")
         batch, _, features = x.shape
         if self.init_scale:
             kernel_init = recurrent_init = symmetric_uniform(self.init_scale)
@@ -105,11 +230,14 @@ class LSTMLayer(nn.Module):
         else:
             h = c = None
             h0, c0 = zeros(), zeros()
-        x_proj = jnp.einsum(
-            "btf,fgk->btgk", x.astype(self.dtype), w_x.astype(self.dtype), preferred_element_type=acc
-        ) + b.astype(acc)  # gate pre-activations summed in float32 whatever the compute dtype
-        x_proj = nn.with_logical_constraint(x_proj, ("batch", None, None, "mlp"))
-        outputs, (h_last, c_last) = lstm_scan(x_proj, w_h, h0, c0, self.dtype)
+        if self.impl == "cudnn":
+            outputs, (h_last, c_last) = lstm_cudnn(x, w_x, w_h, b, h0, c0, self.dtype, _RNN_FN)  # float32 = acc
+        else:
+            x_proj = jnp.einsum(
+                "btf,fgk->btgk", x.astype(self.dtype), w_x.astype(self.dtype), preferred_element_type=acc
+            ) + b.astype(acc)  # gate pre-activations summed in float32 whatever the compute dtype
+            x_proj = nn.with_logical_constraint(x_proj, ("batch", None, None, "mlp"))
+            outputs, (h_last, c_last) = lstm_scan(x_proj, w_h, h0, c0, self.dtype)
         if h is not None and self.is_mutable_collection("carry") and not self.is_initializing():
             h.value, c.value = h_last, c_last
         return outputs.astype(self.dtype)
@@ -126,6 +254,7 @@ class LSTMLanguageModel(nn.Module):
     tie_embeddings: bool = False
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    impl: str = "scan"  # each layer's recurrence: "scan" or "cudnn" (see LSTMLayer)
 
     @nn.compact
     def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
@@ -144,7 +273,8 @@ class LSTMLanguageModel(nn.Module):
         x = lookup(embed, tokens, self.dtype)
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
         for i in range(self.layers):
-            x = LSTMLayer(self.hidden, self.init_scale, self.dtype, self.param_dtype, name=f"lstm_{i}")(x)
+            layer = LSTMLayer(self.hidden, self.init_scale, self.dtype, self.param_dtype, self.impl, name=f"lstm_{i}")
+            x = layer(x)
             x = nn.Dropout(self.dropout, deterministic=not train)(x)
         if self.tie_embeddings:
             logits = embed.attend(x)

@@ -7,8 +7,12 @@ transposed token embedding). A block is::
     x = x + dropout(attention(layernorm(x)))      # causal multi-head self-attention
     x = x + dropout(mlp(layernorm(x)))            # width -> mlp_ratio * width -> width, GELU
 
-Attention goes through ``jax.nn.dot_product_attention`` (causal): the one call where a fused
-attention kernel plugs in (jax 0.10 picks XLA's implementation unless told otherwise).
+Attention goes through ``jax.nn.dot_product_attention`` (causal), the one call where a fused
+kernel plugs in: ``attention="cudnn"`` asks for cuDNN's fused (flash) attention, which needs an
+NVIDIA GPU and bfloat16 or float16; ``"xla"`` is XLA's own softmax(QK^T)V, which runs anywhere
+(:func:`jaxnet.models.resolve` picks one for ``model.attention=auto``). ``remat=True``
+recomputes each block's activations in the backward pass instead of keeping them: less memory
+for long contexts, about a third more compute.
 Weights start from N(0, 0.02), the output projections of each residual branch from
 N(0, 0.02 / sqrt(2 * layers)) (GPT-2).
 
@@ -94,6 +98,7 @@ class CausalSelfAttention(nn.Module):
     out_std: float = 0.02
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    implementation: str = "xla"
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, decode: bool = False) -> jnp.ndarray:
@@ -120,7 +125,7 @@ class CausalSelfAttention(nn.Module):
             mask = jnp.arange(self.context)[None, :] <= positions[:, None]  # (query, key)
             out = jax.nn.dot_product_attention(q, cached_k.value, cached_v.value, mask=mask[None, None])
         else:
-            out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
         return Projection(
             (width,),
             ("heads", "kv", "embed"),
@@ -143,6 +148,7 @@ class Block(nn.Module):
     out_std: float = 0.02
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    attention: str = "xla"
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool) -> jnp.ndarray:
@@ -156,7 +162,14 @@ class Block(nn.Module):
         )
         drop = nn.Dropout(self.dropout, deterministic=not train)
         y = CausalSelfAttention(
-            self.heads, self.context, self.rotary, self.out_std, self.dtype, self.param_dtype, name="attention"
+            self.heads,
+            self.context,
+            self.rotary,
+            self.out_std,
+            self.dtype,
+            self.param_dtype,
+            self.attention,
+            name="attention",
         )(norm("norm_1")(x), positions, decode)
         x = x + drop(y)
         y = nn.Dense(
@@ -196,6 +209,8 @@ class TransformerLanguageModel(nn.Module):
     tie_embeddings: bool = True
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    attention: str = "xla"
+    remat: bool = False
 
     @nn.compact
     def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
@@ -221,8 +236,10 @@ class TransformerLanguageModel(nn.Module):
             x = x + jnp.take(table, positions, axis=0).astype(self.dtype)[None]
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
         out_std = 0.02 / math.sqrt(2 * self.layers)
+        # train and decode pick the code path: static arguments of the rematerialised call
+        block = nn.remat(Block, static_argnums=(3, 4)) if self.remat else Block
         for i in range(self.layers):
-            x = Block(
+            x = block(
                 self.heads,
                 self.context,
                 self.mlp_ratio,
@@ -231,6 +248,7 @@ class TransformerLanguageModel(nn.Module):
                 out_std,
                 self.dtype,
                 self.param_dtype,
+                self.attention,
                 name=f"block_{i}",
             )(x, positions, train, decode)
         x = nn.LayerNorm(

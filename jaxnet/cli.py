@@ -4,6 +4,8 @@
                  [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxnet eval --workdir DIR [--split test|val] [key=value ...]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
+    jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
+                 [--compare-devices]
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2.
@@ -18,6 +20,8 @@ import sys
 import traceback
 
 from jaxnet.errors import UserError
+
+METHODS = ("runner", "handwritten", "pipeline", "resident", "torch")  # jaxnet.bench.METHODS, without importing JAX
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,6 +60,23 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--top-k", type=int, default=0, help="draw from the k likeliest tokens only (0 = all)")
     sample.add_argument("--seed", type=int, default=0, help="random seed of the draws")
 
+    bench = commands.add_parser(
+        "bench",
+        help="measure training speed against a hand-written jit loop, PyTorch and resident batches",
+        description="Training speed of the standard experiments, each measured in alternation with its "
+        "yardsticks; prints a table and writes benchmarks/results/<device>-<date>.json.",
+    )
+    bench.add_argument("families", nargs="*", metavar="FAMILY", help="cnn, lstm, transformer (default), resnet, gpt2")
+    bench.add_argument("--full", action="store_true", help="every family: adds resnet, and gpt2 on a GPU")
+    bench.add_argument("--smoke", action="store_true", help="the smoke variants, a few steps: checks it all works")
+    bench.add_argument("--rounds", type=int, default=3, help="alternations of all measurements (median reported)")
+    bench.add_argument("--seconds", type=float, default=3.0, help="length of one timed measurement")
+    bench.add_argument(
+        "--only", default=",".join(METHODS), help=f"measurements to make, comma-separated ({','.join(METHODS)})"
+    )
+    bench.add_argument("--out", default="benchmarks/results", help="directory for the results file")
+    bench.add_argument("--compare-devices", action="store_true", help="the CPU-versus-GPU table (needs a GPU)")
+
     commands.add_parser("list", help="list the experiments that can be trained")
     return parser
 
@@ -84,6 +105,20 @@ def _run(args: argparse.Namespace) -> int:
 
         result = evaluate(args.workdir, args.split, args.overrides)
         print(json.dumps(result))
+        return 0
+    if args.command == "bench":
+        from jaxnet import bench
+
+        families = tuple(args.families) or (tuple(bench.CASES) if args.full else bench.STANDARD)
+        opts = bench.Options(
+            families=families,
+            rounds=args.rounds,
+            seconds=args.seconds,
+            methods=tuple(m for m in args.only.split(",") if m),
+            smoke=args.smoke,
+            out=args.out,
+        )
+        bench.main(opts, compare=args.compare_devices)
         return 0
     if args.command == "sample":
         from jaxnet.sample import sample

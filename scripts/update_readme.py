@@ -1,4 +1,4 @@
-"""Regenerate the README's generated sections (results, memory per device) from benchmarks/results/*.json.
+"""Regenerate the README's generated sections (results, memory per device, speed) from benchmarks/results/*.json.
 
 python scripts/update_readme.py          # rewrite README.md
 python scripts/update_readme.py --check  # exit 1 if README.md is out of date
@@ -148,7 +148,83 @@ def render() -> str:
     return "\n".join(body)
 
 
-BLOCKS = {"results": render, "memory": render_memory}
+def _fmt(x: float | None, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}f}"
+
+
+def _met(value: float | None, target: float, lower_is_better: bool = False) -> str:
+    if value is None:
+        return "not measured"
+    ok = value <= target if lower_is_better else value >= target
+    return "met" if ok else "**not met**"
+
+
+def bench_tables(r: dict) -> list[str]:
+    """The speed table and the targets table of one ``jaxnet bench`` results file."""
+    env, v = r["environment"], r["environment"]["versions"]
+    gpu = env["platform"] != "cpu"
+    device = env["device"] if gpu else f"{env['cpu_count']}-core CPU ({env['cpu']})"
+    body = [
+        f"**{device}**, jax {v['jax']}, flax {v['flax']}, torch {v.get('torch') or 'not installed'}, "
+        f"{env['date'][:10]}: `{r['command']}`, medians of {r['rounds']} alternating rounds "
+        f"([{r['_file']}]({r['_file']})).",
+        "",
+        "| family | shape | dtype | step | examples/s | tokens/s | compile | TFLOP/s | MFU "
+        "| runner / hand-written | pipeline / resident | jaxnet / PyTorch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, c in r["cases"].items():
+        ratios = c["ratios"]
+        mfu = "-" if c.get("mfu") is None else f"{100 * c['mfu']:.1f} %"
+        body.append(
+            f"| {name} | {c['what']} | {c['dtype']} | {c['step_time_ms']:.1f} ms | {_fmt(c.get('examples_per_s'))} "
+            f"| {_fmt(c.get('tokens_per_s'))} | {c['compile_time_s']:.1f} s | {c['tflops']:.3f} | {mfu} "
+            f"| {_fmt(ratios.get('runner/handwritten'), 2)} | {_fmt(ratios.get('pipeline/resident'), 2)} "
+            f"| {_fmt(ratios.get('jaxnet/torch'), 2)} |"
+        )
+    body += ["", "| target | " + " | ".join(r["cases"]) + " |", "|---|" + "---|" * len(r["cases"])]
+    targets = [
+        ("runner / hand-written loop >= 0.97", "runner/handwritten", 0.97),
+        ("real input pipeline / resident batches >= 0.95", "pipeline/resident", 0.95),
+        (f"jaxnet / PyTorch >= 1.0 ({'GPU' if gpu else 'this CPU'})", "jaxnet/torch", 1.0),
+    ]
+    for label, key, target in targets:
+        cells = [f"{_fmt(c['ratios'].get(key), 2)} {_met(c['ratios'].get(key), target)}" for c in r["cases"].values()]
+        body.append(f"| {label} | " + " | ".join(cells) + " |")
+    if not gpu:
+        cells = [f"{c['compile_time_s']:.1f} s {_met(c['compile_time_s'], 30, True)}" for c in r["cases"].values()]
+        body.append("| compile time of the first step < 30 s | " + " | ".join(cells) + " |")
+    if "gpt2" in r["cases"] and gpu:
+        c = r["cases"]["gpt2"]
+        body += ["", f"GPT-2-small shape MFU {100 * (c['mfu'] or 0):.1f} % (target 45 %): {_met(c['mfu'], 0.45)}."]
+    if r.get("compare_devices"):
+        body += ["", "| family | CPU examples/s | GPU examples/s | GPU / CPU |", "|---|---|---|---|"]
+        for f, row in r["compare_devices"].items():
+            body.append(
+                f"| {f} | {_fmt(row['cpu_examples_per_s'])} | {_fmt(row['gpu_examples_per_s'])} "
+                f"| {row['speedup']:.1f}x |"
+            )
+    return body + [""]
+
+
+def render_bench() -> str:
+    """The performance section's tables, one set per ``jaxnet bench`` results file (smoke runs left out)."""
+    runs = [r for r in load_results() if r.get("kind") == "benchmark" and not r.get("smoke")]
+    body = []
+    for r in runs:
+        body += bench_tables(r)
+    if not any(r["environment"]["platform"] == "gpu" for r in runs):
+        body.append(
+            "No GPU results yet: the GPU targets (MFU >= 45 % for the GPT-2-small shape in bf16 on one H100/H200, "
+            "the LSTM's tokens/s and the ResNet's images/s against PyTorch's cuDNN LSTM and channels-last bf16 "
+            "ResNet, the CPU-versus-GPU table of `jaxnet bench --compare-devices`) are still to be measured."
+        )
+    return "\n".join(body).rstrip() or "No benchmark results recorded yet."
+
+
+BLOCKS = {"results": render, "memory": render_memory, "bench": render_bench}
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,61 @@
+"""``jaxnet bench``: its smoke mode end to end, its results file, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxnet import bench, flops
+from jaxnet.bench import torch_peers
+from jaxnet.cli import main
+
+
+def test_smoke_prints_the_table_and_writes_every_figure(tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main(["bench", "lstm", "transformer", "--smoke", "--rounds", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "runner/hand (>=0.97)" in printed and "results written to" in printed
+    (path,) = out.glob("cpu-*-smoke.json")
+    record = json.loads(path.read_text())
+    assert record["kind"] == "benchmark" and record["smoke"] and record["rounds"] == 2
+    assert record["environment"]["versions"]["jax"] and record["environment"]["platform"] == "cpu"
+    expected = {"runner", "handwritten", "pipeline", "resident"} | ({"torch"} if torch_peers.available() else set())
+    for name, case in record["cases"].items():
+        assert set(case["steps_per_s"]) == expected, name
+        for rates in case["steps_per_s"].values():
+            assert len(rates) == 2 and all(r > 0 for r in rates)
+        assert set(case["ratios"]) >= {"runner/handwritten", "pipeline/resident"}
+        runner = case["median_steps_per_s"]["runner"]
+        assert case["ratios"]["runner/handwritten"] == pytest.approx(
+            runner / case["median_steps_per_s"]["handwritten"], rel=1e-2
+        )
+        assert case["tokens_per_s"] == pytest.approx(runner * case["batch_size"] * case["seq_len"], rel=1e-3)
+        assert 0 < case["compile_time_s"] < 60
+        assert case["memory_bytes"]["params"] > 0 and case["memory_bytes"]["activations"] > 0
+        assert case["mfu"] is None and case["peak_flops"] is None  # a CPU has no peak in the table
+        assert case["dtype"] == "float32"
+    transformer = record["cases"]["transformer"]
+    cfg = bench.case_config(bench.CASES["transformer"], smoke=True)
+    vocab_flops = [
+        flops.train_step_flops(cfg.model, batch=cfg.train.batch_size, input_shape=(cfg.data.seq_len,), vocab=v)
+        for v in range(50, 200)
+    ]
+    assert transformer["flops_per_step"] in vocab_flops  # counted for the real vocabulary
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "vgg"], "unknown family 'vgg'"),
+        (["bench", "--only", "runner,tensorflow"], "unknown measurement 'tensorflow'"),
+        (["bench", "--rounds", "0"], "--rounds must be at least 1"),
+        (["bench", "--compare-devices"], "--compare-devices needs a GPU"),
+        (["bench", "--rounds", "x"], "invalid int value"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, args, message):
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert not (tmp_path / "out").exists()

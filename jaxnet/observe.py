@@ -9,6 +9,7 @@ import datetime
 import json
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -208,6 +209,17 @@ def environment() -> dict[str, Any]:
         "git_commit": _git_commit(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name, from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def _git_commit() -> str | None:

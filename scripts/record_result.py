@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from jaxnet import observe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,20 +34,9 @@ def write_result(filename: str, record: dict) -> Path:
     return out
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name, from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def device_name(env: dict) -> str:
     """The device of a run's environment record, with the CPU's model name on a CPU."""
-    return env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU ({cpu_model()})"
+    return env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU ({observe.cpu_model()})"
 
 
 def main(argv: list[str]) -> int:

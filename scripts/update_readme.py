@@ -181,8 +181,8 @@ def bench_tables(r: dict) -> list[str]:
         body.append(
             f"| {name} | {c['what']} | {c['dtype']} | {c['step_time_ms']:.1f} ms | {_fmt(c.get('examples_per_s'))} "
             f"| {_fmt(c.get('tokens_per_s'))} | {c['compile_time_s']:.1f} s | {c['tflops']:.3f} | {mfu} "
-            f"| {_fmt(ratios.get('runner/handwritten'), 2)} | {_fmt(ratios.get('pipeline/resident'), 2)} "
-            f"| {_fmt(ratios.get('jaxnet/torch'), 2)} |"
+            f"| {_fmt(ratios.get('runner/handwritten'), 3)} | {_fmt(ratios.get('pipeline/resident'), 3)} "
+            f"| {_fmt(ratios.get('jaxnet/torch'), 3)} |"
         )
     body += ["", "| target | " + " | ".join(r["cases"]) + " |", "|---|" + "---|" * len(r["cases"])]
     targets = [
@@ -191,7 +191,7 @@ def bench_tables(r: dict) -> list[str]:
         (f"jaxnet / PyTorch >= 1.0 ({'GPU' if gpu else 'this CPU'})", "jaxnet/torch", 1.0),
     ]
     for label, key, target in targets:
-        cells = [f"{_fmt(c['ratios'].get(key), 2)} {_met(c['ratios'].get(key), target)}" for c in r["cases"].values()]
+        cells = [f"{_fmt(c['ratios'].get(key), 3)} {_met(c['ratios'].get(key), target)}" for c in r["cases"].values()]
         body.append(f"| {label} | " + " | ".join(cells) + " |")
     if not gpu:
         cells = [f"{c['compile_time_s']:.1f} s {_met(c['compile_time_s'], 30, True)}" for c in r["cases"].values()]

@@ -408,7 +408,7 @@ def run(opts: Options) -> dict[str, Any]:
         raise UserError("--rounds must be at least 1 and --seconds positive")
     env = observe.environment()
     env["versions"]["torch"] = torch_version()
-    env["cpu"] = cpu_model()
+    env["cpu"] = observe.cpu_model()
     record: dict[str, Any] = {
         "kind": "benchmark",
         "command": " ".join(["jaxnet", *sys.argv[1:]]) if sys.argv and "jaxnet" in sys.argv[0] else None,
@@ -418,8 +418,8 @@ def run(opts: Options) -> dict[str, Any]:
         "targets": {k: v[0] for k, v in TARGETS.items()} | {"compile_time_s_cpu": 30.0, "mfu_gpt2_gpu": MFU_TARGET},
         "cases": {},
     }
-    if record["command"] is None:
-        record["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else None
+    if record["command"] is None and sys.argv:  # a script, e.g. scripts/benchmark.py
+        record["command"] = " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     for name in opts.families:
         case = CASES[name]
         if case.gpu_only and not gpu and not opts.smoke:
@@ -442,19 +442,6 @@ def write(record: dict[str, Any], out: str | os.PathLike) -> Path:
     return path
 
 
-def cpu_model() -> str:
-    """The CPU's model name, from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
-
-
 def _num(x: float | None, digits: int = 1) -> str:
     if x is None:
         return "-"
@@ -466,7 +453,7 @@ def _num(x: float | None, digits: int = 1) -> str:
 def _ratio(value: float | None, target: float) -> str:
     if value is None:
         return "-"
-    return f"{value:.2f} {'ok' if value >= target else 'BELOW'}"
+    return f"{value:.3f} {'ok' if value >= target else 'BELOW'}"
 
 
 def table(record: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,10 +68,7 @@ class Loop:
             self.batches = _image_batches(*dataset.train, batch, dataset.mean, dataset.std)
         sample = jnp.zeros((batch, 1), jnp.int32) if text else jnp.zeros((1, *dataset.train[0].shape[1:]))
         key = jax.random.PRNGKey(cfg.seed)
-        variables = dict(self.model.init({"params": key, "dropout": key}, sample, train=False))
-        import flax.linen as nn
-
-        variables = dict(nn.unbox(variables))
+        variables = dict(nn.unbox(self.model.init({"params": key, "dropout": key}, sample, train=False)))
         self.params = variables.pop("params")
         self.extra = variables  # batch_stats, or the LSTM's carried state
         self.opt_state = self.tx.init(self.params)

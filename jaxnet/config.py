@@ -154,6 +154,11 @@ class TrainConfig:
     stop_after: int = _field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
     label_smoothing: float = _field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
     progress: bool = _field(True, "show a progress bar")
+    on_nonfinite: str = _field(
+        "stop",
+        "a NaN or Inf loss or gradient: stop the run (naming the step), or skip that update inside the step",
+        choices=("stop", "skip"),
+    )
 
 
 @dataclass
@@ -447,9 +452,21 @@ def batching(cfg: Config) -> str:
     return cfg.data.batching or ("stream" if cfg.model.name == "lstm" else "windows")
 
 
-def save(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the resolved config as indented JSON."""
-    Path(path).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+RUN_KEY = "_run"  # config.json's record of how the run was launched; not part of the config
+
+
+def save(cfg: Config, path: str | os.PathLike, run: dict[str, Any] | None = None) -> None:
+    """Write the resolved config as indented JSON, atomically.
+
+    ``run`` (versions, devices, command line) is kept under ``"_run"``; :func:`load` ignores it.
+    """
+    tree = cfg.to_dict()
+    if run is not None:
+        tree[RUN_KEY] = run
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(tree, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def load(path: str | os.PathLike) -> Config:
@@ -460,6 +477,7 @@ def load(path: str | os.PathLike) -> Config:
         raise UserError(f"cannot read config {path}: {e}") from None
     if not isinstance(tree, dict):
         raise UserError(f"{path} is not a jaxnet config (expected a JSON object)")
+    tree.pop(RUN_KEY, None)
     try:
         return from_dict(tree)
     except UserError as e:

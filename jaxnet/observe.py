@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -186,7 +187,7 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
 
 
 def environment() -> dict[str, Any]:
-    """Device, library versions, git commit and date: what a result needs to be reproducible."""
+    """Devices, library versions, git commit, command line and date: what a result needs to be reproducible."""
     import importlib.metadata as md
 
     import jax
@@ -207,8 +208,20 @@ def environment() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "versions": versions,
         "git_commit": _git_commit(),
+        "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()[:64]],
+        "command": _command_line(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _command_line() -> str | None:
+    """How this process was started, e.g. ``jaxnet train cnn_fashion_mnist optim.lr=0.01``."""
+    if not sys.argv or not sys.argv[0]:
+        return None
+    program = Path(sys.argv[0]).name
+    if program == "__main__.py":  # python -m jaxnet
+        program = f"python -m {Path(sys.argv[0]).parent.name}"
+    return shlex.join([program, *sys.argv[1:]])
 
 
 def cpu_model() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from jaxnet import Dataset, observe, optim
+from jaxnet import Dataset, config, observe, optim
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import OptimConfig
 from jaxnet.errors import UserError
@@ -150,6 +151,20 @@ def test_run_directory_has_every_artifact(quadrants, tmp_path):
     assert summary["examples_per_s"] > 0 and summary["environment"]["versions"]["jax"]
 
 
+def test_config_and_summary_record_versions_devices_and_the_command(quadrants, tmp_path):
+    summary = train(tiny_config(), tmp_path, dataset=quadrants)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    for record in (saved["_run"], summary["environment"]):
+        versions = record["versions"]
+        for package in ("jaxnet", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
+            assert versions[package] and versions[package][0].isdigit(), package
+        assert len(record["devices"]) == jax.device_count() and record["devices"][0].startswith("cpu:0")
+        assert record["command"] and record["date"]
+        if (Path(__file__).parents[1] / ".git").exists():
+            assert re.fullmatch(r"[0-9a-f]{40}", record["git_commit"])
+    assert config.load(tmp_path / "config.json") == tiny_config()  # the record is not part of the config
+
+
 def test_train_step_compiles_once_per_invocation_including_a_resume(quadrants, tmp_path, caplog):
     """Evaluation, checkpointing, logging and a restored state must not trigger recompilation."""
     cfg = tiny_config(train={"stop_after": 6})
@@ -174,7 +189,7 @@ def test_finishing_a_run_whose_summary_was_lost_evaluates_once(quadrants, tmp_pa
 
 def test_diverging_loss_stops_the_run_with_the_step_and_no_nan_in_the_logs(quadrants, tmp_path):
     cfg = tiny_config(optim={"name": "sgd", "lr": 1e6, "momentum": 0.0})
-    with pytest.raises(UserError, match=r"training loss became nan between steps \d+ and \d+"):
+    with pytest.raises(UserError, match=r"loss or gradient became NaN or Inf at step \d+; there is no checkpoint yet"):
         train(cfg, tmp_path, dataset=quadrants)
     text = (tmp_path / "metrics.jsonl").read_text()
     assert "NaN" not in text and "Infinity" not in text

@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import json
-import math
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,70 @@ from jaxnet.data import pipeline
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
 from jaxnet.train import state as state_lib
-from jaxnet.train.step import make_eval_step, make_train_step
+from jaxnet.train.step import accumulate, make_eval_step, make_train_step
 
 # Sums metric pytrees on the device; donating the running total keeps it in place.
 _add_trees = jax.jit(lambda total, new: jax.tree.map(jnp.add, total, new), donate_argnums=0)
+
+# Train-step metrics that are counts or step numbers, not per-step values to average.
+_COUNTS = ("nonfinite", "first_nonfinite")
+
+
+class Interrupts:
+    """SIGTERM and SIGINT while training: the runner finishes the step, checkpoints and stops.
+
+    A second SIGINT (Ctrl-C twice) raises ``KeyboardInterrupt`` at once. Handlers can only be
+    installed from the main thread; elsewhere signals keep their usual effect. In a
+    multi-process run SIGTERM goes through JAX's preemption sync point, so that every process
+    stops after the same step, and SIGINT ends the process at once.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.multi_process = jax.process_count() > 1
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread() and not self.multi_process:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def stop_after(self, done: int) -> bool:
+        """Whether to stop after update ``done`` (call it after every update)."""
+        if self.received is not None:
+            return True
+        if self.multi_process:
+            from jax.experimental import multihost_utils
+
+            if multihost_utils.reached_preemption_sync_point(done):
+                self.received = signal.SIGTERM
+                return True
+        return False
+
+    @property
+    def name(self) -> str | None:
+        """``SIGTERM`` or ``SIGINT`` once one has been received, else None."""
+        return signal.Signals(self.received).name if self.received is not None else None
+
+
+def nonfinite_error(first: int, last_good: int, workdir: Path) -> UserError:
+    """The error that stops a run whose loss or gradient became NaN or Inf at update ``first``."""
+    newest = f"the newest checkpoint is step {last_good}" if last_good else "there is no checkpoint yet"
+    return UserError(
+        f"the loss or gradient became NaN or Inf at step {first}; {newest} in {workdir}. Likely causes: a "
+        "learning rate too high (lower optim.lr or add optim.warmup_steps), exploding gradients (set "
+        "optim.clip_norm), or NaN/Inf in the data; or set train.on_nonfinite=skip to skip such updates"
+    )
 
 
 def default_workdir(cfg: Config) -> Path:
@@ -82,6 +143,7 @@ class Run:
             grad_accum=cfg.optim.grad_accum,
             label_smoothing=cfg.train.label_smoothing,
             axis_name=parallel.REPLICA_AXIS if self.replicas else None,
+            skip_nonfinite=cfg.train.on_nonfinite == "skip",
         )
         if self.replicas:
             step = parallel.replicas(step, self.mesh, self.state_shardings)
@@ -219,8 +281,11 @@ RUN_FILES = {
 }
 
 
-def _open_workdir(workdir: Path, cfg: Config) -> Config | None:
-    """Check that ``workdir`` can hold this run; create it. Returns the config saved there, if any."""
+def _open_workdir(workdir: Path, cfg: Config, adopt: bool = False) -> Config | None:
+    """Check that ``workdir`` can hold this run; create it. Returns the config saved there, if any.
+
+    A workdir holding a run of another experiment is refused unless ``adopt``.
+    """
     if str(workdir) in ("", "."):
         raise UserError("--workdir must name a run directory, e.g. runs/mine")
     if workdir.exists() and not workdir.is_dir():
@@ -229,10 +294,10 @@ def _open_workdir(workdir: Path, cfg: Config) -> Config | None:
     if workdir.is_dir():
         if (workdir / "config.json").exists():
             previous = config_lib.load(workdir / "config.json")
-            if previous.experiment != cfg.experiment:
+            if previous.experiment != cfg.experiment and not adopt:
                 raise UserError(
                     f"workdir {workdir} holds a run of {previous.experiment or 'another experiment'!r}, "
-                    f"not {cfg.experiment!r}; pass a fresh --workdir"
+                    f"not {cfg.experiment!r}; pass a fresh --workdir, or --adopt to continue its checkpoints"
                 )
         else:
             foreign = sorted(p.name for p in workdir.iterdir() if p.name not in RUN_FILES)
@@ -306,22 +371,24 @@ def train(
     *,
     model: nn.Module | None = None,
     dataset: data_lib.Dataset | None = None,
+    adopt: bool = False,
 ) -> dict[str, Any]:
     """Train as ``cfg`` says, in ``workdir``; resume from its newest checkpoint if it has one.
 
     ``model`` replaces the config's model with any Flax module called as
     ``model.apply(variables, images, train=..., rngs=...)``; ``dataset`` replaces the config's
-    data. Returns the run summary (also written to ``summary.json``)::
+    data. ``adopt`` resumes a workdir that holds a run of another experiment (its checkpoints
+    must fit this model). Returns the run summary (also written to ``summary.json``)::
 
         summary = jaxnet.train(jaxnet.load_experiment("cnn_fashion_mnist"), "runs/a")
         print(summary["test"]["accuracy"])
     """
     started = time.time()
-    environment = observe.environment()  # at the start: the commit and versions the run was launched with
+    environment = observe.environment()  # at the start: the commit, versions and command the run was launched with
     config_lib.validate(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
     run = Run(cfg, model=model, dataset=dataset)
-    previous = _open_workdir(workdir, cfg)
+    previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
@@ -333,6 +400,19 @@ def train(
 
 def _train(
     run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None, started: float, environment: dict[str, Any]
+) -> dict[str, Any]:
+    with Interrupts() as interrupts:
+        return _train_loop(run, workdir, ckpts, previous, started, environment, interrupts)
+
+
+def _train_loop(
+    run: Run,
+    workdir: Path,
+    ckpts: Checkpoints,
+    previous: Config | None,
+    started: float,
+    environment: dict[str, Any],
+    interrupts: Interrupts,
 ) -> dict[str, Any]:
     cfg, train_cfg = run.cfg, run.cfg.train
     primary = parallel.is_primary()  # with several processes, only process 0 writes and prints
@@ -354,7 +434,7 @@ def _train(
             return done_before
     if primary:
         log = observe.MetricsLog(workdir, resume_step=start, final=start == train_cfg.steps)
-        config_lib.save(cfg, workdir / "config.json")
+        config_lib.save(cfg, workdir / "config.json", run=environment)
         if run.text:
             observe.write_json(workdir / "vocab.json", {"tokenizer": run.dataset.tokenizer, "vocab": run.dataset.vocab})
     else:
@@ -373,6 +453,7 @@ def _train(
 
     compile_seconds = eval_seconds = 0.0
     sums, interval_steps = None, 0
+    skip = train_cfg.on_nonfinite == "skip"
     loop_start = time.perf_counter()
     saved_step = start
     profile, tracing = config_lib.profile_steps(cfg), False
@@ -391,9 +472,11 @@ def _train(
                 jax.profiler.start_trace(str(workdir / "profile"), create_perfetto_trace=True)
                 tracing = True
             state, metrics = train_step(state, batch)
-            sums = metrics if sums is None else _add_trees(sums, metrics)
+            sums = metrics if sums is None else accumulate(sums, metrics)
             interval_steps += 1
             done = step + 1
+            if interrupts.stop_after(done):
+                end = done
             if tracing and done >= profile[1]:
                 jax.block_until_ready(state)
                 jax.profiler.stop_trace()
@@ -403,14 +486,19 @@ def _train(
                     f"`tensorboard --logdir {workdir / 'profile'}` (profile plugin), or open its "
                     "plugins/profile/*/perfetto_trace.json.gz at ui.perfetto.dev"
                 )
+            checkpoint_now = train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0 and done != end
+            if done % train_cfg.log_every == 0 or done == end or checkpoint_now:
+                totals = jax.device_get(sums)  # the host waits for the device here, and only here
+                bad = int(totals["nonfinite"])
+                if bad and not skip:
+                    raise nonfinite_error(int(totals["first_nonfinite"]), saved_step, workdir)
             if done % train_cfg.log_every == 0 or done == end:
-                values = {k: float(v) / interval_steps for k, v in jax.device_get(sums).items()}
-                if not math.isfinite(values["loss"]):
-                    newest = f"the newest checkpoint is step {saved_step}" if saved_step else "there is no checkpoint"
-                    raise UserError(
-                        f"the training loss became {values['loss']} between steps {done - interval_steps} and "
-                        f"{done}; {newest}. Lower optim.lr, set optim.clip_norm, or check the data"
-                    )
+                finite_steps = interval_steps - bad
+                values = {k: float(v) / max(finite_steps, 1) for k, v in totals.items() if k not in _COUNTS}
+                if not finite_steps:  # every update of the interval was skipped: nothing to average
+                    values = dict.fromkeys(values, float("nan"))
+                if skip:
+                    values["skipped"] = bad
                 now = time.perf_counter()
                 rate = interval_steps / (now - interval_start)
                 values.update(run.dataset.extra_metrics(values["loss"]))
@@ -431,9 +519,11 @@ def _train(
                     progress.note(f"step {done}: {headline(val, 'val')}")
                 eval_seconds += time.perf_counter() - eval_started
                 interval_start += time.perf_counter() - eval_started
-            if train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0 and done != end:
+            if checkpoint_now:
                 ckpts.save(done, state)
                 saved_step = done
+            if done == end:
+                break
         if end > saved_step:
             ckpts.save(end, state)
         ckpts.wait()
@@ -448,6 +538,12 @@ def _train(
             "param_count": num_params,
             "compile_time_s": round(compile_seconds, 2),
         }
+        if interrupts.name:
+            summary["interrupted_by"] = interrupts.name
+        if skip and primary:  # from the log, which a resume keeps consistent with the checkpoints
+            summary["skipped_updates"] = sum(
+                int(r.get("skipped") or 0) for r in observe.read_metrics(log.path) if r["split"] == "train"
+            )
         if end > start:
             step_seconds = (loop_seconds - compile_seconds - eval_seconds) / (end - start)
             summary["steps_per_s"] = round(1 / step_seconds, 2)
@@ -471,7 +567,12 @@ def _train(
     if primary:
         observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png", cfg.experiment)
         observe.write_json(workdir / "summary.json", summary)
-    if end < train_cfg.steps:
+    if interrupts.name:
+        say(
+            f"{interrupts.name} received: stopped at step {end} of {train_cfg.steps} with a checkpoint; "
+            f"run the same command again to resume ({workdir})"
+        )
+    elif end < train_cfg.steps:
         say(f"stopped at step {end} of {train_cfg.steps}; run the same command again to continue ({workdir})")
     else:
         say(_result_line(summary))

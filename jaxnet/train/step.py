@@ -11,6 +11,7 @@ A model that keeps state across batches (the LSTM) holds it in the ``carry`` col
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,14 @@ from jaxnet.train.state import TrainState
 
 Batch = dict[str, jnp.ndarray]
 Metrics = dict[str, jnp.ndarray]
+
+NO_STEP = 2**31 - 1  # ``first_nonfinite`` of an interval in which every update was finite
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def accumulate(total: Metrics, new: Metrics) -> Metrics:
+    """Running totals of train-step metrics, on the device: sums, except ``first_nonfinite`` (the minimum)."""
+    return {k: jnp.minimum(total[k], v) if k == "first_nonfinite" else total[k] + v for k, v in new.items()}
 
 
 def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
@@ -67,6 +76,7 @@ def make_train_step(
     grad_accum: int = 1,
     label_smoothing: float = 0.0,
     axis_name: str | tuple[str, ...] | None = None,
+    skip_nonfinite: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Build ``train_step``: forward, backward, one optimizer update.
 
@@ -81,6 +91,12 @@ def make_train_step(
     ``jax.shard_map`` over those mesh axes): each device computes the gradient of its own rows,
     the gradients and metrics are averaged with ``lax.pmean`` and every device applies the same
     update. Each device draws its own dropout masks.
+
+    Metrics: ``loss``, ``accuracy`` and ``grad_norm`` (0 for a step whose loss or gradient norm
+    is NaN or Inf), ``nonfinite`` (1 for such a step) and ``first_nonfinite`` (the number of such
+    an update, else :data:`NO_STEP`); add them up with :func:`accumulate`. With
+    ``skip_nonfinite`` such an update is rejected inside the step: parameters, optimizer and
+    model state stay as they were and only the step counter moves on.
     """
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
@@ -134,13 +150,30 @@ def make_train_step(
             grads, loss, accuracy = jax.lax.pmean((grads, loss, accuracy), axis_name)
 
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         new_state = state.replace(
             step=state.step + 1,
             params=optax.apply_updates(state.params, updates),
             opt_state=opt_state,
             model_state=model_state,
         )
-        return new_state, {"loss": loss, "accuracy": accuracy, "grad_norm": optax.global_norm(grads)}
+        if skip_nonfinite:
+            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+            new_state = new_state.replace(
+                params=keep(new_state.params, state.params),
+                opt_state=keep(new_state.opt_state, state.opt_state),
+                model_state=keep(new_state.model_state, state.model_state),
+            )
+        zero_unless_finite = lambda x: jnp.where(finite, x, jnp.zeros_like(x))
+        metrics = {
+            "loss": zero_unless_finite(loss),
+            "accuracy": zero_unless_finite(accuracy),
+            "grad_norm": zero_unless_finite(grad_norm),
+            "nonfinite": (~finite).astype(jnp.int32),
+            "first_nonfinite": jnp.where(finite, NO_STEP, state.step + 1).astype(jnp.int32),
+        }
+        return new_state, metrics
 
     return train_step
 

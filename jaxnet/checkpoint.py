@@ -1,21 +1,63 @@
-"""Checkpoints with orbax: asynchronous saves, keep the newest K, restore onto any placement.
+"""Checkpoints with orbax: asynchronous saves, verified on disk, kept safely, restored with fallback.
 
 Each checkpoint ``checkpoints/<step>/`` holds the train state. The data position needs no
 record of its own: the order of training examples is a function of (seed, step), and the step
 is part of the state.
+
+Orbax writes a checkpoint into ``<step>.orbax-checkpoint-tmp`` and renames it to ``<step>`` once
+every file is written (on a local file system; see ``orbax.checkpoint._src.path.atomicity``), so
+a save that dies half-way leaves only a temporary directory, which is not a checkpoint. On top
+of that:
+
+* **Sealing.** Once orbax has committed a save (when the next save starts, in :meth:`Checkpoints.wait`
+  and in :meth:`Checkpoints.close`), every file of the step directory is read back and its size
+  and SHA-256 recorded in ``<step>/jaxnet_manifest.json`` (written atomically). A checkpoint with a
+  manifest is *sealed*.
+* **Retention.** Orbax deletes nothing. A checkpoint is deleted only once ``keep`` newer ones are
+  sealed, so a failed or killed save never costs an earlier checkpoint.
+* **Restore with fallback.** Restoring checks the newest checkpoint against its manifest (a
+  checkpoint without one, such as one whose process was killed before sealing it, is tried with
+  orbax alone), and falls back to the next older one if it is damaged, moving the damaged one
+  aside into ``checkpoints/damaged/<step>``.
+* **Failed writes.** A full disk (or any other failed write) while saving is a :class:`UserError`
+  naming the step and the newest intact checkpoint; the partial step is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
+import hashlib
+import json
+import logging
 import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 from jaxnet.errors import UserError
+
+MANIFEST = "jaxnet_manifest.json"
+"""File in each sealed step directory: every other file's relative path, size and SHA-256."""
+
+DAMAGED = "damaged"
+"""Subdirectory of the checkpoint directory that damaged checkpoints are moved into."""
+
+_ORBAX_TMP = ".orbax-checkpoint-tmp"  # orbax's mark on a directory being written (a suffix, maybe + timestamp)
+_DELETING = ".deleting-"  # prefix of a checkpoint being deleted: renamed first, so never half a checkpoint
+_MANIFEST_FORMAT = "jaxnet-checkpoint-manifest/1"
+_SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+_SPACE_TEXTS = tuple(os.strerror(code) for code in sorted(_SPACE_ERRNOS))
 
 
 class Checkpoints:
@@ -23,13 +65,28 @@ class Checkpoints:
 
     >>> ckpts = Checkpoints("runs/a/checkpoints", keep=3)          # doctest: +SKIP
     >>> ckpts.save(100, state)                                      # doctest: +SKIP
-    >>> state = ckpts.restore(abstract_state)  # newest, placed as the target says  # doctest: +SKIP
+    >>> state = ckpts.restore(abstract_state)  # newest intact, placed as the target says  # doctest: +SKIP
+
+    ``keep`` is how many sealed checkpoints to keep (None: all). ``read_only`` opens a run's
+    checkpoints for evaluation: nothing is written, sealed, deleted or moved.
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, asynchronous: bool = True, read_only: bool = False):
+    def __init__(
+        self, directory: str | os.PathLike, keep: int | None = 3, asynchronous: bool = True, read_only: bool = False
+    ):
         self.directory = Path(directory).absolute()
+        self.keep = keep
+        self.read_only = read_only
+        self._pending: list[int] = []  # saves started and not yet sealed
+        self._primary = jax.process_index() == 0  # with several processes, process 0 alone changes the directory
+        if self.directory.exists() and not self.directory.is_dir():
+            raise UserError(
+                f"cannot use checkpoint directory {self.directory}: it is a file, not a directory; "
+                "move it away or use a fresh --workdir"
+            )
+        _quiet_orbax_write_failures()
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=None if read_only else keep,
+            max_to_keep=None,  # retention is ours: see _prune
             create=not read_only,
             read_only=read_only,
             save_interval_steps=0 if read_only else 1,
@@ -44,47 +101,185 @@ class Checkpoints:
                 options=options,
                 item_handlers={"state": ocp.StandardCheckpointHandler()},
             )
-        except PermissionError as e:
-            raise UserError(f"cannot use checkpoint directory {self.directory}: {e.strerror}") from None
+        except OSError as e:
+            raise UserError(f"cannot use checkpoint directory {self.directory}: {_os_reason(e)}") from None
         finally:
             absl_logging.set_verbosity(verbosity)
+        try:
+            self._list_steps()  # an unreadable directory is an error now, not at the first save
+        except UserError:
+            self._manager.close()
+            raise
+        if not read_only and self._primary:
+            self._remove_leftovers()
 
     def latest_step(self) -> int | None:
-        """The newest complete checkpoint's step, or None if there is none."""
-        return self._manager.latest_step()
+        """The newest complete checkpoint's step (which may yet turn out damaged), or None if there is none."""
+        steps = self._list_steps()
+        return steps[-1] if steps else None
 
     def all_steps(self) -> list[int]:
-        """Steps of every complete checkpoint, oldest first."""
-        return sorted(self._manager.all_steps())
+        """Steps of every complete checkpoint (committed by orbax, sealed or not), oldest first."""
+        return self._list_steps()
 
     def save(self, step: int, state: Any) -> None:
-        """Start saving ``state`` at ``step``; returns once the arrays are copied off the devices."""
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
-            force=True,
+        """Start saving ``state`` at ``step``; returns once the arrays are copied off the devices.
+
+        The previous save is finished and sealed first. A failed write (full disk) is a
+        :class:`UserError`, here or from :meth:`wait` or :meth:`close`.
+        """
+        self._settle()
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
+                force=True,
+            )
+        except Exception as e:
+            self._save_failed(step, e)
+            raise
+        self._pending.append(step)
+
+    def wait(self) -> None:
+        """Block until every pending save is on disk, then seal it and delete checkpoints no longer kept."""
+        self._settle()
+
+    def close(self) -> None:
+        """Finish, seal and prune pending saves, and release the manager's threads."""
+        try:
+            self._settle()
+        finally:
+            self._manager.close()
+
+    def restore(self, target: Any, step: int | None = None, *, say: Callable[[str], Any] | None = print) -> Any:
+        """Restore the newest intact checkpoint (or checkpoint ``step``) into the structure, shapes and placement of
+        ``target``.
+
+        ``target`` is a pytree of arrays or of ``jax.ShapeDtypeStruct`` with shardings. Without
+        ``step``, a damaged checkpoint (files that do not match its manifest, or that orbax cannot
+        read) is reported through ``say`` in one line and the next older one is tried; once one is
+        restored, the damaged ones are moved into ``damaged/`` (unless read-only). If all are
+        damaged, or the requested ``step`` is, that is a :class:`UserError` and nothing is moved.
+        A checkpoint of another model or optimizer is a :class:`UserError` naming the array, not
+        damage.
+        """
+        self._settle()
+        steps = self._list_steps()
+        if step is not None:
+            if step not in steps:
+                have = ", ".join(map(str, steps)) or "none"
+                raise UserError(f"there is no checkpoint step {step} in {self.directory} (steps there: {have})")
+            state, problem = self._try_restore(target, step)
+            if problem is not None:
+                raise UserError(
+                    f"checkpoint step {step} in {self.directory} is damaged ({problem}); "
+                    "restore another step, or use a fresh --workdir"
+                )
+            return state
+        if not steps:
+            raise UserError(f"no checkpoint in {self.directory}; train first with `jaxnet train`")
+        damaged: list[tuple[int, str]] = []
+        for i in range(len(steps) - 1, -1, -1):
+            state, problem = self._try_restore(target, steps[i])
+            if problem is None:
+                self._set_aside([s for s, _ in damaged])
+                return state
+            damaged.append((steps[i], problem))
+            if i > 0 and say is not None:
+                say(
+                    f"checkpoint step {steps[i]} in {self.directory} is damaged ({problem}); "
+                    f"falling back to step {steps[i - 1]}"
+                )
+        which = "; ".join(f"step {s}: {p}" for s, p in damaged)
+        raise UserError(
+            f"every checkpoint in {self.directory} is damaged ({which}); nothing was moved. "
+            f"Move {self.directory} away to train from scratch, or use a fresh --workdir"
         )
 
-    def restore(self, target: Any, step: int | None = None) -> Any:
-        """Restore checkpoint ``step`` (default: newest) into the structure, shapes and placement of ``target``.
+    # -- restoring -------------------------------------------------------------------------------
 
-        ``target`` is a pytree of arrays or of ``jax.ShapeDtypeStruct`` with shardings. A checkpoint
-        that does not fit it, or cannot be read, is a :class:`UserError` naming the problem.
-        """
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise UserError(f"no checkpoint in {self.directory}; train first with `jaxnet train`")
+    def _try_restore(self, target: Any, step: int) -> tuple[Any, str | None]:
+        """The restored state and None, or None and why checkpoint ``step`` is damaged."""
+        sealed = (self.directory / str(step) / MANIFEST).exists()
+        problem = self.verify(step)
+        if _disagree(problem):  # every process must take the same checkpoint
+            return None, problem or "damaged as another process found"
         self._check_fits(target, step)
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         try:
-            restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+            with _quiet_orbax_coroutines():
+                restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
         except Exception as e:  # orbax and tensorstore raise many types for a damaged checkpoint
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            raise UserError(
-                f"checkpoint step {step} in {self.directory} cannot be restored ({type(e).__name__}: {reason}); "
-                f"delete {self.directory / str(step)} to fall back to an earlier one, or use a fresh --workdir"
-            ) from None
-        return restored["state"]
+            problem = f"orbax cannot read it: {_root_cause(e)}"
+        if _disagree(problem):  # each process reads its own shards: one may fail where another does not
+            return None, problem or "orbax cannot read it in another process"
+        if not sealed and not self.read_only and self._primary:
+            try:  # it restored, so it is complete: seal it, so that it counts for retention and damage shows
+                self._seal(step)
+            except OSError:
+                pass  # only a missed chance; restoring worked
+        return restored["state"], None
+
+    def verify(self, step: int) -> str | None:
+        """Why checkpoint ``step`` does not match its manifest (a missing, resized or changed file), or None.
+
+        A checkpoint without a manifest (not sealed) has nothing to check against: None.
+        """
+        path = self.directory / str(step)
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            return f"its manifest {MANIFEST} cannot be read: {_os_reason(e) if isinstance(e, OSError) else e}"
+        try:
+            files = {str(name): (int(info["size"]), str(info["sha256"])) for name, info in manifest["files"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return f"its manifest {MANIFEST} is malformed"
+        for name, (size, _) in files.items():  # sizes first: cheap, and most damage changes one
+            try:
+                found = (path / name).stat()
+            except FileNotFoundError:
+                return f"file {name} is missing"
+            except OSError as e:
+                return f"file {name} cannot be read: {_os_reason(e)}"
+            if not (path / name).is_file():
+                return f"{name} is not a file"
+            if found.st_size != size:
+                return f"file {name} has {found.st_size} bytes, expected {size}"
+        for name, (_, digest) in files.items():
+            try:
+                actual = _sha256(path / name)
+            except OSError as e:
+                return f"file {name} cannot be read: {_os_reason(e)}"
+            if actual != digest:
+                return f"file {name} does not match its checksum"
+        return None
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Move damaged checkpoints into ``damaged/`` (not when read-only), where orbax does not look."""
+        if not steps or self.read_only:
+            return
+        if self._primary:
+            for step in steps:
+                source = self.directory / str(step)
+                if not source.exists():
+                    continue
+                destination = self.directory / DAMAGED / str(step)
+                n = 1
+                while destination.exists():
+                    destination = self.directory / DAMAGED / f"{step}.{n}"
+                    n += 1
+                try:
+                    destination.parent.mkdir(exist_ok=True)
+                    os.replace(source, destination)
+                except OSError as e:
+                    raise UserError(
+                        f"cannot move the damaged checkpoint {source} aside ({_os_reason(e)}); "
+                        "delete it and run the same command again"
+                    ) from None
+        _sync_processes("jaxnet: damaged checkpoints moved")
+        self._manager.reload()  # orbax lists steps from memory; a moved step may be saved again
 
     def _check_fits(self, target: Any, step: int) -> None:
         """Name the first array that is missing, extra or of another shape in the saved state."""
@@ -114,13 +309,292 @@ class Checkpoints:
                 "use a fresh --workdir"
             )
 
-    def wait(self) -> None:
-        """Block until every pending save is on disk."""
-        self._manager.wait_until_finished()
+    # -- saving ----------------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Finish pending saves and release the manager's threads."""
-        self._manager.close()
+    def _settle(self) -> None:
+        """Wait for the pending save, seal it, and delete what is no longer kept."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            self._save_failed(pending[-1], e)
+            raise
+        if self.read_only or not self._primary:
+            return
+        for step in pending:
+            try:
+                self._seal(step)
+            except OSError as e:
+                self._save_failed(step, e)
+                raise
+        self._prune()
+
+    def _seal(self, step: int) -> None:
+        """Write the manifest of committed checkpoint ``step``: every file's size and SHA-256, read back from disk."""
+        path = self.directory / str(step)
+        if not path.is_dir():
+            return
+        files = {}
+        for file in _files(path):
+            name = file.relative_to(path).as_posix()
+            files[name] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+        _write_atomically(path / MANIFEST, {"format": _MANIFEST_FORMAT, "step": step, "files": files})
+
+    def _prune(self) -> None:
+        """Delete every checkpoint older than the ``keep`` newest sealed ones."""
+        if self.keep is None:
+            return
+        steps = self._list_steps()
+        sealed = [s for s in steps if (self.directory / str(s) / MANIFEST).is_file()]
+        if len(sealed) < self.keep:
+            return
+        doomed = [s for s in steps if s < sealed[-self.keep]]
+        for step in doomed:
+            try:
+                _delete(self.directory / str(step))
+            except OSError:
+                pass  # tried again after the next save
+        if doomed:
+            self._manager.reload()
+
+    def _save_failed(self, step: int, error: BaseException) -> None:
+        """Turn a failed write while saving ``step`` into a :class:`UserError` (other errors are left to the
+        caller to re-raise), removing what the save left behind."""
+        failure = _write_failure(error)
+        if failure is None:
+            return
+        space, reason = failure
+        if self._primary:
+            for leftover in self.directory.glob(f"{step}{_ORBAX_TMP}*"):
+                _delete(leftover, rename=False)
+            for leftover in (self.directory / str(step)).glob(f"{MANIFEST}.tmp*"):
+                leftover.unlink(missing_ok=True)
+        try:
+            self._manager.reload()
+        except Exception:  # the directory itself may be the problem; the error below says so
+            pass
+        intact = self._newest_intact(before=step)
+        newest = (
+            f"the newest intact checkpoint is step {intact}" if intact is not None else "there is no earlier checkpoint"
+        )
+        if space:
+            raise UserError(
+                f"no space left on device while saving checkpoint step {step} in {self.directory} ({reason}); "
+                f"{newest}; free space and run the same command again"
+            ) from None
+        raise UserError(
+            f"cannot write checkpoint step {step} in {self.directory} ({reason}); {newest}; "
+            "fix that and run the same command again"
+        ) from None
+
+    def _newest_intact(self, before: int) -> int | None:
+        """The newest checkpoint older than ``before`` that matches its manifest (or has none)."""
+        try:
+            steps = self._list_steps()
+        except UserError:
+            return None
+        for step in reversed([s for s in steps if s < before]):
+            if self.verify(step) is None:
+                return step
+        return None
+
+    # -- the directory ---------------------------------------------------------------------------
+
+    def _list_steps(self) -> list[int]:
+        """Steps of the committed checkpoints on disk, oldest first, as orbax finds them (``<step>/`` directories)."""
+        try:
+            entries = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise UserError(f"cannot read checkpoint directory {self.directory}: {_os_reason(e)}") from None
+        steps = []
+        for entry in entries:
+            if re.fullmatch(r"0|[1-9][0-9]*", entry.name) and entry.is_dir():
+                steps.append(int(entry.name))
+        return sorted(steps)
+
+    def _remove_leftovers(self) -> None:
+        """Remove orbax's temporary directories of interrupted saves, and checkpoints half deleted."""
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return
+        for entry in entries:
+            if _ORBAX_TMP in entry.name or entry.name.startswith(_DELETING):
+                try:
+                    _delete(Path(entry.path), rename=False)
+                except OSError:
+                    pass  # orbax also removes its own when it saves the same step again
+
+
+def _files(path: Path) -> list[Path]:
+    """Every file under a step directory, in a fixed order, but its manifest and manifest temporaries."""
+    found = []
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        for name in sorted(names):
+            if Path(root) == path and name.startswith(MANIFEST):
+                continue
+            found.append(Path(root) / name)
+    return found
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_atomically(path: Path, content: Any) -> None:
+    """Write JSON to ``path`` so that it is either absent or complete, even if the process dies."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(content, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        directory = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(directory)
+    except OSError:
+        pass
+    finally:
+        os.close(directory)
+
+
+def _delete(path: Path, rename: bool = True) -> None:
+    """Delete a directory; first renamed (to a name no one takes for a checkpoint) if ``rename``."""
+    if rename:
+        doomed = path.with_name(f"{_DELETING}{path.name}")
+        if doomed.exists():
+            shutil.rmtree(doomed, ignore_errors=True)
+        try:
+            os.replace(path, doomed)
+        except FileNotFoundError:
+            return
+        path = doomed
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _root_cause(error: BaseException) -> str:
+    """The first line of the innermost message in an exception's chain (tensorstore's, under orbax's)."""
+    innermost, seen = error, {id(error)}
+    cause = error.__cause__ or error.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if str(cause).strip():
+            innermost = cause
+        cause = cause.__cause__ or cause.__context__
+    text = str(innermost).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(innermost).__name__}: {line[:300]}" if line else type(innermost).__name__
+
+
+def _os_reason(error: OSError) -> str:
+    return error.strerror or str(error) or type(error).__name__
+
+
+def _write_failure(error: BaseException) -> tuple[bool, str] | None:
+    """(whether out of space, the reason) if ``error`` is, or is caused by, a failed file-system write."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e.errno in _SPACE_ERRNOS, _os_reason(e)
+        found = _write_failure_text(str(e))
+        if found is not None:
+            return found
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return None
+
+
+def _write_failure_text(text: str) -> tuple[bool, str] | None:
+    """Read a failed write out of a message, such as tensorstore's ``... [os_error_code='28']``."""
+    match = _OS_ERROR_CODE.search(text)
+    if match:
+        code = int(match.group(1))
+        return code in _SPACE_ERRNOS, os.strerror(code)
+    for phrase in _SPACE_TEXTS:
+        if phrase in text:
+            return True, phrase
+    return None
+
+
+class _OrbaxWriteFailureFilter(logging.Filter):
+    """Drop orbax's log records (tracebacks from its save threads) about a failed write: :class:`Checkpoints`
+    reports that as one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "orbax" not in record.pathname:
+            return True
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f"\n{record.exc_info[1]}"
+        return _write_failure_text(text) is None
+
+
+_ORBAX_FILTER = _OrbaxWriteFailureFilter()
+
+
+def _quiet_orbax_write_failures() -> None:
+    logger = logging.getLogger("absl")
+    if _ORBAX_FILTER not in logger.filters:
+        logger.addFilter(_ORBAX_FILTER)
+
+
+@contextlib.contextmanager
+def _quiet_orbax_coroutines() -> Iterator[None]:
+    """Silence "Exception ignored in: <coroutine ...>" from orbax's reads left behind when one read of a damaged
+    checkpoint fails (the damage is reported in one line instead)."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        code = getattr(unraisable.object, "cr_code", None)
+        if code is None or "orbax" not in code.co_filename:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    except BaseException:
+        gc.collect()  # the abandoned coroutines are reported when collected: now, while quiet
+        raise
+    finally:
+        sys.unraisablehook = previous
+
+
+def _sync_processes(name: str) -> None:
+    """Wait until every process gets here (nothing to wait for in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _disagree(problem: str | None) -> bool:
+    """Whether this process or any other found a problem (all processes must call this together)."""
+    if jax.process_count() == 1:
+        return problem is not None
+    from jax.experimental import multihost_utils
+
+    found = multihost_utils.process_allgather(np.asarray(problem is not None, dtype=np.int32))
+    return bool(np.any(found))
 
 
 def _flat(tree: Any) -> list:

@@ -64,7 +64,8 @@ def poisoned_steps(cfg: config.Config, data: Dataset, model: nn.Module) -> list[
     """The updates (1-based) whose batch holds the poisoned image, read off the loader's batches."""
     run = Run(cfg, model=model, dataset=data)
     batches = run.train_batches(0)
-    hits = [step + 1 for step, batch in zip(range(cfg.train.steps), batches, strict=False) if batch["image"].max() > model.threshold]
+    steps = zip(range(1, cfg.train.steps + 1), batches, strict=False)
+    hits = [step for step, batch in steps if batch["image"].max() > model.threshold]
     batches.close()
     return hits
 

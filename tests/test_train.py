@@ -195,15 +195,18 @@ def test_diverging_loss_stops_the_run_with_the_step_and_no_nan_in_the_logs(quadr
     assert "NaN" not in text and "Infinity" not in text
 
 
-def test_damaged_checkpoint_is_a_user_error_naming_the_step(quadrants, tmp_path):
+def test_every_checkpoint_damaged_is_a_user_error_that_moves_nothing(quadrants, tmp_path):
     cfg = tiny_config()
     train(cfg, tmp_path, dataset=quadrants)
-    for path in (tmp_path / "checkpoints" / "12" / "state").rglob("*"):
-        if path.is_file() and path.parent.name == "d":
-            path.write_bytes(b"garbage")
+    for step in ("4", "8", "12"):
+        for path in (tmp_path / "checkpoints" / step / "state").rglob("*"):
+            if path.is_file() and path.parent.name == "d":
+                path.write_bytes(b"garbage")
     (tmp_path / "summary.json").unlink()
-    with pytest.raises(UserError, match=r"checkpoint step 12 in .* cannot be restored .* delete .*12 to fall back"):
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    with pytest.raises(UserError, match=r"every checkpoint in .* is damaged \(step 12: .*step 8: .*step 4: "):
         train(cfg, tmp_path, dataset=quadrants)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
 
 
 def test_resume_ignores_a_malformed_metrics_line(quadrants, tmp_path):

@@ -420,7 +420,7 @@ def _train_loop(
     if ckpts.latest_step() is None:
         state, start = run.init_state(), 0
     else:
-        state = ckpts.restore(run.abstract_state())
+        state = ckpts.restore(run.abstract_state(), say=say)
         start = int(state.step)
         if start > train_cfg.steps:
             raise UserError(

@@ -1,6 +1,6 @@
 """The ``jaxnet`` command: argument parsing only; the work happens in :mod:`jaxnet.train`.
 
-    jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config]
+    jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config] [--adopt]
                  [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxnet eval --workdir DIR [--split test|val] [key=value ...]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
@@ -8,14 +8,14 @@
                  [--compare-devices]
     jaxnet list
 
-Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2.
+Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
+stopped by SIGTERM or SIGINT finishes its step, saves a checkpoint and exits with 0 or 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import traceback
 
@@ -38,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=0.05")
     train.add_argument("--workdir", help="run directory (default: runs/EXPERIMENT[-VARIANT])")
     train.add_argument("--show-config", action="store_true", help="print the resolved config and every key, then exit")
+    train.add_argument("--adopt", action="store_true", help="resume a workdir that holds a run of another experiment")
     hosts = train.add_argument_group(
         "multi-process runs", "one process per host (Slurm and Open MPI are detected without these)"
     )
@@ -98,8 +99,9 @@ def _run(args: argparse.Namespace) -> int:
         from jaxnet.train import train
 
         parallel.init_processes(args.coordinator, args.num_processes, args.process_id)
-        train(cfg, args.workdir)
-        return 0
+        summary = train(cfg, args.workdir, adopt=args.adopt)
+        # Stopped by a signal after saving a checkpoint: SIGTERM (preemption) is a clean exit
+        return 130 if summary.get("interrupted_by") == "SIGINT" else 0
     if args.command == "eval":
         from jaxnet.train import evaluate
 
@@ -145,17 +147,19 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides = [*args.overrides, *extra]
         return _run(args)
     except UserError as e:
-        print(f"jaxnet: error: {e}", file=sys.stderr)
-        _leave_processes(2)
-        return 2
+        return _leave_processes(2, f"jaxnet: error: {e}")
     except KeyboardInterrupt:
-        print("jaxnet: interrupted; run the same command again to resume from the last checkpoint", file=sys.stderr)
-        _leave_processes(130)
-        return 130
-    except BaseException:
+        return _leave_processes(
+            130, "jaxnet: interrupted; run the same command again to resume from the last checkpoint"
+        )
+    except BaseException as e:
         if _multi_process():
-            traceback.print_exc()
-            _leave_processes(1)
+            from jaxnet import parallel
+
+            message = parallel.peer_stopped(e)  # another process died: one line, not this traceback
+            if message is None:
+                traceback.print_exc()
+            _leave_processes(1, message)
         raise
 
 
@@ -167,10 +171,14 @@ def _multi_process() -> bool:
     return jax.distributed.is_initialized()
 
 
-def _leave_processes(code: int) -> None:
-    """In a multi-process run, exit at once: a normal exit waits at JAX's shutdown barrier for the
-    other processes, which wait in a collective for this one; exiting makes theirs fail now."""
+def _leave_processes(code: int, message: str | None) -> int:
+    """Print ``message`` on stderr and return ``code``; in a multi-process run, exit at once
+    instead and tell the other processes, which stop too (a normal exit would wait at JAX's
+    shutdown barrier for them while they wait in a collective for this one)."""
     if _multi_process():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        from jaxnet import parallel
+
+        parallel.leave(code, message)
+    if message:
+        print(message, file=sys.stderr)
+    return code

@@ -14,10 +14,17 @@ hold (:func:`process_rows`) and :func:`put_batch` assembles the global batch fro
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import math
 import os
 import re
+import selectors
+import socket
+import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -162,16 +169,39 @@ def init_processes(
         _initialize(coordinator, num_processes, process_id)
     elif _scheduled():
         _initialize()
+    else:
+        return
+    _start_watch()
 
 
 def _initialize(*args: Any) -> None:
     try:
-        jax.distributed.initialize(*args)
+        jax.distributed.initialize(*args, heartbeat_timeout_seconds=2 * heartbeat_seconds() + 20)
     except (ValueError, RuntimeError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
             f"could not join the multi-process run ({reason}); pass --coordinator, --num-processes and --process-id"
         ) from None
+
+
+HEARTBEAT_SECONDS = 40
+
+
+def heartbeat_seconds() -> int:
+    """How long a process of a multi-process run may go unheard before the others take it to have
+    hung and stop: ``$JAXNET_HEARTBEAT_SECONDS``, by default :data:`HEARTBEAT_SECONDS`.
+
+    A process that dies is noticed at once (its connection closes); this bounds the wait for one
+    that hangs (a frozen host, a network cut). JAX's own heartbeat check, which ends the processes
+    with a long runtime message or an abort, is set to twice that plus 20 s (100 s, JAX's default,
+    with the default), as a backstop.
+    """
+    value = os.environ.get("JAXNET_HEARTBEAT_SECONDS", "").strip()
+    if not value:
+        return HEARTBEAT_SECONDS
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"JAXNET_HEARTBEAT_SECONDS={value}: expected a whole number of seconds, at least 1")
+    return int(value)
 
 
 def _scheduled() -> bool:
@@ -181,6 +211,233 @@ def _scheduled() -> bool:
         return True
     # srun sets SLURM_STEP_NUM_TASKS for the tasks it starts; a batch script itself is one task
     return int(env.get("SLURM_STEP_NUM_TASKS") or 1) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE") or 1) > 1
+
+
+# The watch. JAX notices a dead process only when its heartbeats time out; the processes left
+# then end with a long runtime message or an abort, or meanwhile fail in a collective (gloo: a
+# "Connection reset by peer" traceback) or wait in one (NCCL). So process 0 also holds a TCP
+# connection to every other process, watched by a thread in each: when a process ends, the kernel
+# closes its connection at once, and the processes left say which one stopped, in one line, and
+# exit; one that hangs is noticed when its beats stop. Lines sent: "hello I" (process I joins),
+# "beat" (every few seconds), "bye" (ends normally), "failed CODE" (leaves with an error), and
+# from process 0 to the others "lost I" / "hung I" / "failed I CODE" (process I stopped).
+
+_WATCH_KEY = "jaxnet/watch"
+_BEAT_SECONDS = 5.0
+_GRACE_SECONDS = 2.0  # a process that announced its error: give this one time to fail on its own
+_RESUME = "run the same command on every process again to resume from the newest checkpoint"
+
+
+class _Watch:
+    def __init__(self, index: int, count: int, silence: float) -> None:
+        self.index, self.count, self.silence = index, count, silence
+        self.reporting = threading.Lock()  # held by whoever prints the error; never released
+        self.sending = threading.Lock()
+        self.peers: dict[int, socket.socket] = {}  # process 0: every other process; the others: {0: ...}
+        self.heard: dict[int, float] = {}  # when each peer was last heard from
+        self.ended: set[int] = set()  # processes that said bye or failed: their connection may close
+        self.beat = time.monotonic()
+
+    def serve(self, server: socket.socket) -> None:
+        """Process 0: accept the others' connections and read them until one of them stops."""
+        selector = selectors.DefaultSelector()
+        selector.register(server, selectors.EVENT_READ, None)
+        while True:
+            for key, _ in selector.select(timeout=_BEAT_SECONDS):
+                if key.data is None:
+                    connection, _ = server.accept()
+                    selector.register(connection, selectors.EVENT_READ, {"id": None, "buffer": b""})
+                    continue
+                connection, peer = key.fileobj, key.data
+                lines = _read_lines(connection, peer)
+                if peer["id"] is not None:
+                    self.heard[peer["id"]] = time.monotonic()
+                for words in lines or []:
+                    if words[:1] == ["hello"] and len(words) == 2 and words[1].isdigit():
+                        peer["id"] = int(words[1])
+                        self.heard[peer["id"]] = time.monotonic()
+                        with self.sending:
+                            self.peers[peer["id"]] = connection
+                    elif words[:1] == ["bye"] and peer["id"] is not None:
+                        self.ended.add(peer["id"])
+                    elif words[:1] == ["failed"] and peer["id"] is not None:
+                        self.ended.add(peer["id"])
+                        code = words[1] if len(words) > 1 else "?"
+                        self._tell_others(f"failed {peer['id']} {code}", peer["id"])
+                        self._stop(self._failed(peer["id"], code), wait=_GRACE_SECONDS)
+                if lines is None:  # closed
+                    selector.unregister(connection)
+                    connection.close()
+                    if peer["id"] is not None and peer["id"] not in self.ended:
+                        self._tell_others(f"lost {peer['id']}", peer["id"])
+                        self._stop(self._lost(peer["id"]))
+            for index in self._silent():
+                self._tell_others(f"hung {index}", index)
+                self._stop(self._hung(index))
+            self._keep_beating()
+
+    def join(self, client: Any, host: str) -> None:
+        """Any other process: connect to process 0 and read until it stops or says one stopped."""
+        try:
+            port = int(client.blocking_key_value_get(_WATCH_KEY, 300_000))
+            connection = socket.create_connection((host, port), timeout=60)
+            connection.settimeout(_BEAT_SECONDS)
+            connection.sendall(f"hello {self.index}\n".encode())
+        except Exception:  # noqa: BLE001 - no watch then; JAX's heartbeats still end the run
+            return
+        with self.sending:
+            self.peers[0] = connection
+        self.heard[0] = time.monotonic()
+        peer: dict[str, Any] = {"id": 0, "buffer": b""}
+        while (lines := _read_lines(connection, peer)) is not None:
+            if lines:
+                self.heard[0] = time.monotonic()
+            for words in lines:
+                if words[:1] == ["bye"]:
+                    self.ended.add(0)
+                elif words[:1] in (["lost"], ["hung"]) and len(words) == 2 and words[1].isdigit():
+                    index = int(words[1])
+                    self._stop(self._lost(index) if words[0] == "lost" else self._hung(index))
+                elif words[:1] == ["failed"] and len(words) == 3 and words[1].isdigit():
+                    self.ended.add(0)
+                    self._stop(self._failed(int(words[1]), words[2]), wait=_GRACE_SECONDS)
+            if self._silent():
+                self._stop(self._hung(0))
+            self._keep_beating()
+        if 0 not in self.ended:
+            self._stop(self._lost(0))
+
+    def _silent(self) -> list[int]:
+        now = time.monotonic()
+        return [i for i, heard in self.heard.items() if i not in self.ended and now - heard > self.silence]
+
+    def _keep_beating(self) -> None:
+        if time.monotonic() - self.beat >= _BEAT_SECONDS:
+            self.beat = time.monotonic()
+            self.say("beat")
+
+    def _lost(self, index: int) -> str:
+        return f"{self._name(index)} stopped unexpectedly (killed or crashed: its connection closed)"
+
+    def _hung(self, index: int) -> str:
+        return f"{self._name(index)} stopped responding (not heard from for {self.silence:.0f} s)"
+
+    def _failed(self, index: int, code: str) -> str:
+        return f"{self._name(index)} stopped with exit code {code} (its output says why)"
+
+    def _name(self, index: int) -> str:
+        return f"process {index} of {self.count}{' (the coordinator)' if index == 0 else ''}"
+
+    def _tell_others(self, line: str, about: int) -> None:
+        with self.sending:
+            for index, connection in self.peers.items():
+                if index != about:
+                    with contextlib.suppress(OSError):
+                        connection.sendall(f"{line}\n".encode())
+
+    def _stop(self, what: str, wait: float = 0.0) -> None:
+        time.sleep(wait)
+        with self.reporting:
+            _exit(1, f"jaxnet: error: {what}; this process stops too: {_RESUME}")
+
+    def say(self, line: str) -> None:
+        """Send ``line`` to process 0 (from process 0: to every other process)."""
+        self._tell_others(line, about=-1)
+
+
+def _read_lines(connection: socket.socket, peer: dict[str, Any]) -> list[list[str]] | None:
+    """The whole lines that arrived on ``connection``, split into words (none if nothing came in
+    time); None once it closed."""
+    try:
+        data = connection.recv(4096)
+    except TimeoutError:
+        return []
+    except OSError:
+        data = b""
+    if not data:
+        return None
+    peer["buffer"] += data
+    *lines, peer["buffer"] = peer["buffer"].split(b"\n")
+    return [line.decode(errors="replace").split() for line in lines]
+
+
+_watch: _Watch | None = None
+
+
+def _start_watch() -> None:
+    """Start watching the other processes of the run just joined (nothing if that cannot be set up)."""
+    global _watch
+    from jax._src import distributed  # the run's coordination client, as orbax and multihost_utils use it
+
+    state = distributed.global_state
+    client, address = getattr(state, "client", None), getattr(state, "coordinator_address", None)
+    if client is None or not address or state.num_processes < 2:
+        return
+    watch = _Watch(state.process_id, state.num_processes, heartbeat_seconds())
+    if watch.index == 0:
+        try:
+            server = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+        except OSError:
+            try:
+                server = socket.create_server(("", 0))
+            except OSError:
+                return
+        client.key_value_set(_WATCH_KEY, str(server.getsockname()[1]))
+        target, args = watch.serve, (server,)
+    else:
+        target, args = watch.join, (client, address.rsplit(":", 1)[0].strip("[]"))
+    threading.Thread(target=target, args=args, name="jaxnet-watch", daemon=True).start()
+    atexit.register(watch.say, "bye")  # runs before JAX's own exit handler, which waits for the others
+    _watch = watch
+
+
+def leave(code: int, message: str | None = None) -> None:
+    """End this process of a multi-process run at once with exit code ``code``, after printing
+    ``message`` (if any) on stderr and telling the other processes, which then stop too.
+
+    A normal exit would wait at JAX's shutdown barrier for the others, which wait in a collective
+    for this one. If another process is already reporting its failure, this one stays quiet.
+    """
+    if _watch is not None and not _watch.reporting.acquire(blocking=False):
+        while True:  # the watch is printing its error and ending the process
+            time.sleep(1)
+    if _watch is not None:
+        _watch.say(f"failed {code}" if _watch.index else f"failed 0 {code}")
+    _exit(code, message)
+
+
+def peer_stopped(error: BaseException) -> str | None:
+    """If ``error`` looks like the failure of another process of a multi-process run (a collective
+    whose connection was cut, a coordination service that lost a process), a one-line error
+    saying so; otherwise None. Waits a few seconds first: if a process did stop, the watch
+    (which knows which one) prints the error and ends this process meanwhile."""
+    texts, seen = [], error
+    while seen is not None and len(texts) < 5:
+        texts.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(texts)
+    markers = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "heartbeat", "Gloo")
+    if not any(m.lower() in text.lower() for m in markers):
+        return None
+    if _watch is not None:
+        time.sleep(_GRACE_SECONDS + 3)
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    reason = first if len(first) <= 200 else first[:197] + "..."
+    return f"jaxnet: error: another process of the run stopped ({reason}); this process stops too: {_RESUME}"
+
+
+def _exit(code: int, message: str | None = None) -> None:
+    """Print ``message`` and end the process now, without waiting for the other processes. The
+    message goes first, straight to the file: when process 0 dies, JAX's runtime ends the
+    others too, a moment later, with a long message of its own."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    if message:
+        with contextlib.suppress(OSError):
+            os.write(sys.__stderr__.fileno() if sys.__stderr__ else 2, (message + "\n").encode())
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(code)
 
 
 def is_primary() -> bool:

@@ -162,3 +162,89 @@ def test_each_process_reads_exactly_its_rows_of_every_batch(parts):
                 np.testing.assert_array_equal(np.concatenate([g[key] for g in got]), value, err_msg=key)
             else:
                 assert all(g[key] == value for g in got)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _start_processes(commands: list[list[str]], logs: Path, tag: str) -> list[subprocess.Popen]:
+    """Start one process per command, output to ``logs/TAG-I.out`` and ``.err`` (files, not pipes:
+    a process that is not read must not block on a full pipe)."""
+    env = {**_env(1), "JAXNET_HEARTBEAT_SECONDS": "10"}
+    processes = []
+    for i, command in enumerate(commands):
+        with open(logs / f"{tag}-{i}.out", "w") as out, open(logs / f"{tag}-{i}.err", "w") as err:
+            processes.append(subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=ROOT))
+    return processes
+
+
+def _stop_all(processes: list[subprocess.Popen]) -> None:
+    for p in processes:
+        if p.poll() is None:
+            p.kill()  # SIGKILL: SIGCONT is not needed for a stopped process
+    for p in processes:
+        p.wait(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "how, victim",
+    [("killed", 1), ("killed", 0), ("hung", 0)],
+    ids=["process-1-killed", "process-0-killed", "process-0-hung"],
+)
+def test_when_a_process_dies_the_other_stops_with_one_line_and_the_run_resumes(tmp_path, how, victim):
+    """SIGKILL (or SIGSTOP: a hung host) one of two processes while they train: the other ends
+    within seconds with a one-line error naming it, and the same two commands run again resume
+    from the newest checkpoint and finish the run."""
+    import re
+    import signal
+    import time
+
+    text = tmp_path / "fox.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)
+    workdir = tmp_path / "run"
+    args = [*RUN[:3], f"data.path={text}", "train.checkpoint_every=5", "train.steps=400", "train.eval_every=0"]
+    args += ["mesh.data=-1", "--workdir", str(workdir), "--coordinator", f"localhost:{_free_port()}"]
+    commands = [
+        [sys.executable, "-m", "jaxnet", "train", *args, "--num-processes", "2", "--process-id", str(i)] for i in (0, 1)
+    ]
+    survivor = 1 - victim
+    processes = _start_processes(commands, tmp_path, "first")
+    try:
+        deadline = time.monotonic() + 240
+        while not any(p.name.isdigit() for p in workdir.glob("checkpoints/*")):  # a finished checkpoint
+            assert time.monotonic() < deadline and all(p.poll() is None for p in processes), "no checkpoint"
+            time.sleep(0.05)
+        processes[victim].send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        stopped = time.monotonic()
+        code = processes[survivor].wait(timeout=120)
+        seconds = time.monotonic() - stopped
+        print(f"process {victim} {how}: process {survivor} exited {seconds:.1f} s later")  # the README's figure
+        assert processes[victim].poll() is None or how == "killed"
+    finally:
+        _stop_all(processes)
+    stderr = (tmp_path / f"first-{survivor}.err").read_text()
+    what = "stopped unexpectedly" if how == "killed" else "stopped responding"
+    expected = f"jaxnet: error: process {victim} of 2{' (the coordinator)' if victim == 0 else ''} {what}"
+    assert code == 1 and expected in stderr, stderr[-3000:]
+    assert "run the same command on every process again to resume" in stderr
+    assert seconds < (5 if how == "killed" else 30), seconds  # killed: at once; hung: after 10 s unheard
+    if victim == 1:  # when process 0 dies, JAX's runtime ends the others too, with lines of its own
+        assert "Traceback" not in stderr and stderr.count("\n") == 1, stderr[-3000:]
+    assert "test loss" not in (tmp_path / "first-0.out").read_text()  # stopped while training
+
+    again = _start_processes(commands, tmp_path, "again")
+    try:
+        codes = [p.wait(timeout=300) for p in again]
+    finally:
+        _stop_all(again)
+    stdout = (tmp_path / "again-0.out").read_text()
+    assert codes == [0, 0], (tmp_path / "again-0.err").read_text()[-3000:]
+    resumed = re.search(r"resuming .* from step (\d+)", stdout)
+    assert resumed and 5 <= int(resumed.group(1)) < 400, stdout
+    assert "test loss" in stdout and json.loads((workdir / "summary.json").read_text())["complete"]

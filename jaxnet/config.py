@@ -300,11 +300,17 @@ def _check(key: str, value: Any, f: dataclasses.Field) -> None:
     choices, low, high = f.metadata.get("choices"), f.metadata.get("low"), f.metadata.get("high")
     if choices and value not in choices:
         raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}")
+    every = ": every entry " if isinstance(value, tuple) else " "
     for v in value if isinstance(value, tuple) else (value,):
         if low is not None and v < low:
-            raise UserError(f"{key}={value!r} must be >= {low}")
+            raise UserError(f"{key}={_show(value)}{every}must be >= {low}")
         if high is not None and v > high:
-            raise UserError(f"{key}={value!r} must be <= {high}")
+            raise UserError(f"{key}={_show(value)}{every}must be <= {high}")
+
+
+def _show(value: Any) -> str:
+    """A value as it is written on the command line: ``32,0`` for a tuple, ``1.5`` for a number."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else repr(value)
 
 
 # Names people bring from other frameworks.
@@ -323,13 +329,30 @@ _ALIASES = {
 
 
 def _unknown_key(key: str) -> UserError:
-    leaf = key.rsplit(".", 1)[-1]
+    section, _, leaf = key.rpartition(".")
+    siblings = [k for k in KEYS if k.rpartition(".")[0] == section] if section else []
+    if section == "mesh":  # a mesh key is an axis name; list them all rather than guess
+        return UserError(
+            f"unknown mesh axis {leaf!r} in {key}; the mesh axes are {', '.join(siblings)} "
+            "(set the ones you use to a device count)"
+        )
     near = [k for k in KEYS if k.rsplit(".", 1)[-1] == leaf]  # right name, wrong section
     if leaf in _ALIASES:
         near.append(_ALIASES[leaf])
-    near += difflib.get_close_matches(key, KEYS, n=3, cutoff=0.6)
+    if siblings:  # a known section: a misspelt name in it (the shared section name would match anything)
+        leaves = [k.rpartition(".")[2] for k in siblings]
+        near += [f"{section}.{m}" for m in difflib.get_close_matches(leaf, leaves, n=3, cutoff=0.6)]
+    else:
+        near += difflib.get_close_matches(key, KEYS, n=3, cutoff=0.6)
     near = list(dict.fromkeys(near))[:3]
-    hint = f"; did you mean {' or '.join(near)}?" if near else "; see `jaxnet train EXP --show-config`"
+    if near:
+        hint = f"; did you mean {' or '.join(near)}?"
+    elif siblings:
+        hint = f"; the {section} keys are {', '.join(k.rpartition('.')[2] for k in siblings)}"
+    else:
+        top = [k for k in KEYS if "." not in k and k != "experiment"]
+        sections = [f"{s}.*" for s in dict.fromkeys(k.partition(".")[0] for k in KEYS if "." in k)]
+        hint = f"; the keys are {', '.join(top + sections)} (see `jaxnet train EXP --show-config`)"
     return UserError(f"unknown config key {key!r}{hint}")
 
 
@@ -392,7 +415,10 @@ def validate(cfg: Config) -> None:
             f"optim.grad_accum={cfg.optim.grad_accum}; pick a batch size that is a multiple of it"
         )
     if cfg.optim.warmup_steps > cfg.train.steps:
-        raise UserError(f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}")
+        raise UserError(
+            f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}; "
+            "lower optim.warmup_steps or raise train.steps"
+        )
     for axis in ("data", "fsdp", "tensor"):
         if getattr(cfg.mesh, axis) == 0:
             raise UserError(f"mesh.{axis}=0: use a positive device count or -1 for the rest of the devices")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,8 @@ def generate(
     context = getattr(model, "context", None)
     if context is not None and len(prompt) >= context:
         raise UserError(
-            f"the prompt ({len(prompt)} tokens) is longer than the model's context of {context} leaves room "
-            f"for; give a prompt of at most {context - 1} tokens"
+            f"the prompt is {len(prompt)} tokens, longer than the model's context of {context} tokens allows "
+            f"(the prompt and one new token); give a prompt of at most {context - 1} tokens"
         )
     key = jax.random.PRNGKey(seed)
     empty = decode_state(model)
@@ -161,7 +162,7 @@ def sample(
     vocab, tokenizer = read_vocab(workdir / "vocab.json")
     dummy = np.zeros(2, np.int32)
     dataset = TextDataset(dummy, dummy[:0], dummy[:0], vocab, tokenizer, name="vocab.json")
-    if not (workdir / "checkpoints").is_dir():
+    if not (workdir / "checkpoints").exists():  # a file there is named by Checkpoints below
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
     model = models.build(cfg.model, len(vocab), cfg.data.seq_len)
     tx, _ = optim.build(cfg.optim, cfg.train.steps)
@@ -169,7 +170,7 @@ def sample(
     target = abstract_state(lambda: state_lib.create(model, tx, sample_input, cfg.seed), parallel.make_mesh(cfg.mesh))
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
-        state = ckpts.restore(target)
+        state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only
     finally:
         ckpts.close()
     if not prompt:  # start a new line (a new sentence for word models)

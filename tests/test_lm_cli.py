@@ -8,11 +8,12 @@ import json
 import math
 import re
 import subprocess
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from test_cli import ROOT, jaxnet_command, snapshot
+from test_cli import ROOT, bad, jaxnet_command, snapshot, tree
 
 from jaxnet import cli, config, observe
 from jaxnet.checkpoint import Checkpoints
@@ -192,68 +193,94 @@ def test_stream_evaluation_carries_the_state_from_batch_to_batch(tmp_path):
     assert streamed["loss"] < windowed["loss"]
 
 
+GPT = "transformer_shakespeare:smoke"
 LM_BAD_INPUT = [
-    (["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={empty}"], "text is empty"),
-    (["train", "transformer_shakespeare:smoke", "data.name=text"], "data.name=text needs data.path"),
-    (["train", "transformer_shakespeare:smoke", "data.name=text", "data.path=/no/such.txt"], "is not a file"),
-    (["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={binary}"], "is not UTF-8 text"),
-    (["train", "transformer_shakespeare:smoke", "data.name=fashion_mnist"], "cannot train on data.name="),
-    (["train", "cnn_fashion_mnist:smoke", "data.name=ptb"], "cannot train on data.name=ptb"),
-    (["train", "transformer_shakespeare:smoke", "model.heads=5"], "not divisible by model.heads=5"),
-    (["train", "transformer_shakespeare:smoke", "data.seq_len=0"], "data.seq_len >= 1"),
-    (["train", "transformer_shakespeare:smoke", "data.tokenizer=bpe"], "is not one of"),
-    (
-        ["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={short}", "data.seq_len=64"],
+    bad(["train", GPT, "data.name=text", "data.path={empty}"], "data.path=empty.txt is empty"),
+    bad(["train", GPT, "data.name=text", "data.path={blank}"], "data.path=blank.txt has only whitespace"),
+    bad(["train", GPT, "data.name=text"], "data.name=text needs data.path"),
+    bad(["train", GPT, "data.name=text", "data.path=/no/such.txt"], "data.path=/no/such.txt is not a file"),
+    bad(["train", GPT, "data.name=text", "data.path={binary}"], "binary.txt is not UTF-8 text (byte 0)"),
+    bad(["train", GPT, "data.name=fashion_mnist"], "cannot train on data.name="),
+    bad(["train", "cnn_fashion_mnist:smoke", "data.name=ptb"], "cannot train on data.name=ptb"),
+    bad(["train", GPT, "model.heads=5"], "not divisible by model.heads=5"),
+    bad(["train", GPT, "data.seq_len=0"], "data.seq_len >= 1"),
+    bad(["train", GPT, "data.tokenizer=bpe"], "data.tokenizer='bpe' is not one of"),
+    bad(
+        ["train", GPT, "data.name=text", "data.path={short}", "data.seq_len=64"],
         "shorter than one window of data.seq_len=64",
     ),
-    (
+    bad(
         ["train", "lstm_shakespeare:smoke", "data.name=text", "data.path={short}", "train.batch_size=64"],
         "too short for 64 streams",
     ),
-    (["train", "lstm_shakespeare:smoke", "optim.grad_accum=2"], "cannot be used with model.name=lstm"),
-    (
+    bad(["train", "lstm_shakespeare:smoke", "optim.grad_accum=2"], "cannot be used with model.name=lstm"),
+    bad(
         ["train", "lstm_shakespeare:smoke", "data.batching=windows", "optim.grad_accum=2"],
         "cannot be used with model.name=lstm",
     ),
-    (["eval", "--workdir", "{run}", "data.name=text", "data.path={other}"], "does not match the run"),
-    (
-        ["train", "transformer_shakespeare:smoke", "data.name=text", "data.path={other}", "--workdir", "{run}"],
+    # text with characters outside the vocabulary of the restored run: named
+    bad(["eval", "--workdir", "{run}", "data.name=text", "data.path={other}"], "does not match the run", "('\u00e9')"),
+    bad(
+        ["train", GPT, "data.name=text", "data.path={other}", "--workdir", "{run}"],
         "does not match the run",
+        "tokens outside it ('\u00e9')",
     ),
-    (["sample", "--workdir", "{run}", "--prompt", "{long_prompt}"], "longer than"),
-    (["sample", "--workdir", "{run}", "--prompt", "ROMEO\u2603"], "outside this model's vocabulary ('\u2603')"),
-    (["sample", "--workdir", "{run}", "--tokens", "-1"], "--tokens -1"),
-    (["sample", "--workdir", "{run}", "--temperature", "-1"], "--temperature -1"),
-    (["sample", "--workdir", "{run}/tb"], "not a run directory"),
-    (["sample"], "the following arguments are required: --workdir"),
+    bad(
+        ["sample", "--workdir", "{run}", "--prompt", "{long_prompt}"],
+        "the prompt is 40 tokens, longer than the model's context of 32",
+        "at most 31 tokens",
+    ),
+    bad(["sample", "--workdir", "{run}", "--prompt", "ROMEO\u2603"], "outside this model's vocabulary ('\u2603')"),
+    bad(["sample", "--workdir", "{run}", "--tokens", "-1"], "--tokens -1"),
+    bad(["sample", "--workdir", "{run}", "--temperature", "-1"], "--temperature -1"),
+    bad(["sample", "--workdir", "{run}", "--top-k", "-1"], "--top-k -1"),
+    bad(["sample", "--workdir", "{run}", "--tokens", "many"], "argument --tokens: invalid int value: 'many'"),
+    bad(["sample", "--workdir", "{run}/tb"], "not a run directory"),
+    bad(["sample", "--workdir", "{checkpoints_file}"], "checkpoints: it is a file, not a directory"),
+    bad(["sample", "--workdir", "{no_vocab}"], "vocab.json is missing or damaged"),
+    bad(["sample"], "the following arguments are required: --workdir"),
 ]
 
 
-@pytest.mark.parametrize("args, message", LM_BAD_INPUT, ids=[" ".join(a) for a, _ in LM_BAD_INPUT])
+@pytest.mark.parametrize("args, message, devices", LM_BAD_INPUT)
 def test_language_model_bad_input_is_one_line_exit_2_and_harms_nothing(
-    shakespeare_run, tmp_path, capsys, monkeypatch, args, message
+    shakespeare_run, tmp_path, capsys, monkeypatch, args, message, devices
 ):
-    (tmp_path / "empty.txt").write_text("  \n\n")
+    import shutil
+
+    assert devices == 1, "language-model rows run in this process, on its one device"
+    files = {
+        "empty.txt": "",
+        "blank.txt": "  \n\n",
+        "short.txt": "to be or not to be\n",
+        "other.txt": "Zebras \u00e9migr\u00e9 quickly; " * 200,  # all but the \u00e9 in the run's vocabulary
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00garbage")
-    (tmp_path / "short.txt").write_text("to be or not to be\n")
-    (tmp_path / "other.txt").write_text("Zebras \u00e9migr\u00e9 quickly; " * 200)
+    checkpoints_file = Path(shutil.copytree(shakespeare_run, tmp_path / "checkpoints_file"))
+    shutil.rmtree(checkpoints_file / "checkpoints")
+    (checkpoints_file / "checkpoints").write_text("not a directory\n")
+    no_vocab = Path(shutil.copytree(shakespeare_run, tmp_path / "no_vocab"))
+    (no_vocab / "vocab.json").unlink()
     places = dict(
         run=shakespeare_run,
-        empty=tmp_path / "empty.txt",
         binary=tmp_path / "binary.txt",
-        short=tmp_path / "short.txt",
-        other=tmp_path / "other.txt",
+        checkpoints_file=checkpoints_file,
+        no_vocab=no_vocab,
         long_prompt="x" * 40,
+        **{name.removesuffix(".txt"): name for name in files},  # relative: named as the user typed them
     )
     monkeypatch.chdir(tmp_path)
-    before = snapshot(shakespeare_run)
+    before, before_all = snapshot(shakespeare_run), tree(tmp_path)
     code = cli.main([a.format(**places) for a in args])
     err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert len(err.splitlines()) == 1 and err.startswith("jaxnet: error: ")
-    assert message in err
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("jaxnet: error: ") and "Traceback" not in err, err
+    for words in message:
+        assert words in err
     assert snapshot(shakespeare_run) == before
-    assert not (tmp_path / "runs").exists()
+    assert tree(tmp_path) == before_all  # no run directory either
 
 
 def test_lm_experiments_are_listed():

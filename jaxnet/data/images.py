@@ -75,6 +75,8 @@ def _idx_file(directory: Path, stem: str) -> Path:
 def load_idx_dataset(directory: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Load an MNIST-format dataset (``train-images-idx3-ubyte`` etc.) from ``directory``."""
     directory = Path(directory).expanduser()
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"data directory {directory} is a file, not a directory; {FASHION_MNIST_HELP}")
     if not directory.is_dir():
         raise UserError(f"data directory {directory} does not exist; {FASHION_MNIST_HELP}")
     splits = {}
@@ -109,6 +111,8 @@ def load_cifar10(directory: str | os.PathLike) -> dict[str, tuple[np.ndarray, np
     """
     directory = Path(directory).expanduser() if directory else None
     help_text = "pass data.dir=DIR pointing at the extracted cifar-10-batches-py folder"
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise UserError(f"CIFAR-10 directory {directory} is a file, not a directory; {help_text}")
     if directory is None or not directory.is_dir():
         raise UserError(f"CIFAR-10 directory {directory or '(none given)'} does not exist; {help_text}")
 
@@ -121,15 +125,26 @@ def load_cifar10(directory: str | os.PathLike) -> dict[str, tuple[np.ndarray, np
                 batch = pickle.load(f, encoding="bytes")
         except Exception as e:  # a damaged pickle can raise almost anything
             raise UserError(f"cannot read CIFAR batch {path}: {type(e).__name__}: {e}") from None
+        if not isinstance(batch, dict):
+            raise UserError(
+                f"{path} is not a CIFAR-10 batch: it holds a {type(batch).__name__}, not a dict with 'data' and "
+                f"'labels'; {help_text}"
+            )
         batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
         if "data" not in batch or "labels" not in batch:
-            raise UserError(f"{path} is not a CIFAR-10 batch: it has no 'data' and 'labels' entries")
+            raise UserError(f"{path} is not a CIFAR-10 batch: it has no 'data' and 'labels' entries; {help_text}")
         data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
-        if data.ndim != 2 or data.shape[1] != 3072 or len(data) != len(labels):
+        if data.ndim != 2 or data.shape[1] != 3072 or labels.ndim != 1 or len(data) != len(labels):
             raise UserError(
-                f"{path}: data has shape {data.shape} and {len(labels)} labels; "
-                "expected (N, 3072) uint8 rows (3x32x32, channel-major) and N labels"
+                f"{path}: data has shape {data.shape} and labels {labels.shape}; expected (N, 3072) uint8 rows "
+                "(3x32x32, channel-major) and N labels, as in the python version of CIFAR-10; re-extract the batches"
             )
+        if data.dtype != np.uint8 and (
+            not np.issubdtype(data.dtype, np.integer) or (data.size and (data.min() < 0 or data.max() > 255))
+        ):
+            raise UserError(f"{path}: data is {data.dtype}, not uint8 pixel values 0..255; re-extract the batches")
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise UserError(f"{path}: labels are {labels.dtype}, not integer class numbers; re-extract the batches")
         images = data.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
         return images, labels.astype(np.int32)
 

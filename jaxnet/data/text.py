@@ -259,6 +259,9 @@ def load_file(path: str, tokenizer: str = "char") -> TextDataset:
         raise UserError(f"{path} is not UTF-8 text (byte {e.start}); convert it or use data.tokenizer=byte") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
+    if not text.strip():  # str or bytes
+        what = "is empty" if not text else "has only whitespace"
+        raise UserError(f"data.path={path} {what}; give a text file to train on")
     return from_text(text, tokenizer, name=file.name)
 
 

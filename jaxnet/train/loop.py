@@ -589,7 +589,7 @@ def evaluate(workdir: str | os.PathLike, split: str = "test", overrides: list[st
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
-    if not (workdir / "checkpoints").is_dir():
+    if not (workdir / "checkpoints").exists():  # a file there is named by Checkpoints below
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
     cfg = config_lib.apply_overrides(
         config_lib.load(workdir / "config.json"), ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])]

@@ -235,30 +235,33 @@ def kill_when_saving(process: subprocess.Popen, checkpoints: Path, timeout: floa
 @pytest.mark.parametrize("experiment", list(FAMILIES.values()), ids=list(FAMILIES))
 def test_sigkill_at_random_moments_then_the_same_command_ends_bit_identical(tmp_path, experiment):
     args = lambda name: ["train", experiment, *KILL_OVERRIDES, "--workdir", str(tmp_path / name)]
-    started = time.monotonic()
     whole = start(args("whole"), ROOT)
+    wait_for_line(whole, "step ")  # the first train line: start-up is over
+    training_started = time.monotonic()
     _, err = whole.communicate(timeout=600)
     assert whole.returncode == 0, err
-    length = time.monotonic() - started
+    training = time.monotonic() - training_started
 
+    # Once in the middle of writing a checkpoint, then at three random moments of training; each
+    # restart resumes, so each kill lands further on (at most 0.3 of the training time each).
+    history = []
+    process = start(args("killed"), ROOT)
+    caught = kill_when_saving(process, tmp_path / "killed" / "checkpoints", timeout=300)
+    process.communicate()
+    history.append(("in save", caught, Checkpoints(tmp_path / "killed" / "checkpoints", read_only=True).all_steps()))
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
-    moments = sorted(rng.uniform(0.2 * length, 0.95 * length) for _ in range(3))
-    print(f"kill moments (s after start, of a {length:.1f} s run; seed {seed}): {moments}")
-    history = []
-    for moment in moments:
+    delays = [rng.uniform(0.0, 0.3) * training for _ in range(3)]
+    print(f"kills {[round(d, 2) for d in delays]} s after the first train line (of {training:.1f} s; seed {seed})")
+    for delay in delays:
         process = start(args("killed"), ROOT)
+        wait_for_line(process, "step ")
         try:
-            process.wait(timeout=moment)
+            process.wait(timeout=delay)
         except subprocess.TimeoutExpired:
             process.kill()
         process.communicate()
-        history.append(Checkpoints(tmp_path / "killed" / "checkpoints", read_only=True).all_steps())
-    # and once in the middle of writing a checkpoint
-    process = start(args("killed"), ROOT)
-    caught = kill_when_saving(process, tmp_path / "killed" / "checkpoints", timeout=length * 2)
-    process.communicate()
-    history.append(("in save", caught))
+        history.append((delay, Checkpoints(tmp_path / "killed" / "checkpoints", read_only=True).all_steps()))
 
     final = start(args("killed"), ROOT)
     out, err = final.communicate(timeout=600)

@@ -96,7 +96,11 @@ def peer_round(victim: int, how: str, tmp: Path) -> dict:
     def launch(tag: str) -> list[subprocess.Popen]:
         return [
             subprocess.Popen(
-                c, cwd=ROOT, env=_env(), stdout=open(tmp / f"{tag}-{i}.out", "w"), stderr=open(tmp / f"{tag}-{i}.err", "w")
+                c,
+                cwd=ROOT,
+                env=_env(),
+                stdout=open(tmp / f"{tag}-{i}.out", "w"),
+                stderr=open(tmp / f"{tag}-{i}.err", "w"),
             )
             for i, c in enumerate(commands)
         ]
@@ -121,7 +125,9 @@ def peer_round(victim: int, how: str, tmp: Path) -> dict:
         seconds = time.monotonic() - stopped
     finally:
         end(first)
-    errors = [line for line in (tmp / f"{how}{victim}-{survivor}.err").read_text().splitlines() if "jaxnet: error" in line]
+    errors = [
+        line for line in (tmp / f"{how}{victim}-{survivor}.err").read_text().splitlines() if "jaxnet: error" in line
+    ]
     # The same two commands again: they resume from the newest checkpoint and finish.
     again = launch(f"again-{how}{victim}")
     try:

@@ -182,6 +182,22 @@ class ParallelConfig:
         "replicas: a whole model copy per device, gradients averaged with pmean (shard_map)",
         choices=("sharded", "replicas"),
     )
+    sgd: str = _field(
+        "sync",
+        "sync: one update per step from the whole batch; async: parallel.workers simulated workers, one update "
+        "each per step, from parameters parallel.staleness updates old (Hogwild-style); local: workers update "
+        "their own copies and average them every parallel.local_steps steps",
+        choices=("sync", "async", "local"),
+    )
+    workers: int = _field(1, "async/local: simulated workers; each takes batch_size / workers rows of a step", low=1)
+    staleness: int = _field(0, "async: how many updates old the parameters are that a worker's gradient uses", low=0)
+    delay: str = _field(
+        "fixed",
+        "async: fixed = every gradient is parallel.staleness updates old; random = a draw from 0..staleness per "
+        "update (deterministic given the seed), for workers of unequal speed",
+        choices=("fixed", "random"),
+    )
+    local_steps: int = _field(1, "local: steps between averaging the workers' copies (H)", low=1)
 
 
 @dataclass
@@ -452,11 +468,36 @@ def validate(cfg: Config) -> None:
             f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1 and "
             f"mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.tensor={cfg.mesh.tensor})"
         )
+    _check_sgd(cfg)
     if cfg.model.name == "resnet" and len(cfg.model.features) != len(cfg.model.blocks):
         raise UserError(
             f"model.features={cfg.model.features} and model.blocks={cfg.model.blocks} must have one entry "
             "per ResNet stage each"
         )
+
+
+def _check_sgd(cfg: Config) -> None:
+    """Asynchronous and local SGD: settings that fit together."""
+    p = cfg.parallel
+    if p.sgd == "sync":
+        defaults = {"workers": 1, "staleness": 0, "local_steps": 1}
+        changed = [f"parallel.{k}={getattr(p, k)}" for k, v in defaults.items() if getattr(p, k) != v]
+        if changed:
+            raise UserError(f"{', '.join(changed)} needs parallel.sgd=async or parallel.sgd=local")
+        return
+    if p.mode != "sharded":
+        raise UserError(f"parallel.sgd={p.sgd} simulates its workers inside one step: use parallel.mode=sharded")
+    if cfg.optim.grad_accum != 1:
+        raise UserError(f"parallel.sgd={p.sgd} cannot be combined with optim.grad_accum={cfg.optim.grad_accum}")
+    if cfg.train.batch_size % p.workers:
+        raise UserError(
+            f"train.batch_size={cfg.train.batch_size} is not divisible by parallel.workers={p.workers}; "
+            "each worker takes an equal share of the batch"
+        )
+    if p.sgd == "local" and p.staleness:
+        raise UserError("parallel.staleness is for parallel.sgd=async; local SGD uses parallel.local_steps")
+    if p.sgd == "async" and p.local_steps != 1:
+        raise UserError("parallel.local_steps is for parallel.sgd=local; asynchronous SGD uses parallel.staleness")
 
 
 def profile_steps(cfg: Config) -> tuple[int, int] | None:

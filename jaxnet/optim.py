@@ -43,9 +43,17 @@ def step_decay(lr: float, start: int, every: int, factor: float) -> optax.Schedu
     return fn
 
 
-def build(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The optax transformation (clipping, then the optimizer) and its schedule."""
-    lr = schedule(cfg, total_steps)
+def build(
+    cfg: OptimConfig, total_steps: int, updates_per_step: int = 1
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optax transformation (clipping, then the optimizer) and its schedule (of the step).
+
+    With ``updates_per_step > 1`` (asynchronous SGD applies one update per simulated worker in
+    each step) the optimizer is called that many times a step; its learning rate still follows
+    the schedule by step, so warmup and decay last as many steps as in a synchronous run.
+    """
+    by_step = schedule(cfg, total_steps)
+    lr = by_step if updates_per_step == 1 else (lambda count: by_step(count // updates_per_step))
     if cfg.name == "sgd":
         opt = optax.chain(
             optax.add_decayed_weights(cfg.weight_decay) if cfg.weight_decay else optax.identity(),
@@ -55,4 +63,4 @@ def build(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformat
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     if cfg.clip_norm:
         opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
-    return opt, lr
+    return opt, by_step

@@ -140,7 +140,7 @@ def sample(
     from jaxnet.checkpoint import Checkpoints
     from jaxnet.data.text import EOS, TextDataset, read_vocab
     from jaxnet.train import state as state_lib
-    from jaxnet.train.loop import abstract_state
+    from jaxnet.train.loop import abstract_state, workers_of
 
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
@@ -167,7 +167,9 @@ def sample(
     model = models.build(cfg.model, len(vocab), cfg.data.seq_len)
     tx, _ = optim.build(cfg.optim, cfg.train.steps)
     sample_input = jnp.zeros((cfg.train.batch_size, 1), jnp.int32)  # as the runner creates it
-    target = abstract_state(lambda: state_lib.create(model, tx, sample_input, cfg.seed), parallel.make_mesh(cfg.mesh))
+    target = abstract_state(
+        lambda: state_lib.create(model, tx, sample_input, cfg.seed, **workers_of(cfg)), parallel.make_mesh(cfg.mesh)
+    )
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
         state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,13 @@ from jaxnet.data import pipeline
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
 from jaxnet.train import state as state_lib
-from jaxnet.train.step import accumulate, make_eval_step, make_train_step
+from jaxnet.train.step import (
+    accumulate,
+    make_async_train_step,
+    make_eval_step,
+    make_local_train_step,
+    make_train_step,
+)
 
 # Sums metric pytrees on the device; donating the running total keeps it in place.
 _add_trees = jax.jit(lambda total, new: jax.tree.map(jnp.add, total, new), donate_argnums=0)
@@ -100,6 +107,12 @@ def default_workdir(cfg: Config) -> Path:
     return Path("runs") / (cfg.experiment.replace(":", "-") or "run")
 
 
+def workers_of(cfg: Config) -> dict[str, Any]:
+    """The :func:`jaxnet.train.state.create` arguments for ``cfg.parallel``'s simulated workers."""
+    p = cfg.parallel
+    return {"sgd": p.sgd, "workers": p.workers, "staleness": p.staleness}
+
+
 class Run:
     """Everything built from a config before the first step: data, mesh, model, optimizer, steps.
 
@@ -132,19 +145,14 @@ class Run:
             batch_axis = parallel.REPLICA_AXIS if self.replicas else None
             model = models.build(cfg.model, self.dataset.num_classes, cfg.data.seq_len, batch_axis=batch_axis)
         self.model = model
-        self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps)
+        sgd = cfg.parallel
+        updates_per_step = sgd.workers if sgd.sgd == "async" else 1
+        self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step)
         # Where every leaf of the train state lives, from the parameters' logical axis names.
         self.state_shardings = parallel.state_shardings(
             jax.eval_shape(lambda: self._create_state(unbox=False)), self.mesh, split_carry=self.replicas
         )
-        step = make_train_step(
-            self.model,
-            self.tx,
-            grad_accum=cfg.optim.grad_accum,
-            label_smoothing=cfg.train.label_smoothing,
-            axis_name=parallel.REPLICA_AXIS if self.replicas else None,
-            skip_nonfinite=cfg.train.on_nonfinite == "skip",
-        )
+        step = self._make_step()
         if self.replicas:
             step = parallel.replicas(step, self.mesh, self.state_shardings)
         else:
@@ -161,12 +169,35 @@ class Run:
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
 
+    def _make_step(self) -> Any:
+        """The train step of ``parallel.sgd``: synchronous, asynchronous or local SGD."""
+        cfg, p = self.cfg, self.cfg.parallel
+        common = dict(label_smoothing=cfg.train.label_smoothing, skip_nonfinite=cfg.train.on_nonfinite == "skip")
+        if p.sgd == "async":
+            return make_async_train_step(
+                self.model,
+                self.tx,
+                workers=p.workers,
+                staleness=p.staleness,
+                randomised=p.delay == "random",
+                **common,
+            )
+        if p.sgd == "local":
+            return make_local_train_step(self.model, self.tx, workers=p.workers, local_steps=p.local_steps, **common)
+        return make_train_step(
+            self.model,
+            self.tx,
+            grad_accum=cfg.optim.grad_accum,
+            axis_name=parallel.REPLICA_AXIS if self.replicas else None,
+            **common,
+        )
+
     def _create_state(self, unbox: bool = True) -> state_lib.TrainState:
         if self.text:  # one time step, but the whole batch: a carried state is created at its real size
             sample = jnp.zeros((self.cfg.train.batch_size, 1), jnp.int32)
         else:
             sample = jnp.zeros((1, *self.dataset.train[0].shape[1:]), jnp.float32)
-        return state_lib.create(self.model, self.tx, sample, self.cfg.seed, unbox=unbox)
+        return state_lib.create(self.model, self.tx, sample, self.cfg.seed, unbox=unbox, **workers_of(self.cfg))
 
     def init_state(self) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh."""
@@ -372,13 +403,17 @@ def train(
     model: nn.Module | None = None,
     dataset: data_lib.Dataset | None = None,
     adopt: bool = False,
+    stop_when: Callable[[int, dict[str, float]], bool] | None = None,
 ) -> dict[str, Any]:
     """Train as ``cfg`` says, in ``workdir``; resume from its newest checkpoint if it has one.
 
     ``model`` replaces the config's model with any Flax module called as
     ``model.apply(variables, images, train=..., rngs=...)``; ``dataset`` replaces the config's
     data. ``adopt`` resumes a workdir that holds a run of another experiment (its checkpoints
-    must fit this model). Returns the run summary (also written to ``summary.json``)::
+    must fit this model). ``stop_when(step, val_metrics)``, called after each validation pass
+    of the loop, ends the run there when it returns True, with a checkpoint, as
+    ``train.stop_after`` does (``jaxnet study`` stops at a target with it). Returns the run
+    summary (also written to ``summary.json``)::
 
         summary = jaxnet.train(jaxnet.load_experiment("cnn_fashion_mnist"), "runs/a")
         print(summary["test"]["accuracy"])
@@ -393,16 +428,22 @@ def train(
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
-        return _train(run, workdir, ckpts, previous, started, environment)
+        return _train(run, workdir, ckpts, previous, started, environment, stop_when)
     finally:
         ckpts.close()
 
 
 def _train(
-    run: Run, workdir: Path, ckpts: Checkpoints, previous: Config | None, started: float, environment: dict[str, Any]
+    run: Run,
+    workdir: Path,
+    ckpts: Checkpoints,
+    previous: Config | None,
+    started: float,
+    environment: dict[str, Any],
+    stop_when: Callable[[int, dict[str, float]], bool] | None = None,
 ) -> dict[str, Any]:
     with Interrupts() as interrupts:
-        return _train_loop(run, workdir, ckpts, previous, started, environment, interrupts)
+        return _train_loop(run, workdir, ckpts, previous, started, environment, interrupts, stop_when)
 
 
 def _train_loop(
@@ -413,6 +454,7 @@ def _train_loop(
     started: float,
     environment: dict[str, Any],
     interrupts: Interrupts,
+    stop_when: Callable[[int, dict[str, float]], bool] | None = None,
 ) -> dict[str, Any]:
     cfg, train_cfg = run.cfg, run.cfg.train
     primary = parallel.is_primary()  # with several processes, only process 0 writes and prints
@@ -517,6 +559,8 @@ def _train_loop(
                 if val:
                     log.write(done, "val", val)
                     progress.note(f"step {done}: {headline(val, 'val')}")
+                    if stop_when is not None and stop_when(done, val):
+                        end = done
                 eval_seconds += time.perf_counter() - eval_started
                 interval_start += time.perf_counter() - eval_started
             if checkpoint_now:

@@ -24,27 +24,50 @@ class TrainState(flax.struct.PyTreeNode):
     opt_state: optax.OptState
     model_state: dict
     rng: jnp.ndarray
+    workers: dict = flax.struct.field(default_factory=dict)
+    """State of simulated workers: ``{}`` for synchronous SGD; ``history`` (the last versions of
+    the parameters) for asynchronous SGD; ``params`` and ``opt_state`` (one copy per worker) for
+    local SGD. See :mod:`jaxnet.train.step`."""
 
 
 def create(
-    model: Any, tx: optax.GradientTransformation, sample_input: jnp.ndarray, seed: int, *, unbox: bool = True
+    model: Any,
+    tx: optax.GradientTransformation,
+    sample_input: jnp.ndarray,
+    seed: int,
+    *,
+    unbox: bool = True,
+    sgd: str = "sync",
+    workers: int = 1,
+    staleness: int = 0,
 ) -> TrainState:
     """Initialise the model on ``sample_input`` (a batch of shape (1, ...)) and the optimizer.
 
     A ``carry`` collection (state carried across batches) gets the sample's batch size. With
     ``unbox=False`` the parameters and the optimizer moments keep their logical-axis boxes
-    (for :func:`jaxnet.parallel.state_shardings`).
+    (for :func:`jaxnet.parallel.state_shardings`). ``sgd`` = ``async`` adds ``staleness + 1``
+    copies of the initial parameters (the versions asynchronous workers read), ``local`` one
+    copy of the parameters and optimizer state per worker.
     """
     init_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
     variables = model.init({"params": init_rng, "dropout": init_rng}, sample_input, train=False)
     variables = dict(nn.unbox(variables) if unbox else variables)
     params = variables.pop("params")
+    plain = nn.unbox(params)
+    copies = lambda tree, n: jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), tree)
+    if sgd == "async":
+        extra = {"history": copies(plain, staleness + 1)}
+    elif sgd == "local":
+        extra = {"params": copies(plain, workers), "opt_state": copies(tx.init(plain), workers)}
+    else:
+        extra = {}
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
         opt_state=tx.init(params),
         model_state=variables,
         rng=run_rng,
+        workers=extra,
     )
 
 

@@ -69,6 +69,53 @@ def reset_carry(model_state: dict, reset: jnp.ndarray) -> dict:
     return {**model_state, "carry": carry}
 
 
+def make_grad_fn(model: nn.Module, label_smoothing: float = 0.0) -> Callable:
+    """``grad_fn(params, model_state, batch, rng) -> ((loss, (model_state, accuracy)), grads)``:
+    the mean cross-entropy of ``batch`` in training mode and its gradient with respect to ``params``."""
+
+    def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
+        inputs, targets = inputs_and_targets(batch)
+        logits, new_model_state = model.apply(
+            {"params": params, **model_state},
+            inputs,
+            train=True,
+            rngs={"dropout": rng},
+            mutable=list(model_state),
+        )
+        loss = cross_entropy(logits, targets, label_smoothing).mean()
+        correct = jnp.mean(hits(logits, targets))
+        return loss, (dict(new_model_state), correct)
+
+    return jax.value_and_grad(loss_fn, has_aux=True)
+
+
+def split_rows(batch: Batch, parts: int) -> Batch:
+    """Split every array of ``batch`` into ``parts`` groups of rows along a new leading axis: group
+    ``i`` holds rows ``i, i + parts, i + 2 * parts, ...``, so with the batch split across devices
+    every device keeps computing on its own rows."""
+    return jax.tree.map(lambda x: x.reshape(-1, parts, *x.shape[1:]).swapaxes(0, 1), batch)
+
+
+def join_rows(groups: Any) -> Any:
+    """The inverse of :func:`split_rows`."""
+    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), groups)
+
+
+def step_metrics(loss: jnp.ndarray, accuracy: jnp.ndarray, grad_norm: jnp.ndarray, step: jnp.ndarray) -> Metrics:
+    """The metrics of one train step (see :func:`make_train_step`); ``step`` is the state's step
+    before the update. Loss, accuracy and gradient norm are zeroed if the loss or the gradient norm
+    is not finite."""
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    zero_unless_finite = lambda x: jnp.where(finite, x, jnp.zeros_like(x))
+    return {
+        "loss": zero_unless_finite(loss),
+        "accuracy": zero_unless_finite(accuracy),
+        "grad_norm": zero_unless_finite(grad_norm),
+        "nonfinite": (~finite).astype(jnp.int32),
+        "first_nonfinite": jnp.where(finite, NO_STEP, step + 1).astype(jnp.int32),
+    }
+
+
 def make_train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
@@ -99,20 +146,7 @@ def make_train_step(
     model state stay as they were and only the step counter moves on.
     """
 
-    def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
-        inputs, targets = inputs_and_targets(batch)
-        logits, new_model_state = model.apply(
-            {"params": params, **model_state},
-            inputs,
-            train=True,
-            rngs={"dropout": rng},
-            mutable=list(model_state),
-        )
-        loss = cross_entropy(logits, targets, label_smoothing).mean()
-        correct = jnp.mean(hits(logits, targets))
-        return loss, (dict(new_model_state), correct)
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    grad_fn = make_grad_fn(model, label_smoothing)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         rng = jax.random.fold_in(state.rng, state.step)
@@ -129,7 +163,7 @@ def make_train_step(
             (loss, (model_state, accuracy)), grads = grad_fn(params, model_state, batch, rng)
         else:
             batch = {k: v for k, v in batch.items() if k != "reset"}
-            micro_batches = jax.tree.map(lambda x: x.reshape(-1, grad_accum, *x.shape[1:]).swapaxes(0, 1), batch)
+            micro_batches = split_rows(batch, grad_accum)
 
             def micro_step(carry: tuple, inputs: tuple) -> tuple:
                 grads_sum, model_state = carry
@@ -165,17 +199,186 @@ def make_train_step(
                 opt_state=keep(new_state.opt_state, state.opt_state),
                 model_state=keep(new_state.model_state, state.model_state),
             )
-        zero_unless_finite = lambda x: jnp.where(finite, x, jnp.zeros_like(x))
-        metrics = {
-            "loss": zero_unless_finite(loss),
-            "accuracy": zero_unless_finite(accuracy),
-            "grad_norm": zero_unless_finite(grad_norm),
-            "nonfinite": (~finite).astype(jnp.int32),
-            "first_nonfinite": jnp.where(finite, NO_STEP, state.step + 1).astype(jnp.int32),
-        }
-        return new_state, metrics
+        return new_state, step_metrics(loss, accuracy, grad_norm, state.step)
 
     return train_step
+
+
+def delay(rng: jax.Array, update: jnp.ndarray, staleness: int, randomised: bool) -> jnp.ndarray:
+    """How many updates old the parameters are on which the gradient of ``update`` (1-based) is
+    computed under asynchronous SGD: ``staleness``, or with ``randomised`` a draw from 0 ..
+    ``staleness`` that depends only on ``rng`` and ``update``; never more than ``update - 1``
+    (there is nothing older than the initial parameters)."""
+    if randomised:
+        drawn = jax.random.randint(jax.random.fold_in(rng, update), (), 0, staleness + 1)
+    else:
+        drawn = jnp.asarray(staleness)
+    return jnp.minimum(drawn, update - 1).astype(jnp.int32)
+
+
+def _split_carry(model_state: dict, workers: int) -> tuple[dict, Any]:
+    """``model_state`` without its ``carry`` collection, and the carry's rows split per worker."""
+    shared = {k: v for k, v in model_state.items() if k != "carry"}
+    return shared, split_rows(model_state["carry"], workers) if "carry" in model_state else None
+
+
+def make_async_train_step(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    *,
+    workers: int,
+    staleness: int,
+    randomised: bool = False,
+    label_smoothing: float = 0.0,
+    skip_nonfinite: bool = False,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Build the train step of asynchronous SGD with ``workers`` simulated workers.
+
+    The model of asynchrony: each step splits its batch into ``workers`` shards (rows as in
+    :func:`split_rows`) and applies one update per shard, in worker order, to the shared
+    parameters. Update ``u`` (counted from 1 over the whole run, ``workers`` per step) applies
+    the gradient of its shard computed on the parameters as they were ``d`` updates earlier,
+    after update ``u - 1 - d``, where ``d`` = :func:`delay` (``staleness``, or with
+    ``randomised`` a deterministic draw from 0 .. ``staleness``, which models workers of unequal
+    speed). No update waits for another: a worker's gradient is as stale as the slowest read
+    allows. ``staleness = workers - 1`` is what equally fast workers sharing the parameters
+    without locks would see. With one worker and no staleness it is synchronous SGD.
+
+    The last ``staleness + 1`` versions of the parameters are kept in ``state.workers["history"]``
+    (version ``v`` in slot ``v % (staleness + 1)``), so a resumed run continues exactly. BatchNorm
+    statistics are shared and updated by every worker in turn; an LSTM's carried state is split
+    by rows like the batch. Metrics are the means over the step's updates; with
+    ``skip_nonfinite`` an update whose loss or gradient is not finite is rejected.
+    """
+    grad_fn = make_grad_fn(model, label_smoothing)
+    slots = staleness + 1
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        rng = jax.random.fold_in(state.rng, state.step)
+        delay_rng = jax.random.fold_in(state.rng, 0x5EED)  # independent of the step's dropout keys
+        model_state = state.model_state
+        if "reset" in batch:
+            model_state = reset_carry(model_state, batch["reset"])
+        shared, carries = _split_carry(model_state, workers)
+        shards = split_rows({k: v for k, v in batch.items() if k != "reset"}, workers)
+
+        def update(carry: tuple, inputs: tuple) -> tuple:
+            params, opt_state, shared, history = carry
+            worker, shard, worker_carry = inputs
+            u = state.step * workers + worker + 1
+            version = u - 1 - delay(delay_rng, u, staleness, randomised)
+            stale = jax.tree.map(lambda h: h[version % slots], history)
+            worker_state = shared if worker_carry is None else {**shared, "carry": worker_carry}
+            worker_rng = rng if workers == 1 else jax.random.fold_in(rng, worker)
+            (loss, (worker_state, accuracy)), grads = grad_fn(stale, worker_state, shard, worker_rng)
+            updates, new_opt_state = tx.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            grad_norm = optax.global_norm(grads)
+            new_carry = worker_state.pop("carry", None)
+            if skip_nonfinite:
+                finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+                keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+                new_params, new_opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
+                worker_state = keep(worker_state, shared)
+                if new_carry is not None:
+                    new_carry = keep(new_carry, worker_carry)
+            history = jax.tree.map(lambda h, p: h.at[u % slots].set(p), history, new_params)
+            return (new_params, new_opt_state, worker_state, history), (loss, accuracy, grad_norm, new_carry)
+
+        (params, opt_state, shared, history), (losses, accuracies, norms, carries) = jax.lax.scan(
+            update,
+            (state.params, state.opt_state, shared, state.workers["history"]),
+            (jnp.arange(workers), shards, carries),
+        )
+        model_state = shared if carries is None else {**shared, "carry": join_rows(carries)}
+        new_state = state.replace(
+            step=state.step + 1,
+            params=params,
+            opt_state=opt_state,
+            model_state=model_state,
+            workers={"history": history},
+        )
+        return new_state, step_metrics(losses.mean(), accuracies.mean(), norms.mean(), state.step)
+
+    return train_step
+
+
+def make_local_train_step(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    *,
+    workers: int,
+    local_steps: int,
+    label_smoothing: float = 0.0,
+    skip_nonfinite: bool = False,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Build the train step of local SGD (periodic averaging) with ``workers`` simulated workers.
+
+    Each worker keeps its own copy of the parameters and optimizer state
+    (``state.workers["params"]`` and ``["opt_state"]``, stacked along a leading worker axis) and
+    takes one update per step on its shard of the batch (rows as in :func:`split_rows`), without
+    communicating. Every ``local_steps`` steps the copies (parameters and optimizer moments) are
+    replaced by their mean: one exchange instead of one per step. ``state.params`` is always the
+    mean of the copies, the model that is evaluated and checkpointed for ``jaxnet eval``. With
+    ``local_steps=1`` and an optimizer that is linear in the gradient (SGD with or without
+    momentum, no clipping) this is synchronous data-parallel SGD on the whole batch.
+
+    BatchNorm statistics are computed per worker and averaged every step; an LSTM's carried
+    state is split by rows like the batch. With ``skip_nonfinite`` a worker whose update is not
+    finite keeps its copy.
+    """
+    grad_fn = make_grad_fn(model, label_smoothing)
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        rng = jax.random.fold_in(state.rng, state.step)
+        model_state = state.model_state
+        if "reset" in batch:
+            model_state = reset_carry(model_state, batch["reset"])
+        shared, carries = _split_carry(model_state, workers)
+        shards = split_rows({k: v for k, v in batch.items() if k != "reset"}, workers)
+
+        def one_worker(params: Any, opt_state: Any, shard: Batch, carry: Any, worker: jnp.ndarray) -> tuple:
+            worker_state = shared if carry is None else {**shared, "carry": carry}
+            (loss, (worker_state, accuracy)), grads = grad_fn(
+                params, worker_state, shard, jax.random.fold_in(rng, worker)
+            )
+            updates, new_opt_state = tx.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            grad_norm = optax.global_norm(grads)
+            if skip_nonfinite:
+                finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+                keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+                new_params, new_opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
+            return new_params, new_opt_state, worker_state, loss, accuracy, grad_norm
+
+        carry_axis = None if carries is None else 0
+        params, opt_state, worker_states, losses, accuracies, norms = jax.vmap(
+            one_worker, in_axes=(0, 0, 0, carry_axis, 0)
+        )(state.workers["params"], state.workers["opt_state"], shards, carries, jnp.arange(workers))
+
+        mean = lambda tree: jax.tree.map(lambda x: x.mean(0).astype(x.dtype) if _floating(x) else x[0], tree)
+        average_now = (state.step + 1) % local_steps == 0
+        spread = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (workers, *x.shape)), tree)
+        exchange = lambda tree: jax.tree.map(lambda a, b: jnp.where(average_now, a, b), spread(mean(tree)), tree)
+        params, opt_state = exchange(params), exchange(opt_state)
+        new_carry = worker_states.pop("carry", None)
+        model_state = mean(worker_states)
+        if new_carry is not None:
+            model_state["carry"] = join_rows(new_carry)
+        new_state = state.replace(
+            step=state.step + 1,
+            params=mean(params),
+            opt_state=state.opt_state,  # unused: each worker has its own
+            model_state=model_state,
+            workers={"params": params, "opt_state": opt_state},
+        )
+        return new_state, step_metrics(losses.mean(), accuracies.mean(), norms.mean(), state.step)
+
+    return train_step
+
+
+def _floating(x: jnp.ndarray) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.floating)
 
 
 def make_eval_step(model: nn.Module) -> Callable[[TrainState, Batch, dict], tuple[Metrics, dict]]:

@@ -6,6 +6,11 @@
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
                  [--compare-devices]
+    jaxnet study batch-scaling EXPERIMENT batch=B1,B2,... [--target V] [--lr-rule linear|sqrt|none]
+                 [--max-examples N] [--eval-examples N] [--tolerance X] [--smoke] [--workdir DIR] [key=value ...]
+    jaxnet study devices [--results DIR] [--workdir DIR]
+    jaxnet study async EXPERIMENT staleness=K1,K2,... [workers=W] [--comm-ms MS] [--jitter S] [--smoke]
+                 [--workdir DIR] [key=value ...]
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import traceback
 
@@ -78,11 +84,57 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="benchmarks/results", help="directory for the results file")
     bench.add_argument("--compare-devices", action="store_true", help="the CPU-versus-GPU table (needs a GPU)")
 
+    _study_parser(commands)
     commands.add_parser("list", help="list the experiments that can be trained")
     return parser
 
 
-def _run(args: argparse.Namespace) -> int:
+def _study_parser(commands: argparse._SubParsersAction) -> None:
+    study = commands.add_parser(
+        "study",
+        help="parallel-SGD studies: batch-size scaling, GPU against CPU, asynchronous SGD (docs/studies.md)",
+        description="Studies that train an experiment several times (or read benchmark results) and write "
+        "a JSON record and a plot; see docs/studies.md.",
+    )
+    kinds = study.add_subparsers(dest="study", required=True, parser_class=_Parser, metavar="KIND")
+
+    scaling = kinds.add_parser(
+        "batch-scaling",
+        help="steps and examples to a target validation metric against batch size; the critical batch size",
+    )
+    scaling.add_argument("experiment", help="name under experiments/ or path to a .py file, optionally :VARIANT")
+    scaling.add_argument(
+        "overrides", nargs="*", metavar="batch=B1,B2,...|key=value", help="the batch sizes, then config overrides"
+    )
+    scaling.add_argument("--target", type=float, help="validation metric to reach (accuracy >=, perplexity/bpc <=)")
+    scaling.add_argument("--lr-rule", default="linear", help="learning rate from the base batch: linear, sqrt, none")
+    scaling.add_argument("--max-examples", type=int, help="training budget per batch size, in examples")
+    scaling.add_argument("--eval-examples", type=int, help="examples between validation passes (every batch size)")
+    scaling.add_argument("--tolerance", type=float, default=2.0, help="critical batch: slowdown allowed over perfect")
+    scaling.add_argument("--smoke", action="store_true", help="the experiment's smoke variant and a tiny budget")
+    scaling.add_argument("--workdir", help="study directory (default: runs/study-batch-scaling-EXPERIMENT)")
+
+    devices = kinds.add_parser("devices", help="GPU against CPU throughput per family from jaxnet bench results")
+    devices.add_argument("--results", default="benchmarks/results", help="directory of jaxnet bench results files")
+    devices.add_argument("--workdir", help="where the table's JSON and PNG go (default: runs/study-devices)")
+
+    asynchronous = kinds.add_parser(
+        "async", help="asynchronous SGD with stale gradients: validation metric against updates and modelled time"
+    )
+    asynchronous.add_argument("experiment", help="name under experiments/ or path to a .py file, optionally :VARIANT")
+    asynchronous.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="staleness=K1,...|workers=W|key=value",
+        help="staleness list, workers, overrides",
+    )
+    asynchronous.add_argument("--comm-ms", type=float, help="communication time per exchange (default: modelled)")
+    asynchronous.add_argument("--jitter", type=float, default=0.2, help="workers' compute-time spread (exponential)")
+    asynchronous.add_argument("--smoke", action="store_true", help="the experiment's smoke variant and a tiny budget")
+    asynchronous.add_argument("--workdir", help="study directory (default: runs/study-async-EXPERIMENT)")
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from jaxnet import config
 
     if args.command == "list":
@@ -122,6 +174,10 @@ def _run(args: argparse.Namespace) -> int:
         )
         bench.main(opts, compare=args.compare_devices)
         return 0
+    if args.command == "study":
+        from jaxnet import study
+
+        return study.main(args, command=shlex.join(["jaxnet", *(sys.argv[1:] if argv is None else argv)]))
     if args.command == "sample":
         from jaxnet.sample import sample
 
@@ -145,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if extra:
             args.overrides = [*args.overrides, *extra]
-        return _run(args)
+        return _run(args, argv)
     except UserError as e:
         return _leave_processes(2, f"jaxnet: error: {e}")
     except KeyboardInterrupt:

@@ -263,17 +263,11 @@ def plot(record: dict[str, Any], path: Path) -> None:
         f"{record['experiment']}: {record['workers']} workers, batch {record['batch_size']}; model t_c "
         f"{1000 * m['t_compute_s']:.3g} ms, t_comm {1000 * m['t_comm_s']:.3g} ms, jitter {m['jitter']:g}"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(opts: Options) -> dict[str, Any]:
     """Run the study, print the table, write ``async.json`` and ``async.png``."""
     record = run(opts)
-    workdir = Path(record["workdir"])
-    common.write_json(workdir / "async.json", record)
-    plot(record, workdir / "async.png")
-    opts.say(report(record))
-    opts.say(f"wrote {common.relpath(workdir / 'async.json')} and {common.relpath(workdir / 'async.png')}")
+    common.write_outputs(record, "async", plot, report(record), opts.say)
     return record

@@ -415,19 +415,11 @@ def plot(record: dict[str, Any], path: Path) -> None:
         f"{record['experiment']}: validation {record['metric']} {sign} {record['target']:g}, "
         f"lr rule {record['lr_rule']} (base {record['base_lr']:g} at batch {record['base_batch_size']})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(opts: Options) -> dict[str, Any]:
     """Run the study, print the table and the answer, write the JSON and the PNG."""
     record = run(opts)
-    workdir = Path(record["workdir"])
-    common.write_json(workdir / "batch_scaling.json", record)
-    plot(record, workdir / "batch_scaling.png")
-    opts.say(report(record))
-    opts.say(
-        f"wrote {common.relpath(workdir / 'batch_scaling.json')} and {common.relpath(workdir / 'batch_scaling.png')}"
-    )
+    common.write_outputs(record, "batch_scaling", plot, report(record), opts.say)
     return record

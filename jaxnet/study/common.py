@@ -199,6 +199,25 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out ``fig``, write it to ``path`` as a PNG and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+
+
+def write_outputs(
+    record: dict[str, Any], stem: str, plot: Callable[[dict[str, Any], Path], None], report: str, say: Callable
+) -> None:
+    """Write ``record`` to ``WORKDIR/STEM.json`` and its plot to ``WORKDIR/STEM.png`` (WORKDIR is
+    ``record["workdir"]``), then print ``report`` and where the files went."""
+    workdir = Path(record["workdir"])
+    write_json(workdir / f"{stem}.json", record)
+    plot(record, workdir / f"{stem}.png")
+    say(report)
+    say(f"wrote {relpath(workdir / f'{stem}.json')} and {relpath(workdir / f'{stem}.png')}")
+
+
 def table(rows: Sequence[Sequence[Any]]) -> str:
     """Left-aligned plain-text columns; the first row is the header."""
     cells = [[str(c) for c in row] for row in rows]

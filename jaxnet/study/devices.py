@@ -161,9 +161,7 @@ def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
     ax.set_title("GPU against CPU" if have_gpu else "CPU only: no GPU results yet")
     ax.grid(alpha=0.3, axis="y", which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(opts: Options) -> dict[str, Any]:

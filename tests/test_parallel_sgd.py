@@ -16,7 +16,7 @@ from jaxnet import config
 from jaxnet.errors import UserError
 from jaxnet.train import state as state_lib
 from jaxnet.train.loop import Run, train
-from jaxnet.train.step import delay, make_async_train_step, make_local_train_step, make_train_step
+from jaxnet.train.step import DELAY_STREAM, delay, make_async_train_step, make_local_train_step, make_train_step
 
 FEATURES, CLASSES, BATCH, LR = 6, 3, 12, 0.5
 
@@ -128,7 +128,7 @@ def test_random_delays_stay_within_the_staleness_and_depend_only_on_the_seed():
     w0, b0 = kernel_and_bias(state)
     step = make_async_train_step(Linear(), optax.sgd(LR), workers=workers, staleness=4, randomised=True)
     got = kernel_and_bias(run_steps(step, state, data))
-    delay_rng = jax.random.fold_in(state.rng, 0x5EED)
+    delay_rng = jax.random.fold_in(state.rng, DELAY_STREAM)
     delays = [int(delay(delay_rng, jnp.int32(u), 4, True)) for u in range(1, len(data) * workers + 1)]
     for g, e in zip(got, numpy_delayed_sgd(w0, b0, data, workers, delays), strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)

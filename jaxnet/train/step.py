@@ -26,6 +26,7 @@ Batch = dict[str, jnp.ndarray]
 Metrics = dict[str, jnp.ndarray]
 
 NO_STEP = 2**31 - 1  # ``first_nonfinite`` of an interval in which every update was finite
+DELAY_STREAM = 2**31 - 1  # random delays use fold_in(rng, this): a number no step's keys use
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -255,7 +256,7 @@ def make_async_train_step(
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         rng = jax.random.fold_in(state.rng, state.step)
-        delay_rng = jax.random.fold_in(state.rng, 0x5EED)  # independent of the step's dropout keys
+        delay_rng = jax.random.fold_in(state.rng, DELAY_STREAM)
         model_state = state.model_state
         if "reset" in batch:
             model_state = reset_carry(model_state, batch["reset"])

@@ -292,11 +292,10 @@ class Checkpoints:
         saved_shapes = {_names(path): getattr(leaf, "shape", None) for path, leaf in _flat(saved)}
         wanted_shapes = {_names(path): leaf.shape for path, leaf in _flat(target)}
         where = f"checkpoint step {step} in {self.directory} does not fit this run"
+        guess = lambda name: "parallel.sgd or parallel.workers" if name[0] == "workers" else "model or optimizer"
         for name, shape in wanted_shapes.items():
             if name not in saved_shapes:
-                raise UserError(
-                    f"{where}: it has no {'/'.join(name)} (another model or optimizer?); use a fresh --workdir"
-                )
+                raise UserError(f"{where}: it has no {'/'.join(name)} (another {guess(name)}?); use a fresh --workdir")
             if saved_shapes[name] is not None and tuple(saved_shapes[name]) != tuple(shape):
                 raise UserError(
                     f"{where}: {'/'.join(name)} has shape {tuple(saved_shapes[name])} there but {tuple(shape)} "
@@ -305,7 +304,7 @@ class Checkpoints:
         extra = sorted(set(saved_shapes) - set(wanted_shapes))
         if extra:
             raise UserError(
-                f"{where}: it has {'/'.join(extra[0])}, which this run does not (another model or optimizer?); "
+                f"{where}: it has {'/'.join(extra[0])}, which this run does not (another {guess(extra[0])}?); "
                 "use a fresh --workdir"
             )
 

@@ -216,3 +216,11 @@ def test_runs_stopped_and_resumed_end_bit_identical(quadrants, tmp_path, sgd):
 def test_settings_that_do_not_fit_together_are_named(overrides, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         config.load_experiment("cnn_fashion_mnist:smoke", ["train.batch_size=64", *overrides])
+
+
+def test_resuming_with_another_sgd_mode_names_it_and_moves_nothing(quadrants, tmp_path):
+    train(tiny_config(train={"steps": 4}), tmp_path, dataset=quadrants)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    with pytest.raises(UserError, match=r"it has no workers/history/.* \(another parallel.sgd or parallel.workers\?\)"):
+        train(tiny_config(parallel={"sgd": "async", "workers": 2, "staleness": 1}), tmp_path, dataset=quadrants)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before

@@ -38,9 +38,6 @@ from jaxnet.train.step import (
     make_train_step,
 )
 
-# Sums metric pytrees on the device; donating the running total keeps it in place.
-_add_trees = jax.jit(lambda total, new: jax.tree.map(jnp.add, total, new), donate_argnums=0)
-
 # Train-step metrics that are counts or step numbers, not per-step values to average.
 _COUNTS = ("nonfinite", "first_nonfinite")
 
@@ -280,7 +277,7 @@ class Run:
         carry, totals = zeros, None
         for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, lambda b: parallel.put_batch(b, self.mesh)):
             sums, carry = self.eval_step(state, batch, carry if self.batching == "stream" else zeros)
-            totals = sums if totals is None else _add_trees(totals, sums)
+            totals = sums if totals is None else accumulate(totals, sums)
         totals = jax.device_get(totals)
         count = float(totals["count"])
         loss = float(totals["loss"]) / count
@@ -428,25 +425,13 @@ def train(
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
-        return _train(run, workdir, ckpts, previous, started, environment, stop_when)
+        with Interrupts() as interrupts:
+            return _train(run, workdir, ckpts, previous, started, environment, interrupts, stop_when)
     finally:
         ckpts.close()
 
 
 def _train(
-    run: Run,
-    workdir: Path,
-    ckpts: Checkpoints,
-    previous: Config | None,
-    started: float,
-    environment: dict[str, Any],
-    stop_when: Callable[[int, dict[str, float]], bool] | None = None,
-) -> dict[str, Any]:
-    with Interrupts() as interrupts:
-        return _train_loop(run, workdir, ckpts, previous, started, environment, interrupts, stop_when)
-
-
-def _train_loop(
     run: Run,
     workdir: Path,
     ckpts: Checkpoints,

@@ -31,7 +31,8 @@ DELAY_STREAM = 2**31 - 1  # random delays use fold_in(rng, this): a number no st
 
 @functools.partial(jax.jit, donate_argnums=0)
 def accumulate(total: Metrics, new: Metrics) -> Metrics:
-    """Running totals of train-step metrics, on the device: sums, except ``first_nonfinite`` (the minimum)."""
+    """Running totals of metric dicts (train steps, evaluation batches), on the device: sums, except
+    ``first_nonfinite`` (the minimum)."""
     return {k: jnp.minimum(total[k], v) if k == "first_nonfinite" else total[k] + v for k, v in new.items()}
 
 
@@ -102,11 +103,21 @@ def join_rows(groups: Any) -> Any:
     return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), groups)
 
 
+def is_finite(loss: jnp.ndarray, grad_norm: jnp.ndarray) -> jnp.ndarray:
+    """Whether an update is usable: its loss and gradient norm are neither NaN nor infinite."""
+    return jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+
+def keep_if(finite: jnp.ndarray, new: Any, old: Any) -> Any:
+    """``new`` where ``finite``, else ``old``, leaf by leaf (an update rejected inside the step)."""
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+
 def step_metrics(loss: jnp.ndarray, accuracy: jnp.ndarray, grad_norm: jnp.ndarray, step: jnp.ndarray) -> Metrics:
     """The metrics of one train step (see :func:`make_train_step`); ``step`` is the state's step
     before the update. Loss, accuracy and gradient norm are zeroed if the loss or the gradient norm
     is not finite."""
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    finite = is_finite(loss, grad_norm)
     zero_unless_finite = lambda x: jnp.where(finite, x, jnp.zeros_like(x))
     return {
         "loss": zero_unless_finite(loss),
@@ -186,7 +197,6 @@ def make_train_step(
 
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         grad_norm = optax.global_norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         new_state = state.replace(
             step=state.step + 1,
             params=optax.apply_updates(state.params, updates),
@@ -194,11 +204,11 @@ def make_train_step(
             model_state=model_state,
         )
         if skip_nonfinite:
-            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+            finite = is_finite(loss, grad_norm)
             new_state = new_state.replace(
-                params=keep(new_state.params, state.params),
-                opt_state=keep(new_state.opt_state, state.opt_state),
-                model_state=keep(new_state.model_state, state.model_state),
+                params=keep_if(finite, new_state.params, state.params),
+                opt_state=keep_if(finite, new_state.opt_state, state.opt_state),
+                model_state=keep_if(finite, new_state.model_state, state.model_state),
             )
         return new_state, step_metrics(loss, accuracy, grad_norm, state.step)
 
@@ -277,12 +287,14 @@ def make_async_train_step(
             grad_norm = optax.global_norm(grads)
             new_carry = worker_state.pop("carry", None)
             if skip_nonfinite:
-                finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-                keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-                new_params, new_opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
-                worker_state = keep(worker_state, shared)
+                finite = is_finite(loss, grad_norm)
+                new_params, new_opt_state = (
+                    keep_if(finite, new_params, params),
+                    keep_if(finite, new_opt_state, opt_state),
+                )
+                worker_state = keep_if(finite, worker_state, shared)
                 if new_carry is not None:
-                    new_carry = keep(new_carry, worker_carry)
+                    new_carry = keep_if(finite, new_carry, worker_carry)
             history = jax.tree.map(lambda h, p: h.at[u % slots].set(p), history, new_params)
             return (new_params, new_opt_state, worker_state, history), (loss, accuracy, grad_norm, new_carry)
 
@@ -340,17 +352,20 @@ def make_local_train_step(
         shards = split_rows({k: v for k, v in batch.items() if k != "reset"}, workers)
 
         def one_worker(params: Any, opt_state: Any, shard: Batch, carry: Any, worker: jnp.ndarray) -> tuple:
-            worker_state = shared if carry is None else {**shared, "carry": carry}
+            worker_state_before = shared if carry is None else {**shared, "carry": carry}
             (loss, (worker_state, accuracy)), grads = grad_fn(
-                params, worker_state, shard, jax.random.fold_in(rng, worker)
+                params, worker_state_before, shard, jax.random.fold_in(rng, worker)
             )
             updates, new_opt_state = tx.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
             grad_norm = optax.global_norm(grads)
-            if skip_nonfinite:
-                finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-                keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-                new_params, new_opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
+            if skip_nonfinite:  # this worker's copy, optimizer state and statistics stay as they were
+                finite = is_finite(loss, grad_norm)
+                new_params, new_opt_state = (
+                    keep_if(finite, new_params, params),
+                    keep_if(finite, new_opt_state, opt_state),
+                )
+                worker_state = keep_if(finite, worker_state, worker_state_before)
             return new_params, new_opt_state, worker_state, loss, accuracy, grad_norm
 
         carry_axis = None if carries is None else 0

@@ -22,7 +22,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxnet import models  # noqa: E402
+from jaxnet import models, tasks  # noqa: E402
 from jaxnet.bench import torch_peers  # noqa: E402
 from jaxnet.config import ModelConfig, OptimConfig  # noqa: E402
 from jaxnet.optim import build as build_optimizer  # noqa: E402
@@ -32,10 +32,10 @@ from jaxnet.train.step import make_train_step  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-5
 
-CONVNET = ModelConfig(name="convnet", features=(32, 64), hidden=256, dtype="float32")
-RESNET = ModelConfig(name="resnet", features=(8, 16), blocks=(1, 1), dtype="float32")
-LSTM = ModelConfig(name="lstm", layers=2, width=32, dtype="float32", lstm_impl="scan")
-TRANSFORMER = ModelConfig(name="transformer", layers=2, width=32, heads=4, dtype="float32", attention="xla")
+CONVNET = models.ConvNetConfig(features=(32, 64), hidden=256, dtype="float32")
+RESNET = models.ResNetConfig(features=(8, 16), blocks=(1, 1), dtype="float32")
+LSTM = models.LSTMConfig(layers=2, width=32, dtype="float32", lstm_impl="scan")
+TRANSFORMER = models.TransformerConfig(layers=2, width=32, heads=4, dtype="float32", attention="xla")
 
 
 @pytest.fixture(autouse=True)
@@ -165,7 +165,8 @@ def _train_both(
     first = batches[0]
     sample = first["tokens"] if "tokens" in first else first["image"][:1]
     state = jax.jit(create, static_argnums=(0, 1, 3))(model, tx, jnp.asarray(sample), 0)
-    train_step = jax.jit(make_train_step(model, tx, label_smoothing=smoothing))
+    task = tasks.lm(smoothing) if "tokens" in first else tasks.classification(label_smoothing=smoothing)
+    train_step = jax.jit(make_train_step(model, tx, task=task))
     trainer = torch_peers.Trainer(model_cfg, optim_cfg, steps, num_classes, seq_len, label_smoothing=smoothing)
     torch_peers.load_flax_params(trainer.model, {"params": state.params, **state.model_state}, model_cfg)
     jax_losses, torch_losses = [], []

@@ -7,12 +7,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from jaxnet.config import DataConfig
-from jaxnet.data import images, text
+from jaxnet import tasks
+from jaxnet.config import Config, DataConfig
+from jaxnet.data import images, pipeline, text
+from jaxnet.data.arrays import ArrayDataset, arrays
 from jaxnet.data.pipeline import split_validation
 from jaxnet.data.text import TextDataset
 from jaxnet.errors import UserError
@@ -64,9 +67,47 @@ class Dataset:
         """One line for the run's first message."""
         return f"{len(self.train[0]):,} training examples"
 
-    def extra_metrics(self, loss: float) -> dict[str, float]:
-        """Metrics derived from the mean loss (none for classification)."""
-        return {}
+    def size(self, split: str) -> int:
+        """Examples in ``split``."""
+        return len(getattr(self, split)[0])
+
+    def sample(self, cfg: Config) -> dict[str, np.ndarray]:
+        """A batch of one zero image: the shapes the model is initialised with."""
+        return {"image": np.zeros((1, *self.train[0].shape[1:]), np.float32), "label": np.zeros(1, np.int32)}
+
+    def check(self, cfg: Config) -> None:
+        """One-line errors for a batch size the data cannot fill."""
+        if cfg.train.batch_size > len(self.train[0]):
+            raise UserError(
+                f"train.batch_size={cfg.train.batch_size} is larger than the {len(self.train[0])} training examples"
+            )
+
+    def default_task(self, cfg: Config) -> tasks.Task:
+        """Classification, unless ``cfg.task`` names another task."""
+        return tasks.builtin(cfg, "classification", ("classification",), "image")
+
+    def train_batches(self, cfg: Config, start_step: int, rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
+        """Endless normalised (and, with ``data.augment``, augmented) batches from ``start_step`` on;
+        only rows ``rows`` of each."""
+        return pipeline.train_batches(
+            *self.train,
+            batch_size=cfg.train.batch_size,
+            seed=cfg.seed,
+            start_step=start_step,
+            mean=self.mean,
+            std=self.std,
+            do_augment=cfg.data.augment,
+            rows=rows,
+        )
+
+    def eval_rows(self, cfg: Config, split: str) -> int:
+        """Rows of an evaluation batch of ``split`` before rounding to the devices (0 = empty split)."""
+        return min(cfg.train.eval_batch_size, self.size(split))
+
+    def eval_batches(self, cfg: Config, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        """Every example of ``split`` once, normalised, in padded batches of ``batch_size``."""
+        x, y = getattr(self, split)
+        return pipeline.eval_batches(x, y, batch_size=batch_size, mean=self.mean, std=self.std)
 
 
 def _load_mnist(directory: str) -> dict[str, Split]:
@@ -106,4 +147,4 @@ def load(cfg: DataConfig) -> Dataset | TextDataset:
     return Dataset(train=train, val=val, test=splits["test"], num_classes=num_classes, name=cfg.name)
 
 
-__all__ = ["Dataset", "TextDataset", "load", "LOADERS", "TEXT_LOADERS"]
+__all__ = ["ArrayDataset", "Dataset", "TextDataset", "arrays", "load", "LOADERS", "TEXT_LOADERS"]

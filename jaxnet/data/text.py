@@ -41,9 +41,12 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from jaxnet import tasks
+from jaxnet.config import batching
 from jaxnet.errors import UserError
 
 EOS, UNK = "<eos>", "<unk>"
@@ -157,6 +160,58 @@ class TextDataset:
     def describe(self) -> str:
         """One line for the run's first message."""
         return f"{len(self.train):,} training {self.tokenizer} tokens, vocabulary {len(self.vocab):,}"
+
+    def size(self, split: str) -> int:
+        """Tokens in ``split``."""
+        return len(getattr(self, split))
+
+    def sample(self, cfg: Any) -> dict[str, np.ndarray]:
+        """Zero tokens, one time step of a whole batch: a carried state is created at its real size."""
+        zeros = np.zeros((cfg.train.batch_size, 1), np.int32)
+        return {"tokens": zeros, "targets": zeros}
+
+    def check(self, cfg: Any) -> None:
+        """One-line errors for a batch the training split cannot fill."""
+        check_batching(len(self.train), cfg.train.batch_size, cfg.data.seq_len, batching(cfg))
+
+    def default_task(self, cfg: Any) -> tasks.Task:
+        """Next-token language modelling (with perplexity or bits per character), unless ``cfg.task``
+        names masked-LM."""
+        return tasks.builtin(
+            cfg,
+            "lm",
+            ("lm", "masked_lm"),
+            "text",
+            vocab_size=self.num_classes,
+            mask_rate=cfg.data.mask_rate,
+            per_token=self.extra_metrics,
+        )
+
+    def train_batches(self, cfg: Any, start_step: int, rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
+        """Endless training batches from ``start_step`` on; only rows ``rows`` of each."""
+        return train_batches(
+            self.train,
+            batch_size=cfg.train.batch_size,
+            seq_len=cfg.data.seq_len,
+            mode=batching(cfg),
+            seed=cfg.seed,
+            start_step=start_step,
+            rows=rows,
+        )
+
+    def eval_rows(self, cfg: Any, split: str) -> int:
+        """Rows of an evaluation batch of ``split`` before rounding to the devices (0 = empty split):
+        in stream mode no more streams than the split fills, as longer streams carry more context."""
+        tokens = getattr(self, split)
+        if len(tokens) < 2:
+            return 0
+        if batching(cfg) == "stream":
+            return min(cfg.train.eval_batch_size, max(1, (len(tokens) - 1) // cfg.data.seq_len))
+        return cfg.train.eval_batch_size
+
+    def eval_batches(self, cfg: Any, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        """Every next-token prediction of ``split`` once (see :func:`eval_batches`)."""
+        return eval_batches(getattr(self, split), batch_size=batch_size, seq_len=cfg.data.seq_len, mode=batching(cfg))
 
     def extra_metrics(self, loss: float) -> dict[str, float]:
         """Perplexity for word models, bits per token (bits per character) for char and byte models."""

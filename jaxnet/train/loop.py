@@ -19,16 +19,18 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from jaxnet import config as config_lib
 from jaxnet import data as data_lib
-from jaxnet import models, observe, optim, parallel
+from jaxnet import models, observe, optim, parallel, tasks
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import Config
 from jaxnet.data import pipeline
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
+from jaxnet.train import actions as actions_lib
 from jaxnet.train import state as state_lib
 from jaxnet.train.step import (
     accumulate,
@@ -38,8 +40,7 @@ from jaxnet.train.step import (
     make_train_step,
 )
 
-# Train-step metrics that are counts or step numbers, not per-step values to average.
-_COUNTS = ("nonfinite", "first_nonfinite")
+TRANSFORM_STREAM = 3  # a task's host transform of training batch s draws from default_rng([seed, this, s])
 
 
 class Interrupts:
@@ -111,17 +112,34 @@ def workers_of(cfg: Config) -> dict[str, Any]:
 
 
 class Run:
-    """Everything built from a config before the first step: data, mesh, model, optimizer, steps.
+    """Everything built from a config before the first step: data, task, mesh, model, optimizer,
+    steps.
 
-    Building a ``Run`` reads and checks all user input but writes nothing, so bad input fails
-    before any file in the workdir is touched.
+    ``model``, ``dataset`` and ``task`` replace what the config (or the experiment file's
+    ``model(cfg)``, ``data(cfg)`` and ``task(cfg)``) would give. Building a ``Run`` reads and
+    checks all user input, tracing the model and the task once on abstract values, but writes
+    nothing, so bad input fails before any file in the workdir is touched.
     """
 
-    def __init__(self, cfg: Config, *, model: nn.Module | None = None, dataset: data_lib.Dataset | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        model: nn.Module | None = None,
+        dataset: Any = None,
+        task: tasks.Task | None = None,
+    ):
         self.cfg = cfg
+        self.hooks = experiment_hooks(cfg)
+        if dataset is None and "data" in self.hooks:
+            dataset = self.hooks["data"](cfg)
         self.dataset = dataset if dataset is not None else data_lib.load(cfg.data)
+        if not hasattr(self.dataset, "train_batches"):
+            raise UserError(
+                f"dataset is a {type(self.dataset).__name__}; pass jaxnet.data.arrays(train=..., val=..., test=...) "
+                "or a jaxnet Dataset / TextDataset"
+            )
         self.text = isinstance(self.dataset, text_lib.TextDataset)
-        self.batching = config_lib.batching(cfg) if self.text else "examples"
         self.mesh: Mesh = parallel.make_mesh(cfg.mesh)
         accum = cfg.optim.grad_accum
         parallel.check_batch(
@@ -129,19 +147,30 @@ class Run:
             self.mesh,
             "train.batch_size" if accum == 1 else "the micro-batch size train.batch_size / optim.grad_accum",
         )
-        if self.text:
-            text_lib.check_batching(len(self.dataset.train), cfg.train.batch_size, cfg.data.seq_len, self.batching)
-        elif cfg.train.batch_size > len(self.dataset.train[0]):
-            raise UserError(
-                f"train.batch_size={cfg.train.batch_size} is larger than the {len(self.dataset.train[0])} "
-                "training examples"
-            )
+        self.dataset.check(cfg)
+        if task is None and "task" in self.hooks:
+            task = self.hooks["task"](cfg)
+        self.task = task if task is not None else self.dataset.default_task(cfg)
+        if not isinstance(self.task, tasks.Task):
+            raise UserError(f"task is a {type(self.task).__name__}; pass a jaxnet.Task (or jaxnet.tasks.NAME(...))")
         self.replicas = cfg.parallel.mode == "replicas"
+        if model is None and "model" in self.hooks:
+            model = self.hooks["model"](cfg)
         if model is None:
+            if getattr(self.dataset, "num_classes", 0) < 1:
+                raise UserError(
+                    "your data does not say how many classes or tokens a built-in model should output; pass your own "
+                    "model= (any Flax module), or num_classes= to jaxnet.data.arrays"
+                )
             # Per-device replicas see only their rows: BatchNorm averages its statistics across them.
             batch_axis = parallel.REPLICA_AXIS if self.replicas else None
-            model = models.build(cfg.model, self.dataset.num_classes, cfg.data.seq_len, batch_axis=batch_axis)
+            outputs = self.dataset.num_classes + self.task.extra_inputs
+            model = models.build(cfg.model, outputs, cfg.data.seq_len, batch_axis=batch_axis)
+        if not isinstance(model, nn.Module):
+            raise UserError(f"model is a {type(model).__name__}; pass a Flax Linen module (flax.linen.Module)")
         self.model = model
+        self.sample = self.dataset.sample(cfg)
+        self._check_model_and_task()
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
         self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step)
@@ -162,14 +191,44 @@ class Run:
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         self.eval_step = jax.jit(
-            parallel.under_rules(make_eval_step(self.model), self.mesh),
+            parallel.under_rules(make_eval_step(self.model, self.task), self.mesh),
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
+
+    def _check_model_and_task(self) -> None:
+        """The model initialises on the data's shapes and the task's loss and metrics are scalars:
+        found by tracing (nothing is computed), so a mistake is one line before any step."""
+        missing = [k for k in self.task.inputs if k not in self.sample]
+        if missing:
+            raise UserError(
+                f"task {self.task.name!r} feeds batch key {missing[0]!r} to the model, but the data has only "
+                f"{', '.join(sorted(self.sample))}; set the task's inputs= to one of them"
+            )
+        inputs = self.task.model_inputs(self.sample)
+        name = type(self.model).__name__
+
+        def init_and_apply() -> Any:
+            rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(0)}
+            variables = self.model.init(rngs, *inputs, train=False)
+            return self.model.apply(variables, *inputs, train=True, rngs=rngs, mutable=True)[0]
+
+        try:
+            outputs = jax.eval_shape(init_and_apply)
+        except UserError:
+            raise
+        except Exception as e:
+            shapes = ", ".join(f"{k} {np.asarray(v).dtype}{list(np.shape(v))}" for k, v in self.sample.items())
+            message = (str(e).strip().splitlines() or [""])[0]
+            raise UserError(
+                f"model {name} failed on a batch of ({shapes}) fed as {', '.join(self.task.inputs)}: "
+                f"{type(e).__name__}: {message}; check the model's __call__(inputs, train=...) and the task's inputs"
+            ) from None
+        tasks.check(self.task, name, outputs, self.sample)
 
     def _make_step(self) -> Any:
         """The train step of ``parallel.sgd``: synchronous, asynchronous or local SGD."""
         cfg, p = self.cfg, self.cfg.parallel
-        common = dict(label_smoothing=cfg.train.label_smoothing, skip_nonfinite=cfg.train.on_nonfinite == "skip")
+        common = dict(task=self.task, skip_nonfinite=cfg.train.on_nonfinite == "skip")
         if p.sgd == "async":
             return make_async_train_step(
                 self.model,
@@ -190,11 +249,8 @@ class Run:
         )
 
     def _create_state(self, unbox: bool = True) -> state_lib.TrainState:
-        if self.text:  # one time step, but the whole batch: a carried state is created at its real size
-            sample = jnp.zeros((self.cfg.train.batch_size, 1), jnp.int32)
-        else:
-            sample = jnp.zeros((1, *self.dataset.train[0].shape[1:]), jnp.float32)
-        return state_lib.create(self.model, self.tx, sample, self.cfg.seed, unbox=unbox, **workers_of(self.cfg))
+        inputs = tuple(jnp.asarray(x) for x in self.task.model_inputs(self.sample))
+        return state_lib.create(self.model, self.tx, inputs, self.cfg.seed, unbox=unbox, **workers_of(self.cfg))
 
     def init_state(self) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh."""
@@ -210,58 +266,39 @@ class Run:
         this process's devices hold, which with one process is all of them."""
         cfg = self.cfg
         rows = parallel.process_rows(self.mesh, cfg.train.batch_size)
-        if self.text:
-            return text_lib.train_batches(
-                self.dataset.train,
-                batch_size=cfg.train.batch_size,
-                seq_len=cfg.data.seq_len,
-                mode=self.batching,
-                seed=cfg.seed,
-                start_step=start_step,
-                rows=rows,
-            )
-        return pipeline.train_batches(
-            *self.dataset.train,
-            batch_size=cfg.train.batch_size,
-            seed=cfg.seed,
-            start_step=start_step,
-            mean=self.dataset.mean,
-            std=self.dataset.std,
-            do_augment=cfg.data.augment,
-            rows=rows,
+        batches = self.dataset.train_batches(cfg, start_step, rows)
+        transform = self.task.transform
+        if transform is None:
+            return batches
+        return (
+            transform(b, np.random.default_rng([cfg.seed, TRANSFORM_STREAM, s]))
+            for s, b in enumerate(batches, start_step)
         )
 
     def _eval_batches(self, split: str) -> tuple[Any, int]:
         """Evaluation batches of ``split`` (this process's rows of them) and their number of rows
         (0 if the split is empty)."""
-        batches, rows = self._all_eval_batches(split)
-        if rows and jax.process_count() > 1:
+        devices = parallel.batch_devices(self.mesh)
+        wanted = self.dataset.eval_rows(self.cfg, split) if self.dataset.size(split) else 0
+        if not wanted:
+            return iter(()), 0
+        rows = -(-wanted // devices) * devices
+        batches = self.dataset.eval_batches(self.cfg, split, rows)
+        if self.task.transform is not None:  # the same corruption on every evaluation of the split
+            salt = ("train", "val", "test").index(split)
+            transform = self.task.transform
+            batches = (
+                transform(b, np.random.default_rng([pipeline.VALIDATION_SEED, salt, i])) for i, b in enumerate(batches)
+            )
+        if jax.process_count() > 1:
             mine = parallel.process_rows(self.mesh, rows)
             batches = ({k: v[mine] if v.ndim else v for k, v in b.items()} for b in batches)
         return batches, rows
 
-    def _all_eval_batches(self, split: str) -> tuple[Any, int]:
-        devices = parallel.batch_devices(self.mesh)
-        round_up = lambda n: -(-n // devices) * devices
-        wanted = self.cfg.train.eval_batch_size
-        if self.text:
-            tokens, seq_len = getattr(self.dataset, split), self.cfg.data.seq_len
-            if len(tokens) < 2:
-                return iter(()), 0
-            if self.batching == "stream":  # longer streams carry more context: no more rows than needed
-                wanted = min(wanted, max(1, (len(tokens) - 1) // seq_len))
-            rows = round_up(wanted)
-            return text_lib.eval_batches(tokens, batch_size=rows, seq_len=seq_len, mode=self.batching), rows
-        x, y = getattr(self.dataset, split)
-        if len(x) == 0:
-            return iter(()), 0
-        rows = round_up(min(wanted, len(x)))
-        batches = pipeline.eval_batches(x, y, batch_size=rows, mean=self.dataset.mean, std=self.dataset.std)
-        return batches, rows
-
     def evaluate(self, state: state_lib.TrainState, split: str) -> dict[str, float]:
-        """Mean loss and accuracy over every example (or token) of ``split`` (val or test), plus
-        perplexity or bits per character for text; ``{}`` if the split is empty.
+        """The task's loss and metrics over every example (or token) of ``split`` (val or test),
+        plus what the task derives from them (perplexity, bits per character, R^2); ``{}`` if the
+        split is empty.
 
         A stateful model walking streams carries its state from batch to batch, starting from
         zeros; with window batching every batch starts from zeros.
@@ -274,14 +311,32 @@ class Run:
             zeros = {
                 "carry": jax.tree.map(lambda c: jnp.zeros((rows, *c.shape[1:]), c.dtype), state.model_state["carry"])
             }
+        stream = self.text and config_lib.batching(self.cfg) == "stream"
         carry, totals = zeros, None
         for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, lambda b: parallel.put_batch(b, self.mesh)):
-            sums, carry = self.eval_step(state, batch, carry if self.batching == "stream" else zeros)
+            sums, carry = self.eval_step(state, batch, carry if stream else zeros)
             totals = sums if totals is None else accumulate(totals, sums)
+        if totals is None:
+            return {}
         totals = jax.device_get(totals)
-        count = float(totals["count"])
-        loss = float(totals["loss"]) / count
-        return {"loss": loss, "accuracy": float(totals["correct"]) / count, **self.dataset.extra_metrics(loss)}
+        count = float(totals.pop("count"))
+        return self.task.summarize({k: float(v) / count for k, v in totals.items()})
+
+
+def experiment_hooks(cfg: Config) -> dict[str, Callable]:
+    """The ``model``, ``data``, ``task`` and ``actions`` functions of the experiment file ``cfg``
+    came from, those it defines, each turning its errors into one line naming the file."""
+    find = getattr(config_lib, "experiment_module", None)
+    module = find(cfg.experiment) if find is not None and cfg.experiment else None
+    if module is None:
+        return {}
+    path = Path(module.__file__)
+    hooks = {}
+    for name in ("model", "data", "task", "actions"):
+        fn = getattr(module, name, None)
+        if callable(fn):
+            hooks[name] = lambda c, fn=fn: config_lib._run_experiment_code(path, lambda: fn(c))
+    return hooks
 
 
 def abstract_state(create: Any, mesh: Mesh, shardings: Any = None) -> Any:
@@ -398,19 +453,24 @@ def train(
     workdir: str | os.PathLike | None = None,
     *,
     model: nn.Module | None = None,
-    dataset: data_lib.Dataset | None = None,
+    dataset: Any = None,
+    task: tasks.Task | None = None,
+    actions: list[Any] | None = None,
     adopt: bool = False,
     stop_when: Callable[[int, dict[str, float]], bool] | None = None,
 ) -> dict[str, Any]:
     """Train as ``cfg`` says, in ``workdir``; resume from its newest checkpoint if it has one.
 
-    ``model`` replaces the config's model with any Flax module called as
-    ``model.apply(variables, images, train=..., rngs=...)``; ``dataset`` replaces the config's
-    data. ``adopt`` resumes a workdir that holds a run of another experiment (its checkpoints
-    must fit this model). ``stop_when(step, val_metrics)``, called after each validation pass
-    of the loop, ends the run there when it returns True, with a checkpoint, as
-    ``train.stop_after`` does (``jaxnet study`` stops at a target with it). Returns the run
-    summary (also written to ``summary.json``)::
+    Your own work replaces what the config names: ``model`` any Flax module called as
+    ``model.apply(variables, *inputs, train=..., rngs=...)``; ``dataset`` your data
+    (:func:`jaxnet.data.arrays`, or a built-in ``Dataset`` / ``TextDataset``); ``task`` what
+    to minimise and report (:class:`jaxnet.Task`, or one of :mod:`jaxnet.tasks`); ``actions``
+    periodic actions (:func:`jaxnet.every`) run after the built-in ones. ``adopt`` resumes a
+    workdir that holds a run of another experiment (its checkpoints must fit this model).
+    ``stop_when(step, val_metrics)``, called after each validation pass of the loop, ends the
+    run there when it returns True, with a checkpoint, as ``train.stop_after`` does
+    (``jaxnet study`` stops at a target with it). Returns the run summary (also written to
+    ``summary.json``)::
 
         summary = jaxnet.train(jaxnet.load_experiment("cnn_fashion_mnist"), "runs/a")
         print(summary["test"]["accuracy"])
@@ -419,14 +479,16 @@ def train(
     environment = observe.environment()  # at the start: the commit, versions and command the run was launched with
     config_lib.validate(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
-    run = Run(cfg, model=model, dataset=dataset)
+    run = Run(cfg, model=model, dataset=dataset, task=task)
+    extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
+    extra = [actions_lib.as_action(a) for a in extra]
     previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         with Interrupts() as interrupts:
-            return _train(run, workdir, ckpts, previous, started, environment, interrupts, stop_when)
+            return _train(run, workdir, ckpts, previous, started, environment, interrupts, stop_when, extra)
     finally:
         ckpts.close()
 
@@ -439,7 +501,8 @@ def _train(
     started: float,
     environment: dict[str, Any],
     interrupts: Interrupts,
-    stop_when: Callable[[int, dict[str, float]], bool] | None = None,
+    stop_when: Callable[[int, dict[str, float]], bool] | None,
+    extra: list[actions_lib.Action],
 ) -> dict[str, Any]:
     cfg, train_cfg = run.cfg, run.cfg.train
     primary = parallel.is_primary()  # with several processes, only process 0 writes and prints
@@ -476,119 +539,21 @@ def _train(
             f"{run.dataset.describe()}, {train_cfg.steps} steps of "
             f"{train_cfg.batch_size} on {run.mesh.size} {jax.devices()[0].platform} device(s)"
         )
-    batches = pipeline.prefetch(run.train_batches(start), cfg.data.prefetch, lambda b: parallel.put_batch(b, run.mesh))
-
-    compile_seconds = eval_seconds = 0.0
-    sums, interval_steps = None, 0
-    skip = train_cfg.on_nonfinite == "skip"
-    loop_start = time.perf_counter()
-    saved_step = start
-    profile, tracing = config_lib.profile_steps(cfg), False
+    loop = actions_lib.Loop(run, workdir, state, start, end, log, progress, skip=train_cfg.on_nonfinite == "skip")
+    profile = config_lib.profile_steps(cfg)
+    builtin = [
+        actions_lib.StopOnSignal(interrupts),
+        *([actions_lib.Profile(*profile)] if profile and primary else []),
+        actions_lib.LogTrain(
+            train_cfg.log_every, run.lr_schedule, train_cfg.batch_size, cfg.data.seq_len if run.text else 0
+        ),
+        actions_lib.Validate(train_cfg.eval_every, train_cfg.steps, stop_when),
+        actions_lib.Checkpoint(train_cfg.checkpoint_every, ckpts),
+    ]
     try:
-        # Compiled ahead of time for the placed state and batch: the same program every step, and
-        # XLA's memory plan for the start-up report.
-        batch = next(batches) if end > start else None
-        train_step = run.train_step.lower(state, batch).compile() if batch is not None else None
-        compile_seconds = time.perf_counter() - loop_start
-        progress.note(parallel.describe(run.mesh, state, train_step))
-        interval_start = time.perf_counter()
-        for step in range(start, end):
-            if step > start:
-                batch = next(batches)
-            if profile and primary and not tracing and profile[0] <= step + 1 <= profile[1]:
-                jax.profiler.start_trace(str(workdir / "profile"), create_perfetto_trace=True)
-                tracing = True
-            state, metrics = train_step(state, batch)
-            sums = metrics if sums is None else accumulate(sums, metrics)
-            interval_steps += 1
-            done = step + 1
-            if interrupts.stop_after(done):
-                end = done
-            if tracing and done >= profile[1]:
-                jax.block_until_ready(state)
-                jax.profiler.stop_trace()
-                tracing = False
-                progress.note(
-                    f"trace of updates {max(profile[0], start + 1)}-{done} written to {workdir / 'profile'}: "
-                    f"`tensorboard --logdir {workdir / 'profile'}` (profile plugin), or open its "
-                    "plugins/profile/*/perfetto_trace.json.gz at ui.perfetto.dev"
-                )
-            checkpoint_now = train_cfg.checkpoint_every and done % train_cfg.checkpoint_every == 0 and done != end
-            if done % train_cfg.log_every == 0 or done == end or checkpoint_now:
-                totals = jax.device_get(sums)  # the host waits for the device here, and only here
-                bad = int(totals["nonfinite"])
-                if bad and not skip:
-                    raise nonfinite_error(int(totals["first_nonfinite"]), saved_step, workdir)
-            if done % train_cfg.log_every == 0 or done == end:
-                finite_steps = interval_steps - bad
-                values = {k: float(v) / max(finite_steps, 1) for k, v in totals.items() if k not in _COUNTS}
-                if not finite_steps:  # every update of the interval was skipped: nothing to average
-                    values = dict.fromkeys(values, float("nan"))
-                if skip:
-                    values["skipped"] = bad
-                now = time.perf_counter()
-                rate = interval_steps / (now - interval_start)
-                values.update(run.dataset.extra_metrics(values["loss"]))
-                values.update(
-                    lr=float(run.lr_schedule(step)), steps_per_s=rate, examples_per_s=rate * train_cfg.batch_size
-                )
-                if run.text:
-                    values["tokens_per_s"] = values["examples_per_s"] * cfg.data.seq_len
-                log.write(done, "train", values)
-                progress.update(done, {"loss": values["loss"], "acc": values["accuracy"], "steps/s": rate})
-                sums, interval_steps = None, 0
-                interval_start = now
-            if train_cfg.eval_every and done % train_cfg.eval_every == 0 and done != train_cfg.steps:
-                eval_started = time.perf_counter()
-                val = run.evaluate(state, "val")
-                if val:
-                    log.write(done, "val", val)
-                    progress.note(f"step {done}: {headline(val, 'val')}")
-                    if stop_when is not None and stop_when(done, val):
-                        end = done
-                eval_seconds += time.perf_counter() - eval_started
-                interval_start += time.perf_counter() - eval_started
-            if checkpoint_now:
-                ckpts.save(done, state)
-                saved_step = done
-            if done == end:
-                break
-        if end > saved_step:
-            ckpts.save(end, state)
-        ckpts.wait()
-        loop_seconds = time.perf_counter() - loop_start
-
-        summary: dict[str, Any] = {
-            "experiment": cfg.experiment,
-            "workdir": str(workdir),
-            "step": end,
-            "steps_total": train_cfg.steps,
-            "complete": end == train_cfg.steps,
-            "param_count": num_params,
-            "compile_time_s": round(compile_seconds, 2),
-        }
-        if interrupts.name:
-            summary["interrupted_by"] = interrupts.name
-        if skip and primary:  # from the log, which a resume keeps consistent with the checkpoints
-            summary["skipped_updates"] = sum(
-                int(r.get("skipped") or 0) for r in observe.read_metrics(log.path) if r["split"] == "train"
-            )
-        if end > start:
-            step_seconds = (loop_seconds - compile_seconds - eval_seconds) / (end - start)
-            summary["steps_per_s"] = round(1 / step_seconds, 2)
-            summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
-            if run.text:
-                summary["tokens_per_s"] = round(train_cfg.batch_size * cfg.data.seq_len / step_seconds, 1)
-        if end == train_cfg.steps:
-            for split in ("val", "test"):
-                metrics = run.evaluate(state, split)
-                if metrics:
-                    log.write(end, split, metrics)
-                    summary[split] = metrics
+        compile_seconds = run_loop(run, loop, [*builtin, *extra])
+        summary = _summary(run, loop, workdir, num_params, compile_seconds, interrupts, log)
     finally:
-        if tracing:
-            jax.profiler.stop_trace()
-        batches.close()
         progress.close()
         log.close()
     summary["wall_time_s"] = round(time.time() - started, 2)
@@ -596,6 +561,7 @@ def _train(
     if primary:
         observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png", cfg.experiment)
         observe.write_json(workdir / "summary.json", summary)
+    end = loop.end
     if interrupts.name:
         say(
             f"{interrupts.name} received: stopped at step {end} of {train_cfg.steps} with a checkpoint; "
@@ -605,6 +571,85 @@ def _train(
         say(f"stopped at step {end} of {train_cfg.steps}; run the same command again to continue ({workdir})")
     else:
         say(_result_line(summary))
+    return summary
+
+
+def run_loop(run: Run, loop: actions_lib.Loop, actions: list[actions_lib.Action]) -> float:
+    """The loop core: step from ``loop.step`` to ``loop.end``, calling each action that is due
+    after every step. Returns the seconds spent compiling the step."""
+    batches = pipeline.prefetch(
+        run.train_batches(loop.start), run.cfg.data.prefetch, lambda b: parallel.put_batch(b, run.mesh)
+    )
+    loop_start = time.perf_counter()
+    try:
+        # Compiled ahead of time for the placed state and batch: the same program every step, and
+        # XLA's memory plan for the start-up report.
+        batch = next(batches) if loop.end > loop.start else None
+        train_step = run.train_step.lower(loop.state, batch).compile() if batch is not None else None
+        compile_seconds = time.perf_counter() - loop_start
+        loop.progress.note(parallel.describe(run.mesh, loop.state, train_step))
+        loop.paused += compile_seconds
+        loop.interval_start = time.perf_counter()
+        for action in actions:
+            action.begin(loop)
+        while loop.step < loop.end:
+            if loop.step > loop.start:
+                batch = next(batches)
+            loop.state, metrics = train_step(loop.state, batch)
+            loop.sums = metrics if loop.sums is None else accumulate(loop.sums, metrics)
+            loop.interval_steps += 1
+            loop.step += 1
+            for action in actions:
+                if action.due(loop):
+                    action(loop)
+        for action in actions:
+            action.finish(loop)
+    finally:
+        for action in actions:
+            action.close(loop)
+        batches.close()
+    loop.seconds = time.perf_counter() - loop_start
+    return compile_seconds
+
+
+def _summary(
+    run: Run,
+    loop: actions_lib.Loop,
+    workdir: Path,
+    num_params: int,
+    compile_seconds: float,
+    interrupts: Interrupts,
+    log: Any,
+) -> dict[str, Any]:
+    """summary.json: where the run ended, its speed, and at the last step the val and test metrics."""
+    cfg, train_cfg, start, end = run.cfg, run.cfg.train, loop.start, loop.end
+    summary: dict[str, Any] = {
+        "experiment": cfg.experiment,
+        "workdir": str(workdir),
+        "step": end,
+        "steps_total": train_cfg.steps,
+        "complete": end == train_cfg.steps,
+        "param_count": num_params,
+        "compile_time_s": round(compile_seconds, 2),
+    }
+    if interrupts.name:
+        summary["interrupted_by"] = interrupts.name
+    if loop.skip and parallel.is_primary():  # from the log, which a resume keeps consistent with the checkpoints
+        summary["skipped_updates"] = sum(
+            int(r.get("skipped") or 0) for r in observe.read_metrics(log.path) if r["split"] == "train"
+        )
+    if end > start:
+        step_seconds = (loop.seconds - loop.paused) / (end - start)
+        summary["steps_per_s"] = round(1 / step_seconds, 2)
+        summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
+        if run.text:
+            summary["tokens_per_s"] = round(train_cfg.batch_size * cfg.data.seq_len / step_seconds, 1)
+    if end == train_cfg.steps:
+        for split in ("val", "test"):
+            metrics = run.evaluate(loop.state, split)
+            if metrics:
+                log.write(end, split, metrics)
+                summary[split] = metrics
     return summary
 
 

@@ -33,7 +33,7 @@ class TrainState(flax.struct.PyTreeNode):
 def create(
     model: Any,
     tx: optax.GradientTransformation,
-    sample_input: jnp.ndarray,
+    sample_input: jnp.ndarray | tuple[jnp.ndarray, ...],
     seed: int,
     *,
     unbox: bool = True,
@@ -41,7 +41,8 @@ def create(
     workers: int = 1,
     staleness: int = 0,
 ) -> TrainState:
-    """Initialise the model on ``sample_input`` (a batch of shape (1, ...)) and the optimizer.
+    """Initialise the model on ``sample_input`` (a batch of shape (1, ...), or a tuple of such
+    batches for a model called on several inputs) and the optimizer.
 
     A ``carry`` collection (state carried across batches) gets the sample's batch size. With
     ``unbox=False`` the parameters and the optimizer moments keep their logical-axis boxes
@@ -50,7 +51,8 @@ def create(
     copy of the parameters and optimizer state per worker.
     """
     init_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
-    variables = model.init({"params": init_rng, "dropout": init_rng}, sample_input, train=False)
+    inputs = sample_input if isinstance(sample_input, tuple) else (sample_input,)
+    variables = model.init({"params": init_rng, "dropout": init_rng}, *inputs, train=False)
     variables = dict(nn.unbox(variables) if unbox else variables)
     params = variables.pop("params")
     plain = nn.unbox(params)

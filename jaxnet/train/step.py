@@ -1,9 +1,10 @@
-"""Pure training and evaluation steps for classification and language modelling.
+"""Pure training and evaluation steps, generic over the task (:mod:`jaxnet.tasks`).
 
 ``train_step(state, batch) -> (state, metrics)`` and ``eval_step(state, batch, carry) -> (sums,
 carry)`` are plain functions of their arguments; the runner jit-compiles each once. A batch is
-a dict with either ``image`` (float inputs) and ``label`` (int classes), or ``tokens`` and
-next-token ``targets`` (int, batch x time); evaluation batches also carry ``mask``.
+a dict of arrays; the task says which keys the model reads and computes the loss and metrics
+from the model's outputs and the batch. Without a task, a batch with ``tokens`` is next-token
+language modelling and any other is classification of ``image`` by ``label``.
 
 A model that keeps state across batches (the LSTM) holds it in the ``carry`` collection of
 ``state.model_state``; a batch with ``reset`` = 1 (the first of an epoch) starts it from zeros.
@@ -20,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxnet import tasks
+from jaxnet.tasks import Task, cross_entropy, hits  # noqa: F401  (re-exported)
 from jaxnet.train.state import TrainState
 
 Batch = dict[str, jnp.ndarray]
@@ -36,31 +39,9 @@ def accumulate(total: Metrics, new: Metrics) -> Metrics:
     return {k: jnp.minimum(total[k], v) if k == "first_nonfinite" else total[k] + v for k, v in new.items()}
 
 
-def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
-    """Per-example softmax cross-entropy in float32, with optional label smoothing."""
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    if not label_smoothing:  # no one-hot matrix: it costs as much as the softmax for a 10k vocabulary
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    targets = jax.nn.one_hot(labels, logits.shape[-1])
-    targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[-1]
-    return optax.softmax_cross_entropy(logits, targets)
-
-
-def hits(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
-    """1.0 where the label's logit is the largest (a tie for the largest counts), else 0.0.
-
-    The same as ``argmax(logits) == labels`` except on exact ties, and cheaper: one max over the
-    classes (which the softmax also needs) instead of an index search over a large vocabulary.
-    """
-    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-    return (label_logit >= logits.max(-1)).astype(jnp.float32)
-
-
-def inputs_and_targets(batch: Batch) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(image, label)`` of an image batch or ``(tokens, targets)`` of a text batch."""
-    if "tokens" in batch:
-        return batch["tokens"], batch["targets"]
-    return batch["image"], batch["label"]
+def task_of(task: Task | None, batch: Batch) -> Task:
+    """``task``, or the built-in one a batch implies (:func:`jaxnet.tasks.for_batch`)."""
+    return task if task is not None else tasks.for_batch(batch)
 
 
 def reset_carry(model_state: dict, reset: jnp.ndarray) -> dict:
@@ -71,22 +52,22 @@ def reset_carry(model_state: dict, reset: jnp.ndarray) -> dict:
     return {**model_state, "carry": carry}
 
 
-def make_grad_fn(model: nn.Module, label_smoothing: float = 0.0) -> Callable:
-    """``grad_fn(params, model_state, batch, rng) -> ((loss, (model_state, accuracy)), grads)``:
-    the mean cross-entropy of ``batch`` in training mode and its gradient with respect to ``params``."""
+def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
+    """``grad_fn(params, model_state, batch, rng) -> ((loss, (model_state, metrics)), grads)``:
+    the task's loss of ``batch`` in training mode, its metrics, and the gradient of the loss with
+    respect to ``params``."""
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
-        inputs, targets = inputs_and_targets(batch)
-        logits, new_model_state = model.apply(
+        t = task_of(task, batch)
+        outputs, new_model_state = model.apply(
             {"params": params, **model_state},
-            inputs,
+            *t.model_inputs(batch),
             train=True,
             rngs={"dropout": rng},
             mutable=list(model_state),
         )
-        loss = cross_entropy(logits, targets, label_smoothing).mean()
-        correct = jnp.mean(hits(logits, targets))
-        return loss, (dict(new_model_state), correct)
+        loss, metrics = t.train_values(outputs, batch)
+        return loss, (dict(new_model_state), metrics)
 
     return jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -113,15 +94,15 @@ def keep_if(finite: jnp.ndarray, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
-def step_metrics(loss: jnp.ndarray, accuracy: jnp.ndarray, grad_norm: jnp.ndarray, step: jnp.ndarray) -> Metrics:
+def step_metrics(loss: jnp.ndarray, metrics: Metrics, grad_norm: jnp.ndarray, step: jnp.ndarray) -> Metrics:
     """The metrics of one train step (see :func:`make_train_step`); ``step`` is the state's step
-    before the update. Loss, accuracy and gradient norm are zeroed if the loss or the gradient norm
-    is not finite."""
+    before the update. Loss, the task's metrics and gradient norm are zeroed if the loss or the
+    gradient norm is not finite."""
     finite = is_finite(loss, grad_norm)
-    zero_unless_finite = lambda x: jnp.where(finite, x, jnp.zeros_like(x))
+    zero_unless_finite = lambda x: jnp.where(finite, x, jnp.zeros_like(x)).astype(jnp.float32)
     return {
         "loss": zero_unless_finite(loss),
-        "accuracy": zero_unless_finite(accuracy),
+        **{k: zero_unless_finite(v) for k, v in metrics.items()},
         "grad_norm": zero_unless_finite(grad_norm),
         "nonfinite": (~finite).astype(jnp.int32),
         "first_nonfinite": jnp.where(finite, NO_STEP, step + 1).astype(jnp.int32),
@@ -133,7 +114,7 @@ def make_train_step(
     tx: optax.GradientTransformation,
     *,
     grad_accum: int = 1,
-    label_smoothing: float = 0.0,
+    task: Task | None = None,
     axis_name: str | tuple[str, ...] | None = None,
     skip_nonfinite: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
@@ -151,14 +132,14 @@ def make_train_step(
     the gradients and metrics are averaged with ``lax.pmean`` and every device applies the same
     update. Each device draws its own dropout masks.
 
-    Metrics: ``loss``, ``accuracy`` and ``grad_norm`` (0 for a step whose loss or gradient norm
+    Metrics: ``loss``, the task's metrics and ``grad_norm`` (0 for a step whose loss or gradient norm
     is NaN or Inf), ``nonfinite`` (1 for such a step) and ``first_nonfinite`` (the number of such
     an update, else :data:`NO_STEP`); add them up with :func:`accumulate`. With
     ``skip_nonfinite`` such an update is rejected inside the step: parameters, optimizer and
     model state stay as they were and only the step counter moves on.
     """
 
-    grad_fn = make_grad_fn(model, label_smoothing)
+    grad_fn = make_grad_fn(model, task)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         rng = jax.random.fold_in(state.rng, state.step)
@@ -172,7 +153,7 @@ def make_train_step(
         if "reset" in batch:
             model_state = reset_carry(model_state, batch["reset"])
         if grad_accum == 1:
-            (loss, (model_state, accuracy)), grads = grad_fn(params, model_state, batch, rng)
+            (loss, (model_state, metrics)), grads = grad_fn(params, model_state, batch, rng)
         else:
             batch = {k: v for k, v in batch.items() if k != "reset"}
             micro_batches = split_rows(batch, grad_accum)
@@ -180,20 +161,20 @@ def make_train_step(
             def micro_step(carry: tuple, inputs: tuple) -> tuple:
                 grads_sum, model_state = carry
                 index, micro_batch = inputs
-                (loss, (model_state, accuracy)), grads = grad_fn(
+                (loss, (model_state, metrics)), grads = grad_fn(
                     params, model_state, micro_batch, jax.random.fold_in(rng, index)
                 )
                 grads_sum = jax.tree.map(lambda total, g: total + g.astype(total.dtype), grads_sum, grads)
-                return (grads_sum, model_state), (loss, accuracy)
+                return (grads_sum, model_state), (loss, metrics)
 
             zeros = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.promote_types(p.dtype, jnp.float32)), params)
-            (grads, model_state), (losses, accuracies) = jax.lax.scan(
+            (grads, model_state), (losses, metrics) = jax.lax.scan(
                 micro_step, (zeros, model_state), (jnp.arange(grad_accum), micro_batches)
             )
             grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, state.params)
-            loss, accuracy = losses.mean(), accuracies.mean()
+            loss, metrics = losses.mean(), jax.tree.map(jnp.mean, metrics)
         if axis_name is not None:
-            grads, loss, accuracy = jax.lax.pmean((grads, loss, accuracy), axis_name)
+            grads, loss, metrics = jax.lax.pmean((grads, loss, metrics), axis_name)
 
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         grad_norm = optax.global_norm(grads)
@@ -210,7 +191,7 @@ def make_train_step(
                 opt_state=keep_if(finite, new_state.opt_state, state.opt_state),
                 model_state=keep_if(finite, new_state.model_state, state.model_state),
             )
-        return new_state, step_metrics(loss, accuracy, grad_norm, state.step)
+        return new_state, step_metrics(loss, metrics, grad_norm, state.step)
 
     return train_step
 
@@ -240,7 +221,7 @@ def make_async_train_step(
     workers: int,
     staleness: int,
     randomised: bool = False,
-    label_smoothing: float = 0.0,
+    task: Task | None = None,
     skip_nonfinite: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Build the train step of asynchronous SGD with ``workers`` simulated workers.
@@ -261,7 +242,7 @@ def make_async_train_step(
     by rows like the batch. Metrics are the means over the step's updates; with
     ``skip_nonfinite`` an update whose loss or gradient is not finite is rejected.
     """
-    grad_fn = make_grad_fn(model, label_smoothing)
+    grad_fn = make_grad_fn(model, task)
     slots = staleness + 1
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
@@ -281,7 +262,7 @@ def make_async_train_step(
             stale = jax.tree.map(lambda h: h[version % slots], history)
             worker_state = shared if worker_carry is None else {**shared, "carry": worker_carry}
             worker_rng = rng if workers == 1 else jax.random.fold_in(rng, worker)
-            (loss, (worker_state, accuracy)), grads = grad_fn(stale, worker_state, shard, worker_rng)
+            (loss, (worker_state, metrics)), grads = grad_fn(stale, worker_state, shard, worker_rng)
             updates, new_opt_state = tx.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
             grad_norm = optax.global_norm(grads)
@@ -296,9 +277,9 @@ def make_async_train_step(
                 if new_carry is not None:
                     new_carry = keep_if(finite, new_carry, worker_carry)
             history = jax.tree.map(lambda h, p: h.at[u % slots].set(p), history, new_params)
-            return (new_params, new_opt_state, worker_state, history), (loss, accuracy, grad_norm, new_carry)
+            return (new_params, new_opt_state, worker_state, history), (loss, metrics, grad_norm, new_carry)
 
-        (params, opt_state, shared, history), (losses, accuracies, norms, carries) = jax.lax.scan(
+        (params, opt_state, shared, history), (losses, metrics, norms, carries) = jax.lax.scan(
             update,
             (state.params, state.opt_state, shared, state.workers["history"]),
             (jnp.arange(workers), shards, carries),
@@ -312,7 +293,7 @@ def make_async_train_step(
             model_state=model_state,
             workers={"history": history},
         )
-        return new_state, step_metrics(losses.mean(), accuracies.mean(), norms.mean(), state.step)
+        return new_state, step_metrics(losses.mean(), jax.tree.map(jnp.mean, metrics), norms.mean(), state.step)
 
     return train_step
 
@@ -323,7 +304,7 @@ def make_local_train_step(
     *,
     workers: int,
     local_steps: int,
-    label_smoothing: float = 0.0,
+    task: Task | None = None,
     skip_nonfinite: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Build the train step of local SGD (periodic averaging) with ``workers`` simulated workers.
@@ -341,7 +322,7 @@ def make_local_train_step(
     state is split by rows like the batch. With ``skip_nonfinite`` a worker whose update is not
     finite keeps its copy.
     """
-    grad_fn = make_grad_fn(model, label_smoothing)
+    grad_fn = make_grad_fn(model, task)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         rng = jax.random.fold_in(state.rng, state.step)
@@ -353,7 +334,7 @@ def make_local_train_step(
 
         def one_worker(params: Any, opt_state: Any, shard: Batch, carry: Any, worker: jnp.ndarray) -> tuple:
             worker_state_before = shared if carry is None else {**shared, "carry": carry}
-            (loss, (worker_state, accuracy)), grads = grad_fn(
+            (loss, (worker_state, metrics)), grads = grad_fn(
                 params, worker_state_before, shard, jax.random.fold_in(rng, worker)
             )
             updates, new_opt_state = tx.update(grads, opt_state, params)
@@ -366,10 +347,10 @@ def make_local_train_step(
                     keep_if(finite, new_opt_state, opt_state),
                 )
                 worker_state = keep_if(finite, worker_state, worker_state_before)
-            return new_params, new_opt_state, worker_state, loss, accuracy, grad_norm
+            return new_params, new_opt_state, worker_state, loss, metrics, grad_norm
 
         carry_axis = None if carries is None else 0
-        params, opt_state, worker_states, losses, accuracies, norms = jax.vmap(
+        params, opt_state, worker_states, losses, metrics, norms = jax.vmap(
             one_worker, in_axes=(0, 0, 0, carry_axis, 0)
         )(state.workers["params"], state.workers["opt_state"], shards, carries, jnp.arange(workers))
 
@@ -389,7 +370,7 @@ def make_local_train_step(
             model_state=model_state,
             workers={"params": params, "opt_state": opt_state},
         )
-        return new_state, step_metrics(losses.mean(), accuracies.mean(), norms.mean(), state.step)
+        return new_state, step_metrics(losses.mean(), jax.tree.map(jnp.mean, metrics), norms.mean(), state.step)
 
     return train_step
 
@@ -398,8 +379,11 @@ def _floating(x: jnp.ndarray) -> bool:
     return jnp.issubdtype(x.dtype, jnp.floating)
 
 
-def make_eval_step(model: nn.Module) -> Callable[[TrainState, Batch, dict], tuple[Metrics, dict]]:
-    """Build ``eval_step``: sums of loss and correct predictions over the unmasked examples.
+def make_eval_step(
+    model: nn.Module, task: Task | None = None
+) -> Callable[[TrainState, Batch, dict], tuple[Metrics, dict]]:
+    """Build ``eval_step``: weighted sums of the task's loss and metrics over the batch's examples
+    and their total weight ``count`` (see :meth:`jaxnet.tasks.Task.eval_sums`).
 
     Sums (not means) so that batches add up exactly to the metric over the whole split.
     ``carry`` replaces the model's carried-state collections (``{"carry": ...}`` for a stateful
@@ -407,19 +391,13 @@ def make_eval_step(model: nn.Module) -> Callable[[TrainState, Batch, dict], tupl
     """
 
     def eval_step(state: TrainState, batch: Batch, carry: dict) -> tuple[Metrics, dict]:
-        inputs, targets = inputs_and_targets(batch)
+        t = task_of(task, batch)
         variables = {"params": state.params, **state.model_state, **carry}
         if carry:
-            logits, carry = model.apply(variables, inputs, train=False, mutable=list(carry))
+            outputs, carry = model.apply(variables, *t.model_inputs(batch), train=False, mutable=list(carry))
             carry = dict(carry)
         else:
-            logits = model.apply(variables, inputs, train=False)
-        mask = batch["mask"]
-        sums = {
-            "loss": jnp.sum(cross_entropy(logits, targets) * mask),
-            "correct": jnp.sum(hits(logits, targets) * mask),
-            "count": jnp.sum(mask),
-        }
-        return sums, carry
+            outputs = model.apply(variables, *t.model_inputs(batch), train=False)
+        return t.eval_sums(outputs, batch), carry
 
     return eval_step

@@ -1,0 +1,335 @@
+"""Tasks: what a model is trained to do, as a loss and metrics over ``(outputs, batch)``.
+
+A task names the batch keys the model reads, a loss (a scalar: the mean over the batch) and a
+dict of metrics (scalars, means over the batch). The train and eval steps are generic over it,
+so the built-in tasks below are instances of the same contract a user writes::
+
+    task = jaxnet.Task(
+        inputs="x",
+        loss=lambda out, b: jnp.mean((out - b["y"]) ** 2),
+        metrics={"mae": lambda out, b: jnp.mean(jnp.abs(out - b["y"]))},
+    )
+
+Evaluation is exact over a whole split: the loss and every metric are computed for each
+example on its own (a batch of one) and averaged with the example's weight, so padding rows
+(``mask`` 0) never count and a split of any size gives the same numbers as one pass over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxnet.errors import UserError
+
+Batch = Mapping[str, Any]
+Fn = Callable[[Any, Batch], jnp.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A loss and metrics over ``(outputs, batch)``, and the batch keys the model is called on.
+
+    ``inputs``: the batch key (or keys, passed in order) given to ``model.apply``. ``loss``: a
+    scalar, the mean over the batch, minimised in training. ``metrics``: name -> a scalar mean
+    over the batch, logged in training and evaluation. ``eval_loss``: the loss reported in
+    evaluation if it differs (e.g. without label smoothing). ``weight``: per-example weight of a
+    batch in evaluation (e.g. its number of predicted tokens), ``mask`` or 1 by default.
+    ``finalize``: derives metrics from the split means (e.g. R^2 from the mean squared error and
+    the target's variance); names starting with ``_`` are helpers it may consume.
+    ``transform``: a host-side ``(batch, rng) -> batch`` applied to every batch before it goes to
+    the devices (masked-LM corruption). ``extra_inputs``: input ids beyond the data's
+    vocabulary the model must embed (masked-LM's mask token).
+    """
+
+    inputs: str | tuple[str, ...]
+    loss: Fn
+    metrics: Mapping[str, Fn] = dataclasses.field(default_factory=dict)
+    name: str = "custom"
+    eval_loss: Fn | None = None
+    weight: Callable[[Batch], jnp.ndarray] | None = None
+    finalize: Callable[[dict[str, float]], dict[str, float]] | None = None
+    transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]] | None = None
+    extra_inputs: int = 0
+
+    def __post_init__(self) -> None:
+        keys = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs)
+        if not keys or not all(isinstance(k, str) for k in keys):
+            raise UserError(f"Task inputs={self.inputs!r}: expected a batch key or a tuple of batch keys, e.g. 'x'")
+        object.__setattr__(self, "inputs", keys)
+        if not callable(self.loss):
+            raise UserError(f"Task loss={self.loss!r} is not a function; expected loss(outputs, batch) -> scalar")
+        if not isinstance(self.metrics, Mapping) or not all(callable(f) for f in self.metrics.values()):
+            raise UserError("Task metrics must be a dict of name -> metric(outputs, batch) -> scalar")
+        if "loss" in self.metrics:
+            raise UserError("Task metrics cannot be named 'loss' (the loss is always logged as 'loss')")
+
+    def model_inputs(self, batch: Batch) -> tuple[Any, ...]:
+        """The arrays of ``batch`` the model is called on, in order."""
+        return tuple(batch[k] for k in self.inputs)
+
+    def train_values(self, outputs: Any, batch: Batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
+        """The training loss and the metrics of one batch."""
+        return self.loss(outputs, batch), {k: f(outputs, batch) for k, f in self.metrics.items()}
+
+    def eval_sums(self, outputs: Any, batch: Batch) -> dict[str, jnp.ndarray]:
+        """Weighted sums of the loss and every metric over the examples of ``batch``, and ``count``
+        (the sum of the weights), so batches add up to exact means over a split."""
+        rows = jax.tree.leaves(outputs)[0].shape[0]
+        per_row = {k: v for k, v in batch.items() if jnp.ndim(v) and jnp.shape(v)[0] == rows}
+        loss = self.eval_loss or self.loss
+        fns = {"loss": loss, **self.metrics}
+
+        def one(out: Any, row: dict) -> dict[str, jnp.ndarray]:
+            out1 = jax.tree.map(lambda x: x[None], out)
+            row1 = {**batch, **jax.tree.map(lambda x: x[None], row)}
+            return {k: jnp.asarray(f(out1, row1), jnp.float32) for k, f in fns.items()}
+
+        values = jax.vmap(one)(outputs, per_row)
+        if self.weight is not None:
+            w = jnp.asarray(self.weight(batch), jnp.float32)
+        elif "mask" in batch and jnp.ndim(batch["mask"]) >= 1:
+            w = jnp.asarray(batch["mask"], jnp.float32).reshape(rows, -1).sum(-1)
+        else:
+            w = jnp.ones((rows,), jnp.float32)
+        sums = {k: jnp.sum(jnp.where(w > 0, v * w, 0.0)) for k, v in values.items()}
+        sums["count"] = jnp.sum(w)
+        return sums
+
+    def summarize(self, means: dict[str, float]) -> dict[str, float]:
+        """The reported metrics of a split from its means: ``finalize`` applied, helpers dropped."""
+        if self.finalize is not None:
+            means = {**means, **self.finalize(dict(means))}
+        return {k: v for k, v in means.items() if not k.startswith("_")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses and metrics the built-in tasks share.
+
+
+def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
+    """Per-example softmax cross-entropy in float32, with optional label smoothing."""
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    if not label_smoothing:  # no one-hot matrix: it costs as much as the softmax for a 10k vocabulary
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    targets = jax.nn.one_hot(labels, logits.shape[-1])
+    targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[-1]
+    return optax.softmax_cross_entropy(logits, targets)
+
+
+def hits(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
+    """1.0 where the label's logit is the largest (a tie for the largest counts), else 0.0.
+
+    The same as ``argmax(logits) == labels`` except on exact ties, and cheaper: one max over the
+    classes (which the softmax also needs) instead of an index search over a large vocabulary.
+    """
+    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return (label_logit >= logits.max(-1)).astype(jnp.float32)
+
+
+def _masked_mean(values: jnp.ndarray, batch: Batch) -> jnp.ndarray:
+    """Mean of ``values`` over the positions ``batch["mask"]`` marks (all of them without one)."""
+    if "mask" not in batch:
+        return values.mean()
+    mask = batch["mask"].astype(values.dtype)
+    return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _label_task(name: str, inputs: str, target: str, label_smoothing: float, **extra: Any) -> Task:
+    def loss(logits: jnp.ndarray, batch: Batch) -> jnp.ndarray:
+        return _masked_mean(cross_entropy(logits, batch[target], label_smoothing), batch)
+
+    def plain_loss(logits: jnp.ndarray, batch: Batch) -> jnp.ndarray:
+        return _masked_mean(cross_entropy(logits, batch[target]), batch)
+
+    def accuracy(logits: jnp.ndarray, batch: Batch) -> jnp.ndarray:
+        return _masked_mean(hits(logits, batch[target]), batch)
+
+    return Task(
+        inputs=inputs,
+        loss=loss,
+        metrics={"accuracy": accuracy},
+        name=name,
+        eval_loss=plain_loss if label_smoothing else None,
+        **extra,
+    )
+
+
+def classification(inputs: str = "image", target: str = "label", label_smoothing: float = 0.0) -> Task:
+    """Softmax cross-entropy over integer classes; ``accuracy`` metric."""
+    return _label_task("classification", inputs, target, label_smoothing)
+
+
+def lm(label_smoothing: float = 0.0, per_token: Callable[[float], dict[str, float]] | None = None) -> Task:
+    """Next-token language modelling: cross-entropy of ``targets`` given ``tokens`` at every
+    position (``mask`` marks the positions that count); ``accuracy`` of the next token.
+    ``per_token(mean loss)`` adds metrics such as perplexity or bits per character."""
+    finalize = (lambda means: per_token(means["loss"])) if per_token is not None else None
+    return _label_task("lm", "tokens", "targets", label_smoothing, finalize=finalize)
+
+
+def masked_lm(vocab_size: int, mask_rate: float = 0.15, label_smoothing: float = 0.0) -> Task:
+    """BERT's masked language modelling over token windows.
+
+    ``mask_rate`` of the positions are chosen; of those 80 % become the mask token (id
+    ``vocab_size``), 10 % a random token and 10 % stay as they are; the model predicts the
+    original token at the chosen positions only (``mask``). The corruption is drawn on the host
+    from the batch's own random stream, so it is the same on a resumed run.
+    """
+
+    def corrupt(batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        tokens = batch["tokens"]
+        valid = batch["mask"] > 0 if "mask" in batch else np.ones(tokens.shape, bool)
+        draw = rng.random(tokens.shape)
+        chosen = (draw < mask_rate) & valid
+        kind = rng.random(tokens.shape)
+        random_tokens = rng.integers(0, vocab_size, size=tokens.shape, dtype=tokens.dtype)
+        corrupted = np.where(chosen & (kind < 0.8), vocab_size, tokens)
+        corrupted = np.where(chosen & (kind >= 0.8) & (kind < 0.9), random_tokens, corrupted).astype(tokens.dtype)
+        out = {k: v for k, v in batch.items() if k not in ("tokens", "targets", "mask", "reset")}
+        return {**out, "tokens": corrupted, "targets": tokens, "mask": chosen.astype(np.float32)}
+
+    return _label_task("masked_lm", "tokens", "targets", label_smoothing, transform=corrupt, extra_inputs=1)
+
+
+def regression(inputs: str = "x", target: str = "y") -> Task:
+    """Mean squared error against a float target; ``mse``, ``mae`` and ``r2`` metrics.
+
+    R^2 = 1 - MSE / Var(target) over the whole split, from the split means of the squared error,
+    the target and its square (exact, whatever the batch size).
+    """
+
+    def error(out: jnp.ndarray, batch: Batch) -> jnp.ndarray:
+        y = batch[target]
+        return out.reshape(y.shape).astype(jnp.float32) - y.astype(jnp.float32)
+
+    def mse(out: jnp.ndarray, batch: Batch) -> jnp.ndarray:
+        return jnp.mean(error(out, batch) ** 2)
+
+    def r2(means: dict[str, float]) -> dict[str, float]:
+        variance = means["_y2"] - means["_y"] ** 2
+        return {"r2": 1.0 - means["mse"] / variance if variance > 0 else float("nan")}
+
+    return Task(
+        inputs=inputs,
+        loss=mse,
+        metrics={
+            "mse": mse,
+            "mae": lambda out, b: jnp.mean(jnp.abs(error(out, b))),
+            "_y": lambda out, b: jnp.mean(b[target].astype(jnp.float32)),
+            "_y2": lambda out, b: jnp.mean(b[target].astype(jnp.float32) ** 2),
+        },
+        name="regression",
+        finalize=r2,
+    )
+
+
+BUILT_IN = ("classification", "lm", "masked_lm", "regression")
+
+
+def from_name(
+    name: str,
+    *,
+    vocab_size: int = 0,
+    mask_rate: float = 0.15,
+    label_smoothing: float = 0.0,
+    per_token: Callable[[float], dict[str, float]] | None = None,
+) -> Task:
+    """The built-in task ``name`` set up for the data (``vocab_size`` for masked_lm, ``per_token``
+    metrics for lm)."""
+    if name == "classification":
+        return classification(label_smoothing=label_smoothing)
+    if name == "lm":
+        return lm(label_smoothing, per_token)
+    if name == "masked_lm":
+        return masked_lm(vocab_size, mask_rate, label_smoothing)
+    if name == "regression":
+        return regression()
+    near = difflib.get_close_matches(name, BUILT_IN, n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise UserError(
+        f"unknown task {name!r}; {hint}the tasks are {', '.join(BUILT_IN)}, or define task(cfg) in the experiment file"
+    )
+
+
+def builtin(cfg: Any, default: str, allowed: tuple[str, ...], kind: str, **kwargs: Any) -> Task:
+    """The built-in task ``cfg.task`` names (``default`` if unset), if it suits data of ``kind``."""
+    name = cfg.task or default
+    if name in BUILT_IN and name not in allowed:
+        raise UserError(
+            f"task={name} does not fit {kind} data (data.name={cfg.data.name}); use task={' or task='.join(allowed)}"
+        )
+    return from_name(name, label_smoothing=cfg.train.label_smoothing, **kwargs)
+
+
+def for_batch(batch: Batch) -> Task:
+    """The task a built-in batch implies: next-token LM for ``tokens``, classification otherwise."""
+    return lm() if "tokens" in batch else classification()
+
+
+def check(task: Task, model_name: str, outputs: Any, batch: Batch) -> None:
+    """One-line errors for a task that does not fit the data or the model's outputs, found by
+    tracing the loss and metrics on abstract values (nothing runs)."""
+    for key in task.inputs:
+        if key not in batch:
+            raise UserError(
+                f"task {task.name!r} feeds batch key {key!r} to the model, but the data has only "
+                f"{', '.join(sorted(batch))}; set the task's inputs= to one of them"
+            )
+
+    abstract_batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) for k, v in batch.items()}
+    try:
+        loss, metrics = jax.eval_shape(task.train_values, outputs, abstract_batch)
+    except KeyError as e:
+        raise UserError(
+            f"task {task.name!r}: its loss or a metric reads batch key {e.args[0]!r}, which the data lacks "
+            f"(it has {', '.join(sorted(batch))})"
+        ) from None
+    except UserError:
+        raise
+    except Exception as e:  # a shape or type error inside the user's function, found before any step
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UserError(
+            f"task {task.name!r}: its loss or metrics fail on the outputs of {model_name} "
+            f"({_shapes(outputs)}): {type(e).__name__}: {message}"
+        ) from None
+    if jnp.shape(loss) != ():
+        raise UserError(
+            f"task {task.name!r}: the loss returns shape {tuple(jnp.shape(loss))}, not a scalar; "
+            "return the mean over the batch (e.g. jnp.mean(...))"
+        )
+    if not isinstance(metrics, dict):
+        raise UserError(f"task {task.name!r}: metrics must be a dict of name -> scalar function")
+    for name, value in metrics.items():
+        if jnp.shape(value) != ():
+            raise UserError(
+                f"task {task.name!r}: metric {name!r} returns shape {tuple(jnp.shape(value))}, not a scalar; "
+                "return the mean over the batch"
+            )
+
+
+def _shapes(tree: Any) -> str:
+    return ", ".join(f"{x.dtype}{list(x.shape)}" for x in jax.tree.leaves(tree))
+
+
+__all__ = [
+    "BUILT_IN",
+    "Task",
+    "check",
+    "classification",
+    "cross_entropy",
+    "builtin",
+    "for_batch",
+    "from_name",
+    "hits",
+    "lm",
+    "masked_lm",
+    "regression",
+]

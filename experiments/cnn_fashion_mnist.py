@@ -13,6 +13,7 @@ Variants: ``smoke`` trains 60 steps on the same data in a few seconds, for tests
 """
 
 from jaxnet.config import Config
+from jaxnet.models import ConvNetConfig
 
 VARIANTS = ("default", "smoke")
 
@@ -21,10 +22,7 @@ def get_config(variant: str = "default") -> Config:
     """The config of ``variant`` (one of VARIANTS)."""
     cfg = Config()
     cfg.data.name = "fashion_mnist"
-    cfg.model.name = "convnet"
-    cfg.model.features = (32, 64)
-    cfg.model.hidden = 256
-    cfg.model.dropout = 0.25
+    cfg.model = ConvNetConfig(features=(32, 64), hidden=256, dropout=0.25)
     cfg.optim.name = "adamw"
     cfg.optim.lr = 2e-3
     cfg.optim.warmup_steps = 200

@@ -19,6 +19,7 @@ Variants: ``smoke`` trains a tiny model for 30 steps, for tests.
 """
 
 from jaxnet.config import Config
+from jaxnet.models import LSTMConfig
 
 VARIANTS = ("default", "smoke")
 
@@ -30,11 +31,7 @@ def get_config(variant: str = "default") -> Config:
     cfg = Config()
     cfg.data.name = "ptb"
     cfg.data.seq_len = 35
-    cfg.model.name = "lstm"
-    cfg.model.layers = 2
-    cfg.model.width = 650
-    cfg.model.dropout = 0.5
-    cfg.model.init_scale = 0.05
+    cfg.model = LSTMConfig(layers=2, width=650, dropout=0.5, init_scale=0.05)
     cfg.optim.name = "sgd"
     cfg.optim.momentum = 0.0
     cfg.optim.lr = 35.0  # the paper's 1, for a loss summed over seq_len=35 steps

@@ -22,6 +22,7 @@ Variants: ``smoke`` trains a tiny model for 40 steps, for tests.
 """
 
 from jaxnet.config import Config
+from jaxnet.models import LSTMConfig
 
 VARIANTS = ("default", "smoke")
 
@@ -33,11 +34,7 @@ def get_config(variant: str = "default") -> Config:
     cfg = Config()
     cfg.data.name = "ptb"
     cfg.data.seq_len = 20
-    cfg.model.name = "lstm"
-    cfg.model.layers = 2
-    cfg.model.width = 200
-    cfg.model.dropout = 0.0
-    cfg.model.init_scale = 0.1
+    cfg.model = LSTMConfig(layers=2, width=200, dropout=0.0, init_scale=0.1)
     cfg.optim.name = "sgd"
     cfg.optim.momentum = 0.0
     cfg.optim.lr = 20.0  # the paper's 1, for a loss summed over seq_len=20 steps

@@ -17,6 +17,7 @@ Variants: ``smoke`` trains a tiny model for 30 steps, for tests.
 """
 
 from jaxnet.config import Config
+from jaxnet.models import LSTMConfig
 
 VARIANTS = ("default", "smoke")
 
@@ -26,11 +27,7 @@ def get_config(variant: str = "default") -> Config:
     cfg = Config()
     cfg.data.name = "shakespeare"
     cfg.data.seq_len = 128
-    cfg.model.name = "lstm"
-    cfg.model.layers = 2
-    cfg.model.width = 224
-    cfg.model.dropout = 0.0
-    cfg.model.init_scale = 0.08
+    cfg.model = LSTMConfig(layers=2, width=224, dropout=0.0, init_scale=0.08)
     cfg.optim.name = "adamw"
     cfg.optim.lr = 2e-3
     cfg.optim.b2 = 0.99

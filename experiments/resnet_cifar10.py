@@ -12,6 +12,7 @@ Variants: ``smoke`` trains a two-stage ResNet for 20 steps, for tests.
 """
 
 from jaxnet.config import Config
+from jaxnet.models import ResNetConfig
 
 VARIANTS = ("default", "smoke")
 
@@ -21,9 +22,7 @@ def get_config(variant: str = "default") -> Config:
     cfg = Config()
     cfg.data.name = "cifar10"
     cfg.data.augment = True
-    cfg.model.name = "resnet"
-    cfg.model.features = (16, 32, 64)
-    cfg.model.blocks = (3, 3, 3)
+    cfg.model = ResNetConfig(features=(16, 32, 64), blocks=(3, 3, 3))  # ResNet-20
     cfg.optim.name = "sgd"
     cfg.optim.lr = 0.1
     cfg.optim.momentum = 0.9

@@ -17,6 +17,7 @@ Variants: ``smoke`` trains a tiny model for 30 steps, for tests.
 """
 
 from jaxnet.config import Config
+from jaxnet.models import TransformerConfig
 
 VARIANTS = ("default", "smoke")
 
@@ -26,13 +27,7 @@ def get_config(variant: str = "default") -> Config:
     cfg = Config()
     cfg.data.name = "shakespeare"
     cfg.data.seq_len = 128
-    cfg.model.name = "transformer"
-    cfg.model.layers = 4
-    cfg.model.width = 128
-    cfg.model.heads = 4
-    cfg.model.mlp_ratio = 4
-    cfg.model.dropout = 0.0
-    cfg.model.tie_embeddings = True
+    cfg.model = TransformerConfig(layers=4, width=128, heads=4, mlp_ratio=4, dropout=0.0, tie_embeddings=True)
     cfg.optim.name = "adamw"
     cfg.optim.lr = 1e-3
     cfg.optim.b2 = 0.99

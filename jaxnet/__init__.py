@@ -5,7 +5,7 @@
 >>> summary = jaxnet.train(cfg, "runs/smoke")                                     # doctest: +SKIP
 """
 
-from jaxnet.config import Config, apply_overrides, load_experiment
+from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
 from jaxnet.sample import generate, sample
@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Config",
     "Dataset",
+    "ModelConfig",
     "TextDataset",
     "UserError",
     "apply_overrides",

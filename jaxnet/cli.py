@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         cfg = config.load_experiment(args.experiment, args.overrides)
         if args.show_config:
             print(json.dumps(cfg.to_dict(), indent=2))
-            print("\nkeys:\n" + config.describe())
+            print("\nkeys:\n" + config.describe(cfg))
             return 0
         from jaxnet import parallel
         from jaxnet.train import train

@@ -1,160 +1,162 @@
 """Typed experiment configuration: nested dataclasses, ``key=value`` overrides, validation.
 
 An experiment is a Python file with ``get_config(variant) -> Config`` (see experiments/).
-Every value a user can set is a typed field below with a one-line description, so
+Every value a user can set is a typed field with a one-line description, so
 ``jaxnet train EXP --show-config`` can list them and overrides are checked against them::
 
     cfg = load_experiment("cnn_fashion_mnist:smoke")
-    cfg = apply_overrides(cfg, ["optim.lr=0.05", "train.steps=300"])
+    cfg = apply_overrides(cfg, ["optim.lr=0.05", "train.steps=300", "model.dropout=0.1"])
+
+The sections are below, except the model's: each model family owns its config (a subclass of
+:class:`ModelConfig` beside its module, registered in :mod:`jaxnet.models`), so the ``model.*``
+keys are those of the family ``cfg.model`` is, and ``model.name=X`` switches family.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import json
 import math
 import os
+import sys
 import traceback
+import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jaxnet.errors import UserError
 
 
-def _field(default: Any, doc: str, *, low: float | None = None, high: float | None = None, choices: tuple = ()) -> Any:
+def field(default: Any, doc: str, *, low: float | None = None, high: float | None = None, choices: tuple = ()) -> Any:
     """A config field with its description and the range of values it accepts.
 
-    ``low`` and ``high`` are inclusive bounds for numbers (and for every item of a tuple).
+    ``low`` and ``high`` are inclusive bounds for numbers (and for every item of a tuple). The
+    type comes from the annotation: ``bool``, ``int``, ``float``, ``str`` or ``tuple[T, ...]``::
+
+        @dataclass
+        class MLPConfig(ModelConfig):
+            hidden: int = field(64, "hidden units", low=1)
     """
     meta = {"doc": doc, "low": low, "high": high, "choices": choices}
     if isinstance(default, tuple):
-        return field(default_factory=lambda: default, metadata=meta)
-    return field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=lambda: default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclass
 class DataConfig:
     """Which dataset, where it is, and how batches are made from it."""
 
-    name: str = _field(
-        "fashion_mnist", "dataset", choices=("fashion_mnist", "mnist", "cifar10", "ptb", "shakespeare", "text")
+    name: str = field(
+        "fashion_mnist",
+        "dataset ('arrays' = data given from Python or by an experiment file's data(cfg))",
+        choices=("fashion_mnist", "mnist", "cifar10", "ptb", "shakespeare", "text", "arrays"),
     )
-    dir: str = _field("", "directory holding the dataset files ('' = the standard location)")
-    path: str = _field("", "text file to train a language model on (data.name=text)")
-    tokenizer: str = _field(
+    dir: str = field("", "directory holding the dataset files ('' = the standard location)")
+    path: str = field("", "text file to train a language model on (data.name=text)")
+    tokenizer: str = field(
         "",
         "text tokenizer ('' = the dataset's own: word for ptb, char for shakespeare and text)",
         choices=("", "char", "word", "byte"),
     )
-    seq_len: int = _field(0, "language models: tokens per sequence (BPTT length or context)", low=0)
-    batching: str = _field(
+    seq_len: int = field(0, "language models: tokens per sequence (BPTT length or context)", low=0)
+    batching: str = field(
         "",
         "language models: 'stream' = contiguous streams carrying state across batches (LSTM), 'windows' = "
         "random windows ('' = stream for lstm, windows otherwise)",
         choices=("", "stream", "windows"),
     )
-    val_size: int = _field(5000, "image datasets: training examples held out for validation", low=0)
-    augment: bool = _field(False, "random crop (4 px padding) and horizontal flip")
-    prefetch: int = _field(2, "batches prepared ahead of the step on a background thread", low=0)
+    val_size: int = field(5000, "image datasets: training examples held out for validation", low=0)
+    augment: bool = field(False, "random crop (4 px padding) and horizontal flip")
+    prefetch: int = field(2, "batches prepared ahead of the step on a background thread", low=0)
+    mask_rate: float = field(
+        0.15,
+        "masked_lm: fraction of tokens chosen for prediction (80 % become a mask token, 10 % a random token, "
+        "10 % stay)",
+        low=0.01,
+        high=0.5,
+    )
 
 
 @dataclass
 class ModelConfig:
-    """Which model and its sizes; ``dtype=bfloat16`` with ``param_dtype=float32`` is mixed precision."""
+    """The fields every model family shares; each family's config subclasses it beside its module.
 
-    name: str = _field("convnet", "model family", choices=("convnet", "resnet", "lstm", "transformer"))
-    features: tuple[int, ...] = _field((32, 64), "channels per conv layer (convnet) or stage (resnet)", low=1)
-    blocks: tuple[int, ...] = _field((2, 2, 2), "residual blocks per stage (resnet)", low=1)
-    hidden: int = _field(256, "width of the dense layer before the classifier (convnet)", low=1)
-    dropout: float = _field(
-        0.0,
-        "dropout rate (convnet: before the dense layers; lstm: between layers; transformer: everywhere)",
-        low=0.0,
-        high=0.95,
-    )
-    layers: int = _field(2, "lstm / transformer: number of layers", low=1)
-    width: int = _field(200, "lstm: hidden units (= embedding size); transformer: model width", low=1)
-    heads: int = _field(4, "transformer: attention heads (must divide model.width)", low=1)
-    mlp_ratio: int = _field(4, "transformer: MLP hidden size as a multiple of model.width", low=1)
-    position: str = _field("learned", "transformer: position encoding", choices=("learned", "rotary"))
-    tie_embeddings: bool = _field(False, "lstm / transformer: output layer shares the embedding matrix")
-    init_scale: float = _field(
-        0.0, "lstm: initialise every weight uniformly in [-init_scale, init_scale] (0 = Flax defaults)", low=0.0
-    )
-    dtype: str = _field(
+    ``dtype=bfloat16`` with ``param_dtype=float32`` is mixed precision. A family's config adds its
+    own fields (with :func:`field`) and its cross-field checks (:meth:`validate`), and is
+    registered with its module by :func:`jaxnet.models.register`; ``name`` is filled in from there.
+    """
+
+    name: str = field("", "model family: a registered model (see jaxnet.models.register)")
+    dtype: str = field(
         "auto",
         "compute dtype: auto = bfloat16 on a GPU or TPU, float32 on a CPU (float64 needs JAX_ENABLE_X64=1; for "
         "numerical checks)",
         choices=("auto", "float32", "bfloat16", "float64"),
     )
-    param_dtype: str = _field(
+    param_dtype: str = field(
         "float32", "parameter dtype (float64 needs JAX_ENABLE_X64=1)", choices=("float32", "bfloat16", "float64")
     )
-    attention: str = _field(
-        "auto",
-        "transformer: attention kernel; auto = cuDNN's fused kernel on an NVIDIA GPU in bfloat16, XLA's otherwise",
-        choices=("auto", "xla", "cudnn"),
-    )
-    lstm_impl: str = _field(
-        "auto",
-        "lstm: recurrence; auto = cuDNN's fused LSTM on an NVIDIA GPU, a lax.scan loop otherwise",
-        choices=("auto", "scan", "cudnn"),
-    )
-    remat: bool = _field(
-        False, "transformer: recompute each block's activations in the backward pass (less memory, more compute)"
-    )
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = _registered_name(type(self))
+
+    def validate(self) -> None:
+        """Checks that involve more than one field of the model (each field's own range is checked already)."""
 
 
 @dataclass
 class OptimConfig:
     """Optimizer, learning-rate schedule, clipping and gradient accumulation."""
 
-    name: str = _field("adamw", "optimizer", choices=("adamw", "sgd"))
-    lr: float = _field(1e-3, "peak learning rate", low=0.0)
-    momentum: float = _field(0.9, "SGD momentum (0 = plain SGD)", low=0.0, high=0.999)
-    nesterov: bool = _field(False, "Nesterov momentum for SGD")
-    b1: float = _field(0.9, "AdamW first-moment decay", low=0.0, high=0.9999)
-    b2: float = _field(0.999, "AdamW second-moment decay", low=0.0, high=0.99999)
-    weight_decay: float = _field(
+    name: str = field("adamw", "optimizer", choices=("adamw", "sgd"))
+    lr: float = field(1e-3, "peak learning rate", low=0.0)
+    momentum: float = field(0.9, "SGD momentum (0 = plain SGD)", low=0.0, high=0.999)
+    nesterov: bool = field(False, "Nesterov momentum for SGD")
+    b1: float = field(0.9, "AdamW first-moment decay", low=0.0, high=0.9999)
+    b2: float = field(0.999, "AdamW second-moment decay", low=0.0, high=0.99999)
+    weight_decay: float = field(
         0.0, "AdamW: decoupled, scaled by the learning rate; SGD: L2 term added to the gradient", low=0.0
     )
-    schedule: str = _field(
+    schedule: str = field(
         "cosine",
         "learning-rate schedule after warmup ('step': multiply by decay_factor every decay_every steps "
         "from step decay_start on)",
         choices=("cosine", "constant", "step"),
     )
-    decay_start: int = _field(0, "step schedule: first step with a decayed learning rate", low=0)
-    decay_every: int = _field(1, "step schedule: steps between decays", low=1)
-    decay_factor: float = _field(0.5, "step schedule: learning-rate multiplier per decay", low=0.0, high=1.0)
-    warmup_steps: int = _field(0, "linear warmup from 0 to lr over this many steps", low=0)
-    end_lr_factor: float = _field(
+    decay_start: int = field(0, "step schedule: first step with a decayed learning rate", low=0)
+    decay_every: int = field(1, "step schedule: steps between decays", low=1)
+    decay_factor: float = field(0.5, "step schedule: learning-rate multiplier per decay", low=0.0, high=1.0)
+    warmup_steps: int = field(0, "linear warmup from 0 to lr over this many steps", low=0)
+    end_lr_factor: float = field(
         0.0, "final learning rate of the cosine schedule, as a fraction of lr", low=0.0, high=1.0
     )
-    clip_norm: float = _field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
-    grad_accum: int = _field(1, "split each batch into this many micro-batches and average their gradients", low=1)
+    clip_norm: float = field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
+    grad_accum: int = field(1, "split each batch into this many micro-batches and average their gradients", low=1)
 
 
 @dataclass
 class TrainConfig:
     """Length of the run, batch sizes, and how often to log, evaluate and checkpoint."""
 
-    steps: int = _field(1000, "optimizer updates in the whole run", low=1)
-    batch_size: int = _field(128, "examples per optimizer update (global, across devices)", low=1)
-    eval_batch_size: int = _field(1000, "examples (images, or text sequences / streams) per evaluation batch", low=1)
-    log_every: int = _field(50, "steps between training-metric logs (when the host waits for the device)", low=1)
-    eval_every: int = _field(0, "steps between validation passes (0 = only at the end)", low=0)
-    checkpoint_every: int = _field(500, "steps between checkpoints (0 = only at the end)", low=0)
-    keep_checkpoints: int = _field(3, "checkpoints kept on disk (the newest ones)", low=1)
-    stop_after: int = _field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
-    label_smoothing: float = _field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
-    progress: bool = _field(True, "show a progress bar")
-    on_nonfinite: str = _field(
+    steps: int = field(1000, "optimizer updates in the whole run", low=1)
+    batch_size: int = field(128, "examples per optimizer update (global, across devices)", low=1)
+    eval_batch_size: int = field(1000, "examples (images, or text sequences / streams) per evaluation batch", low=1)
+    log_every: int = field(50, "steps between training-metric logs (when the host waits for the device)", low=1)
+    eval_every: int = field(0, "steps between validation passes (0 = only at the end)", low=0)
+    checkpoint_every: int = field(500, "steps between checkpoints (0 = only at the end)", low=0)
+    keep_checkpoints: int = field(3, "checkpoints kept on disk (the newest ones)", low=1)
+    stop_after: int = field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
+    label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
+    progress: bool = field(True, "show a progress bar")
+    on_nonfinite: str = field(
         "stop",
         "a NaN or Inf loss or gradient: stop the run (naming the step), or skip that update inside the step",
         choices=("stop", "skip"),
@@ -165,46 +167,46 @@ class TrainConfig:
 class MeshConfig:
     """How the devices are arranged."""
 
-    data: int = _field(-1, "devices along the data-parallel axis (-1 = the rest of the devices)", low=-1)
-    fsdp: int = _field(
+    data: int = field(-1, "devices along the data-parallel axis (-1 = the rest of the devices)", low=-1)
+    fsdp: int = field(
         1, "devices that split the batch and shard parameters and optimizer state (-1 = the rest)", low=-1
     )
-    tensor: int = _field(1, "devices that split attention heads and hidden units (-1 = the rest)", low=-1)
+    tensor: int = field(1, "devices that split attention heads and hidden units (-1 = the rest)", low=-1)
 
 
 @dataclass
 class ParallelConfig:
     """How the devices of the mesh cooperate on a step."""
 
-    mode: str = _field(
+    mode: str = field(
         "sharded",
         "sharded: one program over the whole mesh, the compiler places the work (jit + NamedSharding); "
         "replicas: a whole model copy per device, gradients averaged with pmean (shard_map)",
         choices=("sharded", "replicas"),
     )
-    sgd: str = _field(
+    sgd: str = field(
         "sync",
         "sync: one update per step from the whole batch; async: parallel.workers simulated workers, one update "
         "each per step, from parameters parallel.staleness updates old (Hogwild-style); local: workers update "
         "their own copies and average them every parallel.local_steps steps",
         choices=("sync", "async", "local"),
     )
-    workers: int = _field(1, "async/local: simulated workers; each takes batch_size / workers rows of a step", low=1)
-    staleness: int = _field(0, "async: how many updates old the parameters are that a worker's gradient uses", low=0)
-    delay: str = _field(
+    workers: int = field(1, "async/local: simulated workers; each takes batch_size / workers rows of a step", low=1)
+    staleness: int = field(0, "async: how many updates old the parameters are that a worker's gradient uses", low=0)
+    delay: str = field(
         "fixed",
         "async: fixed = every gradient is parallel.staleness updates old; random = a draw from 0..staleness per "
         "update (deterministic given the seed), for workers of unequal speed",
         choices=("fixed", "random"),
     )
-    local_steps: int = _field(1, "local: steps between averaging the workers' copies (H)", low=1)
+    local_steps: int = field(1, "local: steps between averaging the workers' copies (H)", low=1)
 
 
 @dataclass
 class ProfileConfig:
     """Tracing a few steps for TensorBoard's profiler or Perfetto."""
 
-    steps: str = _field(
+    steps: str = field(
         "", "trace updates A to B (e.g. 10-20) into WORKDIR/profile for TensorBoard or Perfetto ('' = off)"
     )
 
@@ -213,27 +215,83 @@ class ProfileConfig:
 class Config:
     """Everything that defines a run. Saved as ``config.json`` in the run directory."""
 
-    experiment: str = _field("", "experiment[:variant] this config came from")
-    seed: int = _field(0, "seed for initialisation, data order, dropout and augmentation", low=0)
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    mesh: MeshConfig = field(default_factory=MeshConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    experiment: str = field("", "experiment[:variant] this config came from")
+    seed: int = field(0, "seed for initialisation, data order, dropout and augmentation", low=0)
+    task: str = field(
+        "",
+        "what the model is trained to do: '' = the data's own (classification for images, lm for text); "
+        "classification, lm, masked_lm, regression, or a task an experiment file defines",
+    )
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=lambda: model_config(DEFAULT_MODEL))
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as nested dicts of plain values, ready for ``json.dumps``."""
-        return dataclasses.asdict(self)
+        """The config as nested dicts of plain values, ready for ``json.dumps`` (the model section
+        holds its family's keys only)."""
+        tree = dataclasses.asdict(self)
+        tree["model"] = {k.partition(".")[2]: tree["model"][k.partition(".")[2]] for k in model_keys(type(self.model))}
+        return tree
+
+
+# ---------------------------------------------------------------------------------------------
+# Model families. The registry is jaxnet.models.REGISTRY; that package imports JAX, so it is
+# imported here only when a family is looked up.
+
+DEFAULT_MODEL = "convnet"
+
+
+def _families() -> dict[str, Any]:
+    """The registered model families by name (each with ``config``, ``build`` and ``inputs``)."""
+    from jaxnet import models
+
+    return models.REGISTRY
+
+
+def _registered_name(cls: type) -> str:
+    return next((name for name, family in _families().items() if family.config is cls), "")
+
+
+def _unknown_model(name: str) -> UserError:
+    known = list(_families())
+    if not name:
+        return UserError(
+            "model.name is empty: the model config's class is not registered; call "
+            "jaxnet.models.register(name, ConfigClass, build) before using it"
+        )
+    near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(near)}?" if near else " (jaxnet.models.register adds one)"
+    return UserError(f"model.name={name!r} is not one of: {', '.join(known)}{hint}")
+
+
+def model_config(name: str) -> ModelConfig:
+    """A config of the registered model family ``name`` with its defaults.
+
+    >>> model_config("transformer").heads   # doctest: +SKIP
+    4
+    """
+    families = _families()
+    if name not in families:
+        raise _unknown_model(name)
+    return families[name].config(name=name)
 
 
 # ---------------------------------------------------------------------------------------------
 # Leaves: every settable key, its type and its limits.
 
+_SCALARS = (bool, int, float, str)
 
+
+@functools.cache
 def _leaves(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
-    hints = typing.get_type_hints(cls)
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError as e:
+        raise TypeError(f"config class {cls.__name__}: cannot resolve an annotation ({e})") from None
     out: dict[str, dataclasses.Field] = {}
     for f in dataclasses.fields(cls):
         f.type = hints[f.name]
@@ -244,17 +302,62 @@ def _leaves(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
     return out
 
 
-KEYS: dict[str, dataclasses.Field] = _leaves(Config)
+def _supported(typ: Any) -> bool:
+    if typ in _SCALARS:
+        return True
+    args = typing.get_args(typ)
+    return typing.get_origin(typ) is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in _SCALARS
 
 
-def describe() -> str:
-    """One line per settable key: name, type, default and what it does."""
+@functools.cache
+def model_keys(cls: type) -> dict[str, dataclasses.Field]:
+    """The keys of a model family's config class: ``model.name``, the family's own fields, then
+    the shared dtypes. A field without a default or of a type overrides cannot parse is a
+    ``TypeError`` (config types are bool, int, float, str and ``tuple[T, ...]`` of those)."""
+    if not (isinstance(cls, type) and issubclass(cls, ModelConfig) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"{cls!r} is not a dataclass subclassing jaxnet.config.ModelConfig")
+    leaves = _leaves(cls, "model.")
+    for f in leaves.values():
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name} needs a default value (use jaxnet.config.field)")
+        if not _supported(f.type):
+            raise TypeError(
+                f"{cls.__name__}.{f.name}: type {f.type} cannot be set from the command line; use bool, int, "
+                "float, str or tuple[T, ...] of those"
+            )
+    shared = [k for k in _leaves(ModelConfig, "model.") if k != "model.name"]
+    order = ["model.name", *(k for k in leaves if k not in shared and k != "model.name"), *shared]
+    return {k: leaves[k] for k in order}
+
+
+def keys(cfg: Config | None = None) -> dict[str, dataclasses.Field]:
+    """Every settable key of ``cfg`` (default ``Config()``): the sections' and its model family's.
+
+    >>> "model.heads" in keys(load_experiment("transformer_shakespeare"))   # doctest: +SKIP
+    True
+    """
+    cfg = cfg if cfg is not None else Config()
+    out: dict[str, dataclasses.Field] = {}
+    for key, f in _leaves(Config).items():
+        if key == "model.name":
+            out.update(model_keys(type(cfg.model)))
+        elif not key.startswith("model."):
+            out[key] = f
+    return out
+
+
+def describe(cfg: Config | None = None) -> str:
+    """One line per settable key of ``cfg`` (default ``Config()``): name, type, default and what it does."""
+    cfg = cfg if cfg is not None else Config()
     lines = []
-    for key, f in KEYS.items():
+    for key, f in keys(cfg).items():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        choices = f.metadata.get("choices")
+        if key == "model.name":
+            default, choices = cfg.model.name, tuple(_families())
         type_name = getattr(f.type, "__name__", str(f.type).replace("typing.", ""))
-        choices = f" {{{'|'.join(f.metadata['choices'])}}}" if f.metadata.get("choices") else ""
-        lines.append(f"{key:24s} {type_name:16s} {default!s:14s} {f.metadata.get('doc', '')}{choices}")
+        shown = f" {{{'|'.join(choices)}}}" if choices else ""
+        lines.append(f"{key:24s} {type_name:16s} {default!s:14s} {f.metadata.get('doc', '')}{shown}")
     return "\n".join(lines)
 
 
@@ -344,38 +447,69 @@ _ALIASES = {
 }
 
 
-def _unknown_key(key: str) -> UserError:
+def _owners(key: str) -> list[str]:
+    """The registered model families that have ``key`` (``model.LEAF``)."""
+    return [name for name, family in _families().items() if key in model_keys(family.config)]
+
+
+def _unknown_key(cfg: Config, key: str) -> UserError:
+    known = keys(cfg)
     section, _, leaf = key.rpartition(".")
-    siblings = [k for k in KEYS if k.rpartition(".")[0] == section] if section else []
+    siblings = [k for k in known if k.rpartition(".")[0] == section] if section else []
     if section == "mesh":  # a mesh key is an axis name; list them all rather than guess
         return UserError(
             f"unknown mesh axis {leaf!r} in {key}; the mesh axes are {', '.join(siblings)} "
             "(set the ones you use to a device count)"
         )
-    near = [k for k in KEYS if k.rsplit(".", 1)[-1] == leaf]  # right name, wrong section
+    if section == "model" and _owners(key):  # a key of another model family
+        own = [k.partition(".")[2] for k in siblings if k != "model.name"]
+        return UserError(
+            f"{key} is not a key of model {cfg.model.name} (it belongs to {', '.join(_owners(key))}); "
+            f"the {cfg.model.name} keys are {', '.join(own)}"
+        )
+    near = [k for k in known if k.rsplit(".", 1)[-1] == leaf]  # right name, wrong section
     if leaf in _ALIASES:
         near.append(_ALIASES[leaf])
     if siblings:  # a known section: a misspelt name in it (the shared section name would match anything)
         leaves = [k.rpartition(".")[2] for k in siblings]
         near += [f"{section}.{m}" for m in difflib.get_close_matches(leaf, leaves, n=3, cutoff=0.6)]
     else:
-        near += difflib.get_close_matches(key, KEYS, n=3, cutoff=0.6)
+        near += difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     near = list(dict.fromkeys(near))[:3]
     if near:
         hint = f"; did you mean {' or '.join(near)}?"
     elif siblings:
         hint = f"; the {section} keys are {', '.join(k.rpartition('.')[2] for k in siblings)}"
     else:
-        top = [k for k in KEYS if "." not in k and k != "experiment"]
-        sections = [f"{s}.*" for s in dict.fromkeys(k.partition(".")[0] for k in KEYS if "." in k)]
+        top = [k for k in known if "." not in k and k != "experiment"]
+        sections = [f"{s}.*" for s in dict.fromkeys(k.partition(".")[0] for k in known if "." in k)]
         hint = f"; the keys are {', '.join(top + sections)} (see `jaxnet train EXP --show-config`)"
     return UserError(f"unknown config key {key!r}{hint}")
 
 
-def _set(cfg: Config, key: str, value: Any) -> None:
-    if key not in KEYS:
-        raise _unknown_key(key)
-    f = KEYS[key]
+def _switch_model(cfg: Config, name: str) -> None:
+    """Make ``cfg.model`` a config of family ``name``, keeping the values of the fields both
+    families have (same name and type: dtype, dropout, width, ...)."""
+    if name == cfg.model.name:
+        return
+    old, new = cfg.model, model_config(name)
+    old_keys = model_keys(type(old))
+    for key, f in model_keys(type(new)).items():
+        if key != "model.name" and key in old_keys and old_keys[key].type == f.type:
+            setattr(new, f.name, getattr(old, f.name))
+    cfg.model = new
+
+
+def _set(cfg: Config, key: str, value: Any, saved: bool = False) -> None:
+    if key == "model.name":
+        _switch_model(cfg, _parse(key, value, str))
+        return
+    known = keys(cfg)
+    if key not in known:
+        if saved and key.startswith("model.") and _owners(key):
+            return  # a saved config from before per-family model configs holds every family's keys
+        raise _unknown_key(cfg, key)
+    f = known[key]
     value = _parse(key, value, f.type)
     _check(key, value, f)
     *path, leaf = key.split(".")
@@ -386,15 +520,23 @@ def _set(cfg: Config, key: str, value: Any) -> None:
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """Return a copy of ``cfg`` with ``key=value`` strings applied, each parsed and checked."""
+    """Return a copy of ``cfg`` with ``key=value`` strings applied, each parsed and checked.
+
+    ``model.name=X`` is applied first wherever it stands: it makes the model a config of family X
+    (keeping the values of the fields both families have), whose keys the other ``model.*``
+    overrides then set.
+    """
     cfg = from_dict(cfg.to_dict())
+    pairs = []
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"override {item!r} is not of the form key=value (e.g. optim.lr=0.05)")
         if key.strip() == "experiment":
             raise UserError("experiment cannot be overridden; name the experiment as the first argument instead")
-        _set(cfg, key.strip(), value)
+        pairs.append((key.strip(), value))
+    for key, value in sorted(pairs, key=lambda pair: pair[0] != "model.name"):  # stable: the rest keep their order
+        _set(cfg, key, value)
     validate(cfg)
     return cfg
 
@@ -410,17 +552,38 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def from_dict(tree: dict[str, Any]) -> Config:
-    """Build a checked Config from nested plain values (e.g. a saved ``config.json``)."""
+def from_dict(tree: dict[str, Any], saved: bool = False) -> Config:
+    """Build a checked Config from nested plain values (e.g. a saved ``config.json``).
+
+    ``model.name`` picks the model family (its defaults fill the keys the tree leaves out).
+    ``saved=True`` reads a saved config: model keys of other families are dropped, as config.json
+    files written before each family had its own config hold every family's keys.
+    """
     cfg = Config()
-    for key, value in flatten(tree).items():
-        _set(cfg, key, value)
+    flat = flatten(tree)
+    if "model.name" in flat:
+        cfg.model = model_config(_parse("model.name", flat.pop("model.name"), str))
+    for key, value in flat.items():
+        _set(cfg, key, value, saved)
     return cfg
+
+
+TEXT_DATA = ("ptb", "shakespeare", "text")
+IMAGE_DATA = ("fashion_mnist", "mnist", "cifar10")
 
 
 def validate(cfg: Config) -> None:
     """Checks that involve more than one value, or that every field check would miss."""
-    for key, f in KEYS.items():
+    families = _families()
+    if cfg.model.name not in families:
+        raise _unknown_model(cfg.model.name)
+    family = families[cfg.model.name]
+    if type(cfg.model) is not family.config:
+        raise UserError(
+            f"model.name={cfg.model.name} is registered with {family.config.__name__}, but the config's model is "
+            f"a {type(cfg.model).__name__}; register {type(cfg.model).__name__} under a name of its own"
+        )
+    for key, f in keys(cfg).items():
         node: Any = cfg
         for part in key.split("."):
             node = getattr(node, part)
@@ -438,23 +601,18 @@ def validate(cfg: Config) -> None:
     for axis in ("data", "fsdp", "tensor"):
         if getattr(cfg.mesh, axis) == 0:
             raise UserError(f"mesh.{axis}=0: use a positive device count or -1 for the rest of the devices")
-    text_data = cfg.data.name in ("ptb", "shakespeare", "text")
-    text_model = cfg.model.name in ("lstm", "transformer")
-    if text_data != text_model:
+    text_data = cfg.data.name in TEXT_DATA
+    if family.inputs != "any" and cfg.data.name in TEXT_DATA + IMAGE_DATA and text_data != (family.inputs == "tokens"):
+        token_models = [name for name, f in families.items() if f.inputs == "tokens"]
         raise UserError(
-            f"model.name={cfg.model.name} cannot train on data.name={cfg.data.name}; language models (lstm, "
-            "transformer) need text data (ptb, shakespeare, text) and image models need image data"
+            f"model.name={cfg.model.name} cannot train on data.name={cfg.data.name}; language models "
+            f"({', '.join(token_models)}) need text data ({', '.join(TEXT_DATA)}) and image models need image data"
         )
     if text_data and cfg.data.seq_len < 1:
         raise UserError("language models need data.seq_len >= 1 (tokens per training sequence)")
     if cfg.data.name == "text" and not cfg.data.path:
         raise UserError("data.name=text needs data.path=FILE, the text file to train on")
-    if cfg.model.name == "transformer" and cfg.model.width % cfg.model.heads:
-        raise UserError(f"model.width={cfg.model.width} is not divisible by model.heads={cfg.model.heads}")
-    if cfg.model.name == "transformer" and cfg.model.position == "rotary" and (cfg.model.width // cfg.model.heads) % 2:
-        raise UserError(
-            f"rotary positions need an even head size; model.width / model.heads = {cfg.model.width // cfg.model.heads}"
-        )
+    cfg.model.validate()
     if cfg.model.name == "lstm" and cfg.optim.grad_accum > 1:
         raise UserError("optim.grad_accum > 1 cannot be used with model.name=lstm (its carried state is per batch row)")
     if "float64" in (cfg.model.dtype, cfg.model.param_dtype):
@@ -469,11 +627,6 @@ def validate(cfg: Config) -> None:
             f"mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.tensor={cfg.mesh.tensor})"
         )
     _check_sgd(cfg)
-    if cfg.model.name == "resnet" and len(cfg.model.features) != len(cfg.model.blocks):
-        raise UserError(
-            f"model.features={cfg.model.features} and model.blocks={cfg.model.blocks} must have one entry "
-            "per ResNet stage each"
-        )
 
 
 def _check_sgd(cfg: Config) -> None:
@@ -546,7 +699,7 @@ def load(path: str | os.PathLike) -> Config:
         raise UserError(f"{path} is not a jaxnet config (expected a JSON object)")
     tree.pop(RUN_KEY, None)
     try:
-        return from_dict(tree)
+        return from_dict(tree, saved=True)
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
 
@@ -591,6 +744,19 @@ def _experiment_file(name: str) -> Path:
     raise UserError(f"unknown experiment {name!r}; {hint}known: {', '.join(known) or 'none found'}")
 
 
+_EXPERIMENT_MODULES: dict[str, types.ModuleType] = {}
+
+
+def experiment_module(experiment: str) -> types.ModuleType | None:
+    """The module :func:`load_experiment` most recently loaded for ``experiment`` (a
+    ``cfg.experiment`` string, ``NAME`` or ``NAME:VARIANT``), or None.
+
+    The runner looks in it for the experiment file's optional ``model(cfg)``, ``data(cfg)``,
+    ``task(cfg)`` and ``actions(cfg)``.
+    """
+    return _EXPERIMENT_MODULES.get(experiment)
+
+
 def load_experiment(spec: str, overrides: list[str] | None = None) -> Config:
     """Load ``NAME[:VARIANT]`` (or ``path/to/file.py[:VARIANT]``) and apply overrides.
 
@@ -603,6 +769,7 @@ def load_experiment(spec: str, overrides: list[str] | None = None) -> Config:
     path = _experiment_file(name)
     module_spec = importlib.util.spec_from_file_location(f"jaxnet_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # so its dataclasses' annotations resolve, as for an imported module
     _run_experiment_code(path, lambda: module_spec.loader.exec_module(module))
     if not callable(getattr(module, "get_config", None)):
         raise UserError(f"experiment file {path} has no get_config(variant) function")
@@ -614,6 +781,7 @@ def load_experiment(spec: str, overrides: list[str] | None = None) -> Config:
     if not isinstance(cfg, Config):
         raise UserError(f"{path}: get_config must return a jaxnet.Config, got {type(cfg).__name__}")
     cfg.experiment = path.stem if variant == "default" else f"{path.stem}:{variant}"
+    _EXPERIMENT_MODULES[cfg.experiment] = module
     try:
         validate(cfg)
     except UserError as e:

@@ -57,7 +57,7 @@ def measure(experiment: str, overrides: list[str]) -> tuple[list[dict], dict, di
         print(f"{label:32s} {parallel.describe(run.mesh, state, compiled)}", flush=True)
         del compiled
     cfg = config.load_experiment(experiment, overrides)
-    model = {k: getattr(cfg.model, k) for k in ("name", "layers", "width", "heads", "mlp_ratio")}
+    model = {k: v for k, v in cfg.to_dict()["model"].items() if k in ("name", "layers", "width", "heads", "mlp_ratio")}
     return rows, model, {"batch_size": cfg.train.batch_size, "seq_len": cfg.data.seq_len}, jax.device_count()
 
 

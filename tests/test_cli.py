@@ -131,7 +131,12 @@ BAD_INPUT = [
     bad(["train", SMOKE, "train.progress=maybe"], "train.progress='maybe': expected true or false"),
     bad(["train", SMOKE, "train.batch_size=0"], "train.batch_size=0 must be >= 1"),
     bad(["train", SMOKE, "train.steps=-5"], "train.steps=-5 must be >= 1"),
-    bad(["train", SMOKE, "model.width=0"], "model.width=0 must be >= 1"),
+    bad(["train", SMOKE, "model.hidden=0"], "model.hidden=0 must be >= 1"),
+    bad(
+        ["train", SMOKE, "model.width=64"],
+        "model.width is not a key of model convnet (it belongs to lstm, transformer)",
+    ),
+    bad(["train", SMOKE, "model.name=vgg"], "model.name='vgg' is not one of: convnet, resnet, lstm, transformer"),
     bad(["train", SMOKE, "model.features=32,-4"], "model.features=32,-4: every entry must be >= 1"),
     bad(["train", SMOKE, "mesh.data=0"], "mesh.data=0: use a positive device count"),
     bad(["train", SMOKE, "optim.lr=nan"], "optim.lr='nan': expected a finite number"),

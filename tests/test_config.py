@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 
-from jaxnet import config
-from jaxnet.config import Config, apply_overrides, load_experiment
+from jaxnet import config, models
+from jaxnet.cli import main
+from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.errors import UserError
+from jaxnet.models import LSTMConfig, TransformerConfig
 
 
 def test_overrides_convert_each_type():
@@ -108,5 +112,169 @@ def test_saved_config_with_unknown_key_is_rejected(tmp_path):
 
 def test_describe_lists_every_key_once():
     lines = config.describe().splitlines()
-    assert len(lines) == len(config.KEYS)
+    assert len(lines) == len(config.keys())
     assert any(line.startswith("optim.lr ") and "peak learning rate" in line for line in lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model families: each owns its model.* keys
+
+
+def model_keys(cfg: Config) -> list[str]:
+    return [k for k in config.keys(cfg) if k.startswith("model.")]
+
+
+def test_show_config_of_a_cnn_lists_only_the_convnet_model_keys(capsys):
+    assert main(["train", "cnn_fashion_mnist:smoke", "--show-config"]) == 0
+    out = capsys.readouterr().out
+    shown, _, keys = out.partition("\nkeys:\n")
+    assert json.loads(shown)["model"] == {
+        "name": "convnet",
+        "features": [32, 64],
+        "hidden": 256,
+        "dropout": 0.25,
+        "dtype": "auto",
+        "param_dtype": "float32",
+    }
+    listed = [line.split()[0] for line in keys.splitlines() if line.startswith("model.")]
+    assert listed == [f"model.{k}" for k in ("name", "features", "hidden", "dropout", "dtype", "param_dtype")]
+
+
+def test_switching_family_keeps_the_fields_both_families_have():
+    lstm = load_experiment("lstm_shakespeare:smoke", ["model.dtype=float32", "model.dropout=0.2"])
+    # model.name is applied first wherever it stands, so model.heads is a key by then
+    cfg = apply_overrides(lstm, ["model.heads=8", "model.name=transformer"])
+    assert isinstance(cfg.model, TransformerConfig)
+    assert (cfg.model.layers, cfg.model.width, cfg.model.dropout, cfg.model.dtype) == (2, 32, 0.2, "float32")
+    assert (cfg.model.heads, cfg.model.causal) == (8, True)  # set, and the transformer's default
+    assert model_keys(cfg) == [f"model.{k}" for k in cfg.to_dict()["model"]]
+    assert "model.init_scale" not in model_keys(cfg) and "model.lstm_impl" not in model_keys(cfg)
+
+
+def test_a_key_of_another_family_says_whose_it_is():
+    with pytest.raises(UserError) as excinfo:
+        apply_overrides(Config(), ["model.heads=4"])
+    assert str(excinfo.value) == (
+        "model.heads is not a key of model convnet (it belongs to transformer); "
+        "the convnet keys are features, hidden, dropout, dtype, param_dtype"
+    )
+
+
+def test_an_unknown_model_name_gets_the_nearest_registered_names():
+    with pytest.raises(UserError, match="model.name='resnt' is not one of: .*; did you mean resnet"):
+        apply_overrides(Config(), ["model.name=resnt"])
+
+
+def test_an_old_config_json_with_every_familys_model_keys_still_loads(tmp_path):
+    flat_model = {
+        "name": "lstm", "features": [32, 64], "blocks": [2, 2, 2], "hidden": 256, "dropout": 0.0, "layers": 2,
+        "width": 24, "heads": 4, "mlp_ratio": 4, "position": "learned", "tie_embeddings": False,
+        "init_scale": 0.1, "dtype": "auto", "param_dtype": "float32", "attention": "auto", "lstm_impl": "auto",
+        "remat": False,
+    }  # fmt: skip
+    tree = load_experiment("lstm_shakespeare:smoke").to_dict()
+    del tree["task"], tree["data"]["mask_rate"]  # written before these keys existed
+    (tmp_path / "config.json").write_text(json.dumps({**tree, "model": flat_model}))
+    cfg = config.load(tmp_path / "config.json")
+    assert cfg.model == LSTMConfig(layers=2, width=24, init_scale=0.1)
+    with pytest.raises(UserError, match="model.heads is not a key of model lstm"):  # but not from the command line
+        apply_overrides(cfg, ["model.heads=4"])
+
+
+USER_MODEL = """
+from dataclasses import dataclass
+
+import flax.linen as nn
+
+import jaxnet
+from jaxnet.config import Config, field
+
+
+@dataclass
+class MLPConfig(jaxnet.ModelConfig):
+    hidden: int = field(64, "hidden units", low=1)
+    activation: str = field("relu", "nonlinearity", choices=("relu", "gelu"))
+
+
+class MLP(nn.Module):
+    hidden: int
+    classes: int
+
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(self.classes)(nn.relu(nn.Dense(self.hidden)(x.reshape(x.shape[0], -1))))
+
+
+jaxnet.models.register("mlp", MLPConfig, lambda cfg, n, seq_len, batch_axis: MLP(cfg.hidden, n), inputs="images")
+
+
+def get_config(variant="default"):
+    cfg = Config()
+    cfg.model = MLPConfig(hidden=32)
+    return cfg
+"""
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The model registry, restored after the test."""
+    monkeypatch.setattr(models, "REGISTRY", dict(models.REGISTRY))
+    return models.REGISTRY
+
+
+def test_a_model_registered_by_an_experiment_file_has_checked_keys(tmp_path, registry):
+    path = tmp_path / "mine.py"
+    path.write_text(USER_MODEL)
+    cfg = load_experiment(str(path), ["model.hidden=128", "model.dtype=float32"])
+    assert (cfg.model.name, cfg.model.hidden, cfg.model.activation, cfg.model.dtype) == ("mlp", 128, "relu", "float32")
+    assert config.experiment_module("mine").MLPConfig is type(cfg.model)
+    assert model_keys(cfg) == ["model.name", "model.hidden", "model.activation", "model.dtype", "model.param_dtype"]
+    for override, message in [
+        ("model.hidden=many", "model.hidden='many': expected an integer"),
+        ("model.hidden=0", "model.hidden=0 must be >= 1"),
+        ("model.activation=tanh", "model.activation='tanh' is not one of: relu, gelu"),
+        ("model.hiden=8", "unknown config key 'model.hiden'; did you mean model.hidden?"),
+    ]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            load_experiment(str(path), [override])
+    module = models.build(cfg.model, 10)
+    assert (module.hidden, module.classes) == (128, 10)
+    tree = cfg.to_dict()
+    assert config.from_dict(tree) == apply_overrides(cfg, [])
+    convnet = apply_overrides(cfg, ["model.name=convnet"])
+    assert (convnet.model.hidden, convnet.model.dtype) == (128, "float32")  # carried over by name and type
+
+
+def test_register_refuses_a_config_field_overrides_cannot_set(registry):
+    @dataclasses.dataclass
+    class Listed(ModelConfig):
+        sizes: list = dataclasses.field(default_factory=list)
+
+    with pytest.raises(TypeError, match="Listed.sizes"):
+        models.register("listed", Listed, lambda *args: None)
+    with pytest.raises(ValueError, match="built-in"):
+        models.register("convnet", models.ConvNetConfig, lambda *args: None)
+    assert "listed" not in registry
+
+
+def test_experiment_module_is_none_for_an_experiment_never_loaded():
+    assert config.experiment_module("never_loaded_here") is None
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.mask_rate=0.9"], "data.mask_rate=0.9 must be <= 0.5"),
+        (["model.name=transformer"], "language models (lstm, transformer) need text data"),
+        (["model.name=resnet", "model.blocks=1"], "must have one entry per ResNet stage"),
+    ],
+)
+def test_new_fields_and_family_checks(overrides, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        apply_overrides(Config(), overrides)
+
+
+def test_arrays_data_and_a_task_are_accepted_with_any_model():
+    cfg = apply_overrides(Config(), ["data.name=arrays", "model.name=transformer", "task=regression"])
+    assert (cfg.data.name, cfg.model.name, cfg.task) == ("arrays", "transformer", "regression")
+    assert cfg.data.mask_rate == 0.15

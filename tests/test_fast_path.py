@@ -11,17 +11,24 @@ import pytest
 
 from jaxnet import models
 from jaxnet.cli import main
-from jaxnet.config import ModelConfig
 from jaxnet.errors import UserError
+from jaxnet.models import LSTMConfig, TransformerConfig
 
-TRANSFORMER = ModelConfig(name="transformer", layers=2, width=64, heads=4)  # head size 16
-LSTM = ModelConfig(name="lstm", layers=1, width=16)
+TRANSFORMER = TransformerConfig(layers=2, width=64, heads=4)  # head size 16
+LSTM = LSTMConfig(layers=1, width=16)
 
 
 def test_auto_is_float32_xla_and_scan_on_a_cpu():
-    for cfg in (TRANSFORMER, LSTM):
-        got = models.resolve(cfg, "cpu")
-        assert (got.dtype, got.attention, got.lstm_impl) == ("float32", "xla", "scan")
+    transformer, lstm = models.resolve(TRANSFORMER, "cpu"), models.resolve(LSTM, "cpu")
+    assert (transformer.dtype, transformer.attention) == ("float32", "xla")
+    assert (lstm.dtype, lstm.lstm_impl) == ("float32", "scan")
+
+
+def test_resolve_changes_only_the_fields_a_family_has():
+    assert not hasattr(models.resolve(TRANSFORMER, "gpu"), "lstm_impl")
+    assert not hasattr(models.resolve(LSTM, "gpu"), "attention")
+    convnet = models.resolve(models.ConvNetConfig(), "gpu")
+    assert type(convnet) is models.ConvNetConfig and convnet.dtype == "bfloat16"
 
 
 def test_auto_is_bf16_with_cudnn_kernels_on_a_gpu():

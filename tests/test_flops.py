@@ -10,16 +10,15 @@ import numpy as np
 import pytest
 
 from jaxnet import flops
-from jaxnet.config import ModelConfig
-from jaxnet.models import build
+from jaxnet.models import ConvNetConfig, LSTMConfig, ResNetConfig, TransformerConfig, build
 
 CASES = {
-    "transformer": (ModelConfig(name="transformer", layers=2, width=128, heads=4, mlp_ratio=4), 50, (4, 32)),
+    "transformer": (TransformerConfig(layers=2, width=128, heads=4, mlp_ratio=4), 50, (4, 32)),
     # One time step: XLA counts the body of a scan once, however many steps it runs.
-    "lstm": (ModelConfig(name="lstm", layers=2, width=128), 50, (32, 1)),
-    "convnet": (ModelConfig(name="convnet", features=(16, 32), hidden=64), 10, (4, 28, 28, 1)),
+    "lstm": (LSTMConfig(layers=2, width=128), 50, (32, 1)),
+    "convnet": (ConvNetConfig(features=(16, 32), hidden=64), 10, (4, 28, 28, 1)),
     # odd image size: strided convolutions with uneven padding
-    "resnet": (ModelConfig(name="resnet", features=(16, 32, 64), blocks=(2, 1, 1)), 10, (4, 15, 15, 3)),
+    "resnet": (ResNetConfig(features=(16, 32, 64), blocks=(2, 1, 1)), 10, (4, 15, 15, 3)),
 }
 
 

@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxnet.config import ModelConfig
-from jaxnet.models import build
+from jaxnet.models import ConvNetConfig, ResNetConfig, build
 from jaxnet.models.cnn import ConvNet, ResNet
 
 BN_EPS = 1e-5  # flax.linen.BatchNorm's default epsilon
@@ -289,7 +288,7 @@ def test_resnet_eval_mode_has_no_cross_example_leakage(trained_resnet):
 
 
 def test_build_resnet_from_config_uses_its_features_and_blocks(resnet_variables):
-    model = build(ModelConfig(name="resnet", features=(4, 8), blocks=(1, 1)), 10)
+    model = build(ResNetConfig(features=(4, 8), blocks=(1, 1)), 10)
     assert isinstance(model, ResNet)
     assert tuple(model.features) == (4, 8) and tuple(model.blocks) == (1, 1) and model.num_classes == 10
     x = images((2, 16, 16, 3), seed=6)
@@ -304,5 +303,5 @@ def test_build_resnet_from_config_uses_its_features_and_blocks(resnet_variables)
     logits, _ = model.apply(variables, x, train=True, mutable=["batch_stats"])
     assert logits.shape == (2, 10) and logits.dtype == jnp.float32
     assert bool(jnp.all(jnp.isfinite(logits)))
-    convnet = build(ModelConfig(name="convnet", features=(2, 3), hidden=5, dropout=0.25), 10)
+    convnet = build(ConvNetConfig(features=(2, 3), hidden=5, dropout=0.25), 10)
     assert isinstance(convnet, ConvNet) and convnet.dropout == 0.25 and tuple(convnet.features) == (2, 3)

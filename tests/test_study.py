@@ -137,7 +137,7 @@ def test_devices_study_computes_the_speedup_from_a_compare_devices_record(tmp_pa
 
 
 needs_async_sgd = pytest.mark.skipif(
-    "parallel.staleness" not in config_lib.KEYS, reason="parallel.sgd=async is not in this jaxnet yet"
+    "parallel.staleness" not in config_lib.keys(), reason="parallel.sgd=async is not in this jaxnet yet"
 )
 
 

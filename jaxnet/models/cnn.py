@@ -14,17 +14,50 @@ Parameters carry logical axis names for the parallelism rules: a kernel's input 
 ``embed`` (split for FSDP) and its output channels ``mlp`` (split for tensor parallelism); the
 first convolution's 1 or 3 input channels and the classifier's outputs are never split.
 Activations are marked ``(batch, ..., mlp)`` so the compiler keeps channels where the kernels are.
+
+:class:`ConvNetConfig` and :class:`ResNetConfig` are their ``model.*`` config keys;
+:func:`build_convnet` and :func:`build_resnet` make the modules from them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
+from jaxnet.config import ModelConfig, field
+from jaxnet.errors import UserError
+from jaxnet.models.common import DTYPES
+
 Dtype = Any
+
+
+@dataclass
+class ConvNetConfig(ModelConfig):
+    """``model.*`` keys of :class:`ConvNet`."""
+
+    features: tuple[int, ...] = field((32, 64), "channels per conv layer", low=1)
+    hidden: int = field(256, "width of the dense layer before the classifier", low=1)
+    dropout: float = field(0.0, "dropout rate before the dense layers", low=0.0, high=0.95)
+
+
+@dataclass
+class ResNetConfig(ModelConfig):
+    """``model.*`` keys of :class:`ResNet` (the defaults are ResNet-20)."""
+
+    features: tuple[int, ...] = field((16, 32, 64), "channels per stage", low=1)
+    blocks: tuple[int, ...] = field((3, 3, 3), "residual blocks per stage", low=1)
+
+    def validate(self) -> None:
+        if len(self.features) != len(self.blocks):
+            raise UserError(
+                f"model.features={self.features} and model.blocks={self.blocks} must have one entry "
+                "per ResNet stage each"
+            )
+
 
 _IMAGE_ACT = ("batch", None, None, "mlp")
 
@@ -162,3 +195,13 @@ class ResNet(nn.Module):
         x = jnp.mean(x, axis=(1, 2))
         x = _dense(self.num_classes, False, **kw)(x)
         return x.astype(jnp.promote_types(self.dtype, jnp.float32))
+
+
+def build_convnet(cfg: ConvNetConfig, num_classes: int, seq_len: int = 0, batch_axis: Any = None) -> ConvNet:
+    """The :class:`ConvNet` ``cfg`` describes (its dtypes resolved, see :func:`jaxnet.models.resolve`)."""
+    return ConvNet(num_classes, cfg.features, cfg.hidden, cfg.dropout, DTYPES[cfg.dtype], DTYPES[cfg.param_dtype])
+
+
+def build_resnet(cfg: ResNetConfig, num_classes: int, seq_len: int = 0, batch_axis: Any = None) -> ResNet:
+    """The :class:`ResNet` ``cfg`` describes; ``batch_axis`` names the mesh axes BatchNorm averages over."""
+    return ResNet(num_classes, cfg.features, cfg.blocks, DTYPES[cfg.dtype], DTYPES[cfg.param_dtype], batch_axis)

@@ -1,4 +1,4 @@
-"""Pieces the language models share."""
+"""Pieces the model families share."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+
+# A config's dtype names; float64 needs JAX's 64-bit mode (JAX_ENABLE_X64=1), for numerical checks.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
 
 
 def lookup(embed: nn.Embed, tokens: jnp.ndarray, dtype: Any) -> jnp.ndarray:

@@ -29,11 +29,14 @@ boundaries; without a ``carry`` collection every call starts from zeros.
 Parameters carry logical axis names (``vocab``, ``embed``, ``mlp`` for the hidden units of the
 gates) for the parallelism rules; the gate pre-activations and logits are marked
 ``(batch, ..., mlp)`` and ``(batch, ..., vocab)`` for the compiler (no effect without axis rules).
+
+:class:`LSTMConfig` holds the ``model.*`` config keys; :func:`build_lstm` makes the model from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import flax.linen as nn
@@ -41,9 +44,29 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import rnn
 
-from jaxnet.models.common import lookup
+from jaxnet.config import ModelConfig, field
+from jaxnet.models.common import DTYPES, lookup
 
 Dtype = Any
+
+
+@dataclass
+class LSTMConfig(ModelConfig):
+    """``model.*`` keys of :class:`LSTMLanguageModel`."""
+
+    layers: int = field(2, "number of LSTM layers", low=1)
+    width: int = field(200, "hidden units (= embedding size)", low=1)
+    dropout: float = field(0.0, "dropout rate between layers", low=0.0, high=0.95)
+    tie_embeddings: bool = field(False, "output layer shares the embedding matrix")
+    init_scale: float = field(
+        0.0, "initialise every weight uniformly in [-init_scale, init_scale] (0 = Flax defaults)", low=0.0
+    )
+    lstm_impl: str = field(
+        "auto",
+        "recurrence; auto = cuDNN's fused LSTM on an NVIDIA GPU, a lax.scan loop otherwise",
+        choices=("auto", "scan", "cudnn"),
+    )
+
 
 #: The fused LSTM the ``"cudnn"`` implementation calls, with ``jax.experimental.rnn.lstm``'s signature;
 #: ``None`` means ``jax.experimental.rnn.lstm`` itself (NVIDIA GPUs only). Tests set it to
@@ -292,3 +315,19 @@ class LSTMLanguageModel(nn.Module):
             )(x)
         logits = nn.with_logical_constraint(logits, ("batch", None, "vocab"))
         return logits.astype(jnp.promote_types(self.dtype, jnp.float32))
+
+
+def build_lstm(cfg: LSTMConfig, num_classes: int, seq_len: int = 0, batch_axis: Any = None) -> LSTMLanguageModel:
+    """The :class:`LSTMLanguageModel` ``cfg`` describes over a vocabulary of ``num_classes`` tokens
+    (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
+    return LSTMLanguageModel(
+        num_classes,
+        cfg.layers,
+        cfg.width,
+        cfg.dropout,
+        cfg.init_scale,
+        cfg.tie_embeddings,
+        DTYPES[cfg.dtype],
+        DTYPES[cfg.param_dtype],
+        impl=cfg.lstm_impl,
+    )

@@ -1,15 +1,17 @@
-"""A decoder-only (GPT-style) Transformer language model in Flax Linen.
+"""A GPT-style Transformer over tokens in Flax Linen: a causal decoder, or a bidirectional encoder.
 
 token embedding (+ learned position embedding, or rotary positions inside attention) ->
 dropout -> ``layers`` pre-LayerNorm blocks -> LayerNorm -> output projection (optionally the
 transposed token embedding). A block is::
 
-    x = x + dropout(attention(layernorm(x)))      # causal multi-head self-attention
+    x = x + dropout(attention(layernorm(x)))      # multi-head self-attention (causal by default)
     x = x + dropout(mlp(layernorm(x)))            # width -> mlp_ratio * width -> width, GELU
 
-Attention goes through ``jax.nn.dot_product_attention`` (causal), the one call where a fused
-kernel plugs in: ``attention="cudnn"`` asks for cuDNN's fused (flash) attention, which needs an
-NVIDIA GPU and bfloat16 or float16; ``"xla"`` is XLA's own softmax(QK^T)V, which runs anywhere
+``causal=True`` (a language model) lets each position attend to itself and earlier positions;
+``causal=False`` is a BERT-style encoder, every position attending to every other. Attention
+goes through ``jax.nn.dot_product_attention``, the one call where a fused kernel plugs in:
+``attention="cudnn"`` asks for cuDNN's fused (flash) attention, which needs an NVIDIA GPU and
+bfloat16 or float16; ``"xla"`` is XLA's own softmax(QK^T)V, which runs anywhere
 (:func:`jaxnet.models.resolve` picks one for ``model.attention=auto``). ``remat=True``
 recomputes each block's activations in the backward pass instead of keeping them: less memory
 for long contexts, about a third more compute.
@@ -19,26 +21,60 @@ N(0, 0.02 / sqrt(2 * layers)) (GPT-2).
 **Decoding.** ``decode=True`` keeps a key/value cache of ``context`` positions in the ``cache``
 collection: each call appends its tokens' keys and values and attends to everything cached so
 far, so generating token ``t`` costs one position, not ``t``. Positions past ``context`` do not
-exist; :mod:`jaxnet.sample` slides the window.
+exist; :mod:`jaxnet.sample` slides the window. Only a causal model decodes.
 
 Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``, ``kv``, ``mlp``)
 for the parallelism rules, and activations are marked where tensor parallelism splits them
 (Megatron: queries, keys and values by head, the MLP's hidden units, the logits by vocabulary;
 the residual stream whole on every tensor device). Without axis rules the marks do nothing.
+
+:class:`TransformerConfig` holds the ``model.*`` config keys; :func:`build_transformer` makes
+the model from it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxnet.models.common import lookup
+from jaxnet.config import ModelConfig, field
+from jaxnet.errors import UserError
+from jaxnet.models.common import DTYPES, lookup
 
 Dtype = Any
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    """``model.*`` keys of :class:`TransformerLanguageModel`."""
+
+    layers: int = field(2, "number of Transformer blocks", low=1)
+    width: int = field(200, "model width (embedding size)", low=1)
+    heads: int = field(4, "attention heads (must divide model.width)", low=1)
+    mlp_ratio: int = field(4, "MLP hidden size as a multiple of model.width", low=1)
+    dropout: float = field(0.0, "dropout rate (embeddings, attention and MLP outputs)", low=0.0, high=0.95)
+    position: str = field("learned", "position encoding", choices=("learned", "rotary"))
+    tie_embeddings: bool = field(False, "output layer shares the embedding matrix")
+    causal: bool = field(True, "False = bidirectional encoder (BERT-style), every position attends to every other")
+    attention: str = field(
+        "auto",
+        "attention kernel; auto = cuDNN's fused kernel on an NVIDIA GPU in bfloat16, XLA's otherwise",
+        choices=("auto", "xla", "cudnn"),
+    )
+    remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
+
+    def validate(self) -> None:
+        if self.width % self.heads:
+            raise UserError(f"model.width={self.width} is not divisible by model.heads={self.heads}")
+        if self.position == "rotary" and (self.width // self.heads) % 2:
+            raise UserError(
+                f"rotary positions need an even head size; model.width / model.heads = {self.width // self.heads}"
+            )
 
 
 def _normal(std: float, names: tuple) -> nn.initializers.Initializer:
@@ -89,8 +125,9 @@ def rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention, with a key/value cache when ``decode=True``."""
+class SelfAttention(nn.Module):
+    """Multi-head self-attention, causal unless ``causal=False``, with a key/value cache when
+    ``decode=True`` (causal only)."""
 
     heads: int
     context: int
@@ -99,6 +136,7 @@ class CausalSelfAttention(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     implementation: str = "xla"
+    causal: bool = True
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, decode: bool = False) -> jnp.ndarray:
@@ -116,6 +154,8 @@ class CausalSelfAttention(nn.Module):
         if self.rotary:
             q, k = rotary(q, positions), rotary(k, positions)
         if decode:
+            if not self.causal:
+                raise ValueError("decoding with a key/value cache needs a causal model (causal=True)")
             shape = (batch, self.context, self.heads, head_dim)
             cached_k = self.variable("cache", "key", jnp.zeros, shape, k.dtype)
             cached_v = self.variable("cache", "value", jnp.zeros, shape, v.dtype)
@@ -125,7 +165,7 @@ class CausalSelfAttention(nn.Module):
             mask = jnp.arange(self.context)[None, :] <= positions[:, None]  # (query, key)
             out = jax.nn.dot_product_attention(q, cached_k.value, cached_v.value, mask=mask[None, None])
         else:
-            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal, implementation=self.implementation)
         return Projection(
             (width,),
             ("heads", "kv", "embed"),
@@ -149,6 +189,7 @@ class Block(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     attention: str = "xla"
+    causal: bool = True
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool) -> jnp.ndarray:
@@ -161,7 +202,7 @@ class Block(nn.Module):
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
         )
         drop = nn.Dropout(self.dropout, deterministic=not train)
-        y = CausalSelfAttention(
+        y = SelfAttention(
             self.heads,
             self.context,
             self.rotary,
@@ -169,6 +210,7 @@ class Block(nn.Module):
             self.dtype,
             self.param_dtype,
             self.attention,
+            self.causal,
             name="attention",
         )(norm("norm_1")(x), positions, decode)
         x = x + drop(y)
@@ -193,7 +235,8 @@ class Block(nn.Module):
 
 
 class TransformerLanguageModel(nn.Module):
-    """Token ids (batch, time) -> next-token logits (batch, time, vocab), float32.
+    """Token ids (batch, time) -> logits (batch, time, vocab), float32: next-token logits when
+    ``causal``, per-position logits of a bidirectional encoder otherwise.
 
     ``context`` is the longest sequence (and the size of the decoding cache).
     """
@@ -211,6 +254,7 @@ class TransformerLanguageModel(nn.Module):
     param_dtype: Dtype = jnp.float32
     attention: str = "xla"
     remat: bool = False
+    causal: bool = True
 
     @nn.compact
     def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
@@ -249,6 +293,7 @@ class TransformerLanguageModel(nn.Module):
                 self.dtype,
                 self.param_dtype,
                 self.attention,
+                self.causal,
                 name=f"block_{i}",
             )(x, positions, train, decode)
         x = nn.LayerNorm(
@@ -271,3 +316,26 @@ class TransformerLanguageModel(nn.Module):
             )(x)
         logits = nn.with_logical_constraint(logits, ("batch", None, "vocab"))
         return logits.astype(jnp.promote_types(self.dtype, jnp.float32))
+
+
+def build_transformer(
+    cfg: TransformerConfig, num_classes: int, seq_len: int = 0, batch_axis: Any = None
+) -> TransformerLanguageModel:
+    """The :class:`TransformerLanguageModel` ``cfg`` describes over a vocabulary of ``num_classes``
+    tokens, with a context of ``seq_len`` (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
+    return TransformerLanguageModel(
+        num_classes,
+        seq_len,
+        cfg.layers,
+        cfg.width,
+        cfg.heads,
+        cfg.mlp_ratio,
+        cfg.dropout,
+        cfg.position,
+        cfg.tie_embeddings,
+        DTYPES[cfg.dtype],
+        DTYPES[cfg.param_dtype],
+        attention=cfg.attention,
+        remat=cfg.remat,
+        causal=cfg.causal,
+    )

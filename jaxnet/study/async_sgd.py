@@ -99,7 +99,7 @@ def default_comm_seconds(param_count: int) -> float:
 
 def run(opts: Options) -> dict[str, Any]:
     """Train the sync baseline and every staleness (reusing finished runs); returns the study's record."""
-    if "parallel.sgd" not in config_lib.KEYS:
+    if "parallel.sgd" not in config_lib.keys():
         raise UserError("this jaxnet has no parallel.sgd setting yet: asynchronous SGD is not available")
     spec = opts.experiment + (":smoke" if opts.smoke and ":" not in opts.experiment else "")
     workers = opts.workers or DEFAULT_WORKERS

@@ -10,7 +10,8 @@ both activations and weights, each as costly as the forward products).
 ``0..i``, so a sequence of ``T`` tokens has ``T (T + 1) / 2`` query-key pairs, not ``T**2``.
 ``causal=False`` counts the full square, which is what an attention kernel that masks rather
 than skips computes (and what XLA's own cost analysis reports for it); the tests check that
-count against XLA's.
+count against XLA's. A bidirectional model (``model.causal=False``) needs every pair, so its
+count is the full square whatever ``causal`` says.
 
     >>> forward_flops(cfg.model, batch=32, seq_len=128, vocab=84)   # doctest: +SKIP
 """
@@ -110,7 +111,7 @@ def resnet_forward(*, batch: int, height: int, channels: int, features: tuple, b
 
 
 def forward_flops(model: Any, *, batch: int, input_shape: tuple, vocab: int, causal: bool = True) -> float:
-    """Forward FLOPs of the model a :class:`~jaxnet.config.ModelConfig` describes.
+    """Forward FLOPs of the model a built-in family's config (e.g. :class:`~jaxnet.models.TransformerConfig`) describes.
 
     ``input_shape`` is ``(seq_len,)`` for language models and ``(height, width, channels)`` for
     images; ``vocab`` is the vocabulary size or the number of classes.
@@ -123,7 +124,7 @@ def forward_flops(model: Any, *, batch: int, input_shape: tuple, vocab: int, cau
             layers=model.layers,
             width=model.width,
             mlp_ratio=model.mlp_ratio,
-            causal=causal,
+            causal=causal and getattr(model, "causal", True),
         )
     if model.name == "lstm":
         return lstm_forward(batch=batch, seq_len=input_shape[0], vocab=vocab, layers=model.layers, width=model.width)

@@ -158,6 +158,11 @@ def sample(
         raise UserError(
             f"{workdir} trained a {cfg.model.name}, not a language model; sampling needs lstm or transformer"
         )
+    if not getattr(cfg.model, "causal", True):
+        raise UserError(
+            f"{workdir} trained a bidirectional transformer (model.causal=false), which cannot generate text; "
+            "sampling needs a causal model"
+        )
     # The vocabulary comes from the run directory, so sampling does not need the training text.
     vocab, tokenizer = read_vocab(workdir / "vocab.json")
     dummy = np.zeros(2, np.int32)

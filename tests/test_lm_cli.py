@@ -334,6 +334,14 @@ def test_sampling_needs_only_the_run_directory(tmp_path):
     assert code == 0
 
 
+def test_sampling_refuses_a_bidirectional_transformer_in_one_line(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    config.save(config.load_experiment(GPT, ["model.causal=false"]), tmp_path / "run" / "config.json")
+    assert cli.main(["sample", "--workdir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.causal=false" in err and "sampling needs a causal model" in err
+
+
 def test_byte_tokenizer_reads_files_that_are_not_utf8(tmp_path):
     from jaxnet.data.text import load_file
 

@@ -365,6 +365,8 @@ def build_model(
     elif c.name == "transformer":
         if seq_len < 1:
             raise ValueError("the Transformer needs seq_len >= 1 (its context)")
+        if not getattr(c, "causal", True):
+            raise ValueError("no torch twin for a bidirectional Transformer (model.causal=false)")
         model = TransformerLanguageModel(
             num_classes, seq_len, c.layers, c.width, c.heads, c.mlp_ratio, c.dropout, c.position, c.tie_embeddings
         )

@@ -3,6 +3,8 @@ peak table that turns them into MFU."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -50,6 +52,8 @@ def test_causal_attention_counts_only_the_pairs_it_needs():
     # two products (scores and weighted values) of `width` multiply-adds per pair, per layer and row
     assert full - causal == pytest.approx(2 * 2 * cfg.width * masked * batch * cfg.layers)
     assert flops.train_step_flops(cfg, batch=batch, input_shape=(length,), vocab=vocab) == 3 * causal
+    encoder = dataclasses.replace(cfg, causal=False)  # a bidirectional model needs every pair
+    assert flops.forward_flops(encoder, batch=batch, input_shape=(length,), vocab=vocab) == full
 
 
 def test_peak_table_and_mfu():

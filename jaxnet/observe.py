@@ -142,6 +142,9 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+# Record fields that are bookkeeping, not a task's metric.
+NOT_PLOTTED = {"step", "split", "loss", "lr", "grad_norm", "steps_per_s", "examples_per_s", "tokens_per_s", "skipped"}
+
 SPLIT_STYLE = {"train": dict(color="C0"), "val": dict(color="C1"), "test": dict(color="C2", marker="*", markersize=12)}
 
 
@@ -149,7 +152,8 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
     """Draw loss and the headline metric against step, one line per split, into a PNG.
 
     The second panel is perplexity (word-level language models), bits per character
-    (character-level ones) or accuracy (classifiers), whichever the log has.
+    (character-level ones) or accuracy (classifiers), whichever the log has; for another task,
+    the first metric its evaluations report (e.g. mse for regression).
     """
     import matplotlib
 
@@ -159,7 +163,10 @@ def plot_curves(metrics_path: str | os.PathLike, out_path: str | os.PathLike, ti
     series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     records = read_metrics(metrics_path)
     names = {k for r in records for k in r}
-    metric = next((m for m in ("perplexity", "bpc", "bits_per_byte") if m in names), "accuracy")
+    metric = next((m for m in ("perplexity", "bpc", "bits_per_byte", "accuracy", "r2") if m in names), None)
+    if metric is None:  # a task's own metrics: the first one its evaluations report
+        evaluated = [k for r in records if r.get("split") != "train" for k in r]
+        metric = next((k for k in evaluated if k not in NOT_PLOTTED), "accuracy")
     for record in records:
         for name in ("loss", metric):
             if isinstance(record.get(name), int | float):

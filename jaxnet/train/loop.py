@@ -415,14 +415,18 @@ def _completed_summary(workdir: Path) -> dict[str, Any] | None:
 
 
 def headline(metrics: dict[str, float], split: str) -> str:
-    """The metric people quote: perplexity (word LM), bits per character (char LM) or accuracy."""
+    """The metric people quote: perplexity (word LM), bits per character (char LM) or accuracy;
+    otherwise the loss and every other metric of the task."""
     if "perplexity" in metrics:
         return f"{split} perplexity {metrics['perplexity']:.2f}  {split} loss {metrics['loss']:.4f}"
     if "bpc" in metrics:
         return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bpc']:.4f} bits per character)"
     if "bits_per_byte" in metrics:
         return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bits_per_byte']:.4f} bits per byte)"
-    return f"{split} accuracy {metrics['accuracy']:.4f}  {split} loss {metrics['loss']:.4f}"
+    if "accuracy" in metrics:
+        return f"{split} accuracy {metrics['accuracy']:.4f}  {split} loss {metrics['loss']:.4f}"
+    others = "".join(f"  {split} {k} {v:.4g}" for k, v in metrics.items() if k != "loss")
+    return f"{split} loss {metrics['loss']:.4g}{others}"
 
 
 def _result_line(summary: dict[str, Any]) -> str:
@@ -629,6 +633,8 @@ def _summary(
         "step": end,
         "steps_total": train_cfg.steps,
         "complete": end == train_cfg.steps,
+        "model": type(run.model).__name__,
+        "task": run.task.name,
         "param_count": num_params,
         "compile_time_s": round(compile_seconds, 2),
     }
@@ -653,12 +659,21 @@ def _summary(
     return summary
 
 
-def evaluate(workdir: str | os.PathLike, split: str = "test", overrides: list[str] | None = None) -> dict[str, Any]:
+def evaluate(
+    workdir: str | os.PathLike,
+    split: str = "test",
+    overrides: list[str] | None = None,
+    *,
+    model: nn.Module | None = None,
+    dataset: Any = None,
+    task: tasks.Task | None = None,
+) -> dict[str, Any]:
     """Evaluate the newest checkpoint of a run directory on ``split`` (val or test).
 
     The config is read from the run's ``config.json``, with ``overrides`` applied (e.g. a new
-    ``data.dir``); it runs on all local devices whatever mesh the run trained on. The result is
-    also written to ``eval.json`` in the run directory.
+    ``data.dir``); it runs on all local devices whatever mesh the run trained on. A run of your
+    own ``model``, ``dataset`` and ``task`` needs them again here. The result is also written to
+    ``eval.json`` in the run directory.
     """
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
@@ -668,7 +683,7 @@ def evaluate(workdir: str | os.PathLike, split: str = "test", overrides: list[st
     cfg = config_lib.apply_overrides(
         config_lib.load(workdir / "config.json"), ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])]
     )
-    run = Run(cfg)
+    run = Run(cfg, model=model, dataset=dataset, task=task)
     check_vocab(workdir, run.dataset)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:

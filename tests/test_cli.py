@@ -208,7 +208,82 @@ BAD_INPUT = [
     bad(["eval", "--workdir", "{foreign}"], "not a run directory"),
     bad(["eval", "--workdir", "{run}", "data.dir=/no/such/dir"], "does not exist"),
     bad(["sample", "--workdir", "{run}"], "trained a convnet, not a language model"),
+    # a user's own model, data and task (tests/test_library.py has the same through the Python API)
+    bad(["train", SMOKE, "task=nope"], "unknown task 'nope'", "define task(cfg) in the experiment file"),
+    bad(["train", SMOKE, "task=lm"], "task=lm does not fit image data", "use task=classification"),
+    bad(["train", "{custom}:smoke", "model.hiden=64"], "unknown config key 'model.hiden'; did you mean model.hidden?"),
+    bad(["train", "{custom}:smoke", "model.hidden=wide"], "model.hidden='wide': expected an integer"),
+    bad(["train", "{custom}:smoke", "model.hidden=4"], "model.hidden=4 must be >= 8"),
+    bad(["train", "{custom}:smoke", "train.batch_size=30"], "train.batch_size=30 is not divisible by the 4", devices=4),
+    bad(["train", "{user_model_raises}"], "model Exploding failed on a batch of (x float32[1, 4]", "no weights here"),
+    bad(["train", "{user_loss_vector}"], "the loss returns shape (2,), not a scalar", "jnp.mean"),
+    bad(["train", "{user_metrics_list}"], "Task metrics must be a dict of name -> metric(outputs, batch) -> scalar"),
+    bad(["train", "{user_data_lengths}"], "train split: arrays of different lengths (x has 8, y has 7)"),
+    bad(["train", "{user_no_data}"], "user_no_data.py:", "FileNotFoundError", "measurements.npz"),
 ]
+
+# An experiment file of a user's own: data(cfg), task(cfg) and model(cfg) beside get_config; {body}
+# replaces one of them to make it wrong.
+USER_EXPERIMENT = """
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+import jaxnet
+
+
+def data(cfg):
+    x = np.ones((8, 4), np.float32)
+    return jaxnet.data.arrays(train={{"x": x, "y": np.ones(8, np.float32)}})
+
+
+class Linear(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(2)(x)[:, 0]
+
+
+def model(cfg):
+    return Linear()
+
+
+def task(cfg):
+    return jaxnet.tasks.regression()
+
+
+def get_config(variant):
+    return jaxnet.apply_overrides(jaxnet.Config(), ["data.name=arrays", "train.batch_size=4", "train.steps=2"])
+
+{body}
+"""
+
+USER_MISTAKES = {
+    "user_model_raises": """
+class Exploding(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        raise ValueError("no weights here")
+
+
+def model(cfg):
+    return Exploding()
+""",
+    "user_loss_vector": """
+def task(cfg):
+    return jaxnet.Task(inputs="x", loss=lambda out, b: jnp.stack([out.mean(), out.max()]))
+""",
+    "user_metrics_list": """
+def task(cfg):
+    return jaxnet.Task(inputs="x", loss=lambda out, b: out.mean(), metrics=[lambda out, b: out.mean()])
+""",
+    "user_data_lengths": """
+def data(cfg):
+    return jaxnet.data.arrays(train={"x": np.ones((8, 4), np.float32), "y": np.ones(7, np.float32)})
+""",
+    "user_no_data": """
+def data(cfg):
+    return np.load("measurements.npz")
+""",
+}
 
 
 def make_places(tmp_path: Path, run: Path, names: set[str]) -> dict[str, Path]:
@@ -298,6 +373,11 @@ def make_places(tmp_path: Path, run: Path, names: set[str]) -> dict[str, Path]:
         broken_experiment=lambda: experiment("broken.py", "def get_config(variant):\n    return 1 / 0\n"),
         syntax_experiment=lambda: experiment("syntax.py", "def get_config(variant:\n"),
         bad_config=bad_config,
+        custom=lambda: ROOT / "examples" / "custom_experiment.py",
+        **{
+            name: (lambda name=name, body=body: experiment(f"{name}.py", USER_EXPERIMENT.format(body=body)))
+            for name, body in USER_MISTAKES.items()
+        },
         checkpoints_file=checkpoints_file,
         checkpoints_locked=checkpoints_locked,
     )

@@ -5,7 +5,7 @@
     jaxnet eval --workdir DIR [--split test|val] [key=value ...]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
-                 [--compare-devices]
+                 [--compare-devices] [--roofline]
     jaxnet study batch-scaling EXPERIMENT batch=B1,B2,... [--target V] [--lr-rule linear|sqrt|none]
                  [--max-examples N] [--eval-examples N] [--tolerance X] [--smoke] [--workdir DIR] [key=value ...]
     jaxnet study devices [--results DIR] [--workdir DIR]
@@ -83,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--out", default="benchmarks/results", help="directory for the results file")
     bench.add_argument("--compare-devices", action="store_true", help="the CPU-versus-GPU table (needs a GPU)")
+    bench.add_argument("--roofline", action="store_true", help="only the roofline: FLOPs, bytes, intensity per family")
 
     _study_parser(commands)
     commands.add_parser("list", help="list the experiments that can be trained")
@@ -170,6 +171,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             seconds=args.seconds,
             methods=tuple(m for m in args.only.split(",") if m),
             smoke=args.smoke,
+            roofline=args.roofline,
             out=args.out,
         )
         bench.main(opts, compare=args.compare_devices)

@@ -1,4 +1,4 @@
-"""Regenerate the README's generated sections (results, memory per device, speed) from benchmarks/results/*.json.
+"""Regenerate the README's generated sections (results, memory, speed, roofline) from benchmarks/results/*.json.
 
 python scripts/update_readme.py          # rewrite README.md
 python scripts/update_readme.py --check  # exit 1 if README.md is out of date
@@ -224,7 +224,64 @@ def render_bench() -> str:
     return "\n".join(body).rstrip() or "No benchmark results recorded yet."
 
 
-BLOCKS = {"results": render, "memory": render_memory, "bench": render_bench}
+def roofline_tables(r: dict) -> list[str]:
+    """The roofline table (and its plot) of one results file that holds rooflines."""
+    env, v, peaks = r["environment"], r["environment"]["versions"], r["device_peaks"]
+    gpu = env["platform"] != "cpu"
+    device = env["device"] if gpu else f"{env['cpu_count']}-core CPU ({env['cpu']})"
+    flops = ", ".join(f"{d} {p / 1e12:.3g} TFLOP/s" for d, p in peaks["peak_flops"].items() if p) or "unknown"
+    bandwidth = peaks.get("memory_bandwidth")
+    body = [
+        f"**{device}**, jax {v['jax']}, {env['date'][:10]}: `{r['command']}` ([{r['_file']}]({r['_file']})). "
+        f"Peaks: {flops}, memory {f'{bandwidth / 1e9:,.0f} GB/s' if bandwidth else 'unknown'}"
+        f"{f', ridge point {peaks_ridge(peaks)} FLOP/byte' if peaks_ridge(peaks) else ''} ({peaks['source']}).",
+        "",
+        "| family | shape | dtype | GFLOP / step | MB / step | FLOP / byte | bound | achieved TFLOP/s "
+        "| of the roofline |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, c in r["cases"].items():
+        roof = c.get("roofline")
+        if not roof:
+            continue
+        fraction = "-" if roof.get("fraction") is None else f"{100 * roof['fraction']:.0f} %"
+        achieved = "-" if not roof.get("achieved_flops") else f"{roof['achieved_flops'] / 1e12:.3f}"
+        body.append(
+            f"| {name} | {c['what']} | {c['dtype']} | {roof['flops_per_step'] / 1e9:,.2f} "
+            f"| {roof['bytes_per_step'] / 1e6:,.0f} | {roof['intensity']:.2f} | {roof.get('bound', '-')} "
+            f"| {achieved} | {fraction} |"
+        )
+    stem = Path(r["_file"]).stem.removeprefix("roofline-")
+    plot = Path(r["_file"]).with_name(f"roofline-{stem}.png")
+    if (ROOT / plot).is_file():
+        body += ["", f"![roofline of the training steps on {device}]({plot.as_posix()})"]
+    return body + [""]
+
+
+def peaks_ridge(peaks: dict) -> str:
+    """The ridge point(s) in FLOP per byte, one per compute dtype with a known peak."""
+    bandwidth = peaks.get("memory_bandwidth")
+    known = {d: p for d, p in peaks["peak_flops"].items() if p}
+    if not bandwidth or not known:
+        return ""
+    return ", ".join(f"{p / bandwidth:.1f}" + (f" ({d})" if len(known) > 1 else "") for d, p in known.items())
+
+
+def render_roofline() -> str:
+    """The roofline tables, one per results file with rooflines (``jaxnet bench --roofline``, or a
+    full bench run that recorded the device's peaks); smoke runs left out."""
+    runs = [
+        r
+        for r in load_results()
+        if r.get("kind") in ("roofline", "benchmark") and r.get("device_peaks") and not r.get("smoke")
+    ]
+    body = []
+    for r in runs:
+        body += roofline_tables(r)
+    return "\n".join(body).rstrip() or "No roofline results recorded yet."
+
+
+BLOCKS = {"results": render, "memory": render_memory, "bench": render_bench, "roofline": render_roofline}
 
 
 def main(argv: list[str]) -> int:

@@ -35,6 +35,19 @@ def test_smoke_prints_the_table_and_writes_every_figure(tmp_path, capsys):
         assert case["memory_bytes"]["params"] > 0 and case["memory_bytes"]["activations"] > 0
         assert case["mfu"] is None and case["peak_flops"] is None  # a CPU has no peak in the table
         assert case["dtype"] == "float32"
+        roof = case["roofline"]  # XLA's figures for the compiled step, timed on resident batches
+        assert roof["flops_per_step"] >= roof["flops_model"] > 0 and roof["bytes_per_step"] > 0
+        assert roof["intensity"] == pytest.approx(roof["flops_per_step"] / roof["bytes_per_step"], rel=1e-3)
+        assert roof["steps_per_s"] == pytest.approx(case["median_steps_per_s"]["resident"], rel=1e-3)
+        assert roof["achieved_flops"] == pytest.approx(roof["flops_per_step"] * roof["steps_per_s"], rel=1e-3)
+        roof_here = min(roof["peak_flops"], roof["intensity"] * roof["memory_bandwidth"])
+        assert roof["attainable_flops"] == pytest.approx(roof_here, rel=1e-3)
+        assert roof["fraction"] == pytest.approx(roof["achieved_flops"] / roof_here, rel=1e-3)
+        assert roof["bound"] == ("memory-bound" if roof["intensity"] < roof["ridge"] else "compute-bound")
+    peaks = record["device_peaks"]
+    assert peaks["source"].startswith("measured") and peaks["peak_flops"]["float32"] > 1e8
+    assert record["cases"]["lstm"]["roofline"]["loop_trip_counts"]  # the recurrence, counted per time step
+    assert (out / f"roofline-{path.stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     transformer = record["cases"]["transformer"]
     cfg = bench.case_config(bench.CASES["transformer"], smoke=True)
     vocab_flops = [
@@ -42,6 +55,24 @@ def test_smoke_prints_the_table_and_writes_every_figure(tmp_path, capsys):
         for v in range(50, 200)
     ]
     assert transformer["flops_per_step"] in vocab_flops  # counted for the real vocabulary
+
+
+def test_roofline_alone(tmp_path, capsys, monkeypatch):
+    # the Transformer's smoke shape on random characters: no corpus to read
+    tiny = bench.Case("tiny", "transformer_shakespeare", synthetic="tokens:65", doc="smoke Transformer")
+    monkeypatch.setitem(bench.CASES, "tiny", tiny)
+    out = tmp_path / "results"
+    assert main(["bench", "tiny", "--roofline", "--smoke", "--rounds", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "FLOP/byte" in printed and "peaks of cpu" in printed
+    (path,) = out.glob("roofline-cpu-*-smoke.json")
+    record = json.loads(path.read_text())
+    assert record["kind"] == "roofline" and list(record["cases"]) == ["tiny"]
+    case = record["cases"]["tiny"]
+    assert len(case["steps_per_s"]["resident"]) == 2
+    assert set(case["steps_per_s"]) == {"resident"} and case["roofline"]["loops"] == "none"
+    assert case["roofline"]["flops_source"] == "xla" and case["roofline"]["fraction"] > 0
+    assert (out / f"{path.stem}.png").is_file()
 
 
 @pytest.mark.parametrize(
@@ -52,6 +83,7 @@ def test_smoke_prints_the_table_and_writes_every_figure(tmp_path, capsys):
         (["bench", "--rounds", "0"], "--rounds must be at least 1"),
         (["bench", "--compare-devices"], "--compare-devices needs a GPU"),
         (["bench", "--rounds", "x"], "invalid int value"),
+        (["bench", "--roofline", "--compare-devices"], "--roofline measures one device"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, args, message):

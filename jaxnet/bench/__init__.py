@@ -21,6 +21,12 @@ step, XLA's memory plan per device, FLOPs per step and achieved FLOP/s (and MFU 
 device's peak is known, :mod:`jaxnet.flops`) are reported with the medians over the rounds and
 the ratios the project targets. The table is printed and every figure goes to
 ``benchmarks/results/<device>-<date>.json``.
+
+Every run also places each family's compiled step on the device's roofline
+(:mod:`jaxnet.bench.roofline`: FLOPs and bytes per step from XLA's cost analysis, arithmetic
+intensity, compute- or memory-bound, fraction of the roofline reached) and draws
+``roofline-<device>-<date>.png``; ``--roofline`` measures only that (the compiled step on
+resident batches) and writes ``roofline-<device>-<date>.json``.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import numpy as np
 from jaxnet import config as config_lib
 from jaxnet import data as data_lib
 from jaxnet import flops, models, observe, parallel
+from jaxnet.bench import roofline
 from jaxnet.data import pipeline
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
@@ -115,6 +122,7 @@ class Options:
     seconds: float = 3.0  # target length of one timed measurement
     methods: tuple[str, ...] = METHODS
     smoke: bool = False  # the experiments' smoke variants, a few steps each: checks that it all works
+    roofline: bool = False  # only the roofline: the compiled step on resident batches, cost analysed
     out: str = "benchmarks/results"
     say: Callable[[str], None] = print
 
@@ -208,7 +216,7 @@ class Fixture:
         if "handwritten" in methods:
             from jaxnet.bench.handwritten import Loop
 
-            self.hand = Loop(cfg, dataset, self.run.batching)
+            self.hand = Loop(cfg, dataset, config_lib.batching(cfg) if self.run.text else "examples")
         self.torch = None
         if "torch" in methods and torch_version() and jax.process_count() == 1:
             from jaxnet.bench import torch_peers
@@ -380,7 +388,43 @@ def _record(
     if jaxnet_rate and "torch" in median:
         ratios["jaxnet/torch"] = round(jaxnet_rate / median["torch"], 3)
     record["ratios"] = ratios
+    rate = median.get("resident") or jaxnet_rate  # the compiled step XLA analysed, on resident batches
+    peaks = roofline.device_peaks((fixture.model_cfg.dtype,))
+    record["roofline"] = roofline.case_roofline(fixture.compiled, step_flops, rate, fixture.model_cfg.dtype, peaks)
     return record
+
+
+def measure_roofline(case: Case, opts: Options) -> dict[str, Any]:
+    """The roofline record of ``case`` alone: its compiled step timed on resident batches (median
+    of ``opts.rounds`` measurements) and cost-analysed."""
+    cfg = case_config(case, opts.smoke)
+    dataset = case_dataset(case, cfg)
+    fixture = Fixture(case, cfg, dataset, methods=())
+    interval = 2 if opts.smoke else max(5, min(500, round(opts.seconds / 3 / fixture.step_time())))
+    rates = [fixture.resident(interval) for _ in range(opts.rounds)]
+    rate = statistics.median(rates)
+    text = fixture.run.text
+    batch = cfg.train.batch_size
+    shape = (cfg.data.seq_len,) if text else tuple(dataset.train[0].shape[1:])
+    step_flops = flops.train_step_flops(cfg.model, batch=batch, input_shape=shape, vocab=dataset.num_classes)
+    dtype = fixture.model_cfg.dtype
+    return {
+        "family": case.name,
+        "experiment": case.experiment,
+        "what": case.doc,
+        "data": "random, real shape" if case.synthetic else cfg.data.name,
+        "batch_size": batch,
+        "seq_len": cfg.data.seq_len if text else None,
+        "dtype": dtype,
+        "attention": fixture.model_cfg.attention if cfg.model.name == "transformer" else None,
+        "lstm_impl": fixture.model_cfg.lstm_impl if cfg.model.name == "lstm" else None,
+        "param_count": int(sum(x.size for x in jax.tree.leaves(fixture.state.params))),
+        "steps_per_measurement": 3 * interval,
+        "steps_per_s": {"resident": [round(x, 3) for x in rates]},
+        "median_steps_per_s": {"resident": round(rate, 3)},
+        "step_time_ms": round(1000 / rate, 3),
+        "roofline": roofline.case_roofline(fixture.compiled, step_flops, rate, dtype, roofline.device_peaks((dtype,))),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +454,7 @@ def run(opts: Options) -> dict[str, Any]:
     env["versions"]["torch"] = torch_version()
     env["cpu"] = observe.cpu_model()
     record: dict[str, Any] = {
-        "kind": "benchmark",
+        "kind": "roofline" if opts.roofline else "benchmark",
         "command": " ".join(["jaxnet", *sys.argv[1:]]) if sys.argv and "jaxnet" in sys.argv[0] else None,
         "smoke": opts.smoke,
         "rounds": opts.rounds,
@@ -427,19 +471,35 @@ def run(opts: Options) -> dict[str, Any]:
             continue
         opts.say(f"{name}: {case.doc} ...")
         started = time.perf_counter()
-        record["cases"][name] = measure_case(case, opts)
+        record["cases"][name] = (measure_roofline if opts.roofline else measure_case)(case, opts)
         opts.say(f"{name}: done in {time.perf_counter() - started:.0f} s")
+    dtypes = tuple(dict.fromkeys(c["dtype"] for c in record["cases"].values())) or ("float32",)
+    record["device_peaks"] = roofline.device_peaks(dtypes)
     return record
 
 
 def write(record: dict[str, Any], out: str | os.PathLike) -> Path:
-    """Write ``record`` to ``OUT/<device>-<date>.json`` (``-smoke`` added for smoke runs)."""
+    """Write ``record`` to ``OUT/<device>-<date>.json`` (``roofline-`` before it for ``--roofline``
+    runs, ``-smoke`` after it for smoke runs) and its roofline plot to ``OUT/roofline-<device>-<date>.png``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     date = datetime.date.today().isoformat()
-    path = out / f"{device_slug()}-{date}{'-smoke' if record.get('smoke') else ''}.json"
+    stem = f"{device_slug()}-{date}{'-smoke' if record.get('smoke') else ''}"
+    path = out / f"{'roofline-' if record.get('kind') == 'roofline' else ''}{stem}.json"
     observe.write_json(path, record)
+    plot_roofline(record, out / f"roofline-{stem}.png")
     return path
+
+
+def plot_roofline(record: dict[str, Any], path: str | os.PathLike) -> None:
+    """Draw the roofline of every case of ``record`` that has one into ``path``."""
+    cases = {name: c for name, c in record["cases"].items() if c.get("roofline")}
+    if cases and record.get("device_peaks"):
+        env = record["environment"]
+        device = (
+            f"{env['device']}" if env["platform"] != "cpu" else f"{env.get('cpu') or 'CPU'}, {env['cpu_count']} cores"
+        )
+        roofline.plot(cases, record["device_peaks"], path, f"roofline: {device} ({env['date'][:10]})")
 
 
 def _num(x: float | None, digits: int = 1) -> str:
@@ -512,6 +572,8 @@ def compare_devices(opts: Options) -> dict[str, Any]:
         )
     gpu = run(opts)
     families = [f for f in opts.families if not CASES[f].gpu_only]
+    if not families:  # GPU-only families: nothing to compare with
+        return {"cpu": None, "gpu": gpu, "speedup": {}}
     with tempfile.TemporaryDirectory(prefix="jaxnet-bench-cpu-") as out:
         command = [sys.executable, "-m", "jaxnet", "bench", *families, "--only", "runner", "--out", out]
         command += ["--rounds", str(opts.rounds), "--seconds", str(opts.seconds)] + (["--smoke"] if opts.smoke else [])
@@ -545,14 +607,20 @@ def compare_table(result: dict[str, Any]) -> str:
 
 def main(opts: Options, compare: bool = False) -> Path:
     """Run, print the table, write the results file; returns its path."""
+    if compare and opts.roofline:
+        raise UserError("--roofline measures one device; leave out --compare-devices (a full run has both)")
     if compare:
         result = compare_devices(opts)
         record = {**result["gpu"], "compare_devices": result["speedup"], "cpu_record": result["cpu"]}
         opts.say(table(result["gpu"]))
-        opts.say(compare_table(result))
+        if result["cpu"] is not None:
+            opts.say(compare_table(result))
     else:
         record = run(opts)
-        opts.say(table(record))
+        if not opts.roofline:
+            opts.say(table(record))
+    if record["cases"]:
+        opts.say(roofline.table(record["cases"], record["device_peaks"]))
     path = write(record, opts.out)
     opts.say(f"results written to {path}")
     return path

@@ -82,9 +82,11 @@ def test_program_lowered_for_cpu_and_cuda_takes_the_runners_step_on_the_cpu():
     copy = jax.tree.map(jnp.copy, state)  # the step donates its input state
     new_state, metrics = exported.call(copy, batch)
     want_state, want_metrics = run.train_step(state, batch)
-    np.testing.assert_allclose(metrics["loss"], want_metrics["loss"], rtol=1e-6)
+    # two compilations: on a GPU each may pick its own (TF32) convolution algorithm
+    rtol = 2e-3 if jax.default_backend() == "gpu" else 1e-5
+    np.testing.assert_allclose(metrics["loss"], want_metrics["loss"], rtol=rtol)
     jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), new_state.params, want_state.params
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-6), new_state.params, want_state.params
     )
     assert int(new_state.step) == int(want_state.step) == 1
 
@@ -123,10 +125,10 @@ def _cudnn_lstm(x):
 def test_cudnn_kernels_lower_for_cuda_where_cudnn_is_present(kernel, shape, dtype):
     """Without JAX's CUDA plugin these fail at trace time, with the errors named here; with it
     (on a GPU machine) they lower to cuDNN custom calls."""
-    try:
-        exported = export.export(CUDNN[kernel](), platforms=["cuda"])(jax.ShapeDtypeStruct(shape, dtype))
+    try:  # jax.export refuses cuDNN's custom calls (no compatibility guarantee): lower for CUDA directly
+        lowered = CUDNN[kernel]().trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",))
     except (RuntimeError, AttributeError, NotImplementedError) as e:
         if re.search(r"cuDNN is not detected|gpu_rnn|cuda", str(e), re.IGNORECASE):
             pytest.skip(f"cuDNN {kernel} cannot be lowered without JAX's CUDA plugin ({type(e).__name__}: {e})")
         raise
-    assert re.search(r"custom_call.*(cudnn|fmha)", exported.mlir_module(), re.IGNORECASE)
+    assert re.search(r"custom_call.*(cudnn|fmha)", lowered.as_text(), re.IGNORECASE)

@@ -580,8 +580,9 @@ def validate(cfg: Config) -> None:
     family = families[cfg.model.name]
     if type(cfg.model) is not family.config:
         raise UserError(
-            f"model.name={cfg.model.name} is registered with {family.config.__name__}, but the config's model is "
-            f"a {type(cfg.model).__name__}; register {type(cfg.model).__name__} under a name of its own"
+            f"model.name={cfg.model.name} is a {family.config.__name__}, but the config's model is a "
+            f"{type(cfg.model).__name__}: set cfg.model = {family.config.__name__}(...) rather than cfg.model.name "
+            f"(or register {type(cfg.model).__name__} under a name of its own)"
         )
     for key, f in keys(cfg).items():
         node: Any = cfg

@@ -10,7 +10,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from jaxnet import Config, Dataset
+from jaxnet import Config, Dataset, config
 
 
 def _installed_fashion_mnist() -> Path | None:
@@ -68,6 +68,9 @@ def tiny_config(**sections: dict) -> Config:
     cfg.train.checkpoint_every = 4
     cfg.train.progress = False
     cfg.data.prefetch = 2
+    name = sections.get("model", {}).get("name", cfg.model.name)
+    if name != cfg.model.name:  # another family: its config class, with its defaults
+        cfg.model = config.model_config(name)
     for section, values in sections.items():
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)

@@ -160,6 +160,13 @@ def test_a_key_of_another_family_says_whose_it_is():
     )
 
 
+def test_renaming_the_model_in_place_names_the_config_class_to_use():
+    cfg = Config()
+    cfg.model.name = "resnet"  # the way to switch before each family had its own config
+    with pytest.raises(UserError, match=re.escape("set cfg.model = ResNetConfig(...) rather than cfg.model.name")):
+        config.validate(cfg)
+
+
 def test_an_unknown_model_name_gets_the_nearest_registered_names():
     with pytest.raises(UserError, match="model.name='resnt' is not one of: .*; did you mean resnet"):
         apply_overrides(Config(), ["model.name=resnt"])

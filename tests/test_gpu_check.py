@@ -1,0 +1,141 @@
+"""scripts/gpu_check.sh: its bad input, a dry run of its quick parts, and the pieces it merges results with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_check  # noqa: E402
+
+
+def gpu_check_sh(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable}
+    env.pop("OUT", None)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["--prepare"], "--prepare needs a folder"),
+        (["--prepare", "--dry-run"], "--prepare needs a folder"),
+        (["--prepare", "carry", "--dry-run"], "--prepare DIR takes no other options"),
+        (["--dry-run", "--budget", "soon"], "--budget must be a number of seconds"),
+        (["--dry-run", "--budget", "0"], "--budget must be positive"),
+        (["--dry-run", "--only", "tests,lunch"], "unknown part 'lunch'"),
+        (["--dry-run", "--only", ","], "unknown part '(none)'"),
+        (["--dry-run", "stray"], "unrecognized arguments: stray"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, message):
+    result = gpu_check_sh(*args, "--out", str(tmp_path / "out")) if "--prepare" not in args else gpu_check_sh(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("gpu_check.sh: error: ") and message in result.stderr
+    assert not (tmp_path / "out").exists() and not (ROOT / "carry").exists()
+
+
+def test_dry_run_of_the_quick_parts_writes_the_summary(tmp_path):
+    out = tmp_path / "out"
+    result = gpu_check_sh("--dry-run", "--only", "facts", "--out", str(out), "--carry", str(tmp_path / "none"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "summary.json", "summary.md"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kind"] == "gpu-check" and summary["mode"] == "dry-run (CPU)" and summary["ok"]
+    assert list(summary["parts"]) == ["setup", "facts"]  # setup always runs: the other parts need it
+    setup, facts = summary["parts"]["setup"], summary["parts"]["facts"]
+    assert setup["status"] == "skipped" and "--prepare" in setup["note"]  # nothing carried: the local packages
+    assert setup["found"]["jaxnet"] == str(ROOT / "jaxnet" / "__init__.py")
+    assert facts["status"] in ("skipped", "passed")  # passed where nvidia-smi exists
+    assert summary["facts"]["jax_backend"] == "cpu" and summary["facts"]["jax"]
+    assert "| facts |" in (out / "summary.md").read_text()
+    assert "facts: versions" in (out / "gpu_check.log").read_text()
+
+
+def test_gpu_tests_are_found_and_run_in_the_tests_part():
+    files = gpu_check.gpu_test_files()
+    assert {"tests/test_gpu_numerics.py", "tests/test_lstm_cudnn.py", "tests/test_cuda_export.py"} <= set(files)
+    assert "tests/test_gpu_check.py" not in files and "tests/test_bench.py" not in files  # no GPU test in them
+
+
+def test_junit_outcomes(tmp_path):
+    path = tmp_path / "t.xml"
+    path.write_text(
+        '<testsuites><testsuite><testcase classname="tests.a" name="ok"/>'
+        '<testcase classname="tests.a" name="bad"><failure message="assert 1 == 2"/></testcase>'
+        '<testcase classname="tests.b" name="gpu"><skipped message="needs an NVIDIA GPU"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert gpu_check.junit_outcomes(path) == {
+        "tests.a::ok": "passed",
+        "tests.a::bad": "failed: assert 1 == 2",
+        "tests.b::gpu": "skipped: needs an NVIDIA GPU",
+    }
+
+
+def test_per_family_bench_records_merge_into_one():
+    def record(family: str, speedup: float | None, bf16_peak: float | None = None) -> dict:
+        rec = {
+            "kind": "benchmark",
+            "environment": {"device": "NVIDIA H100 80GB HBM3"},
+            "cases": {family: {"dtype": "bfloat16"}},
+            "device_peaks": {"memory_bandwidth": 3.35e12, "peak_flops": {"bfloat16": bf16_peak or 989e12}},
+        }
+        if speedup:
+            rec["compare_devices"] = {family: {"speedup": speedup}}
+            rec["cpu_record"] = {"kind": "benchmark", "cases": {family: {"dtype": "float32"}}}
+        return rec
+
+    facts = {"gpus": ["NVIDIA H100 80GB HBM3, 580.159.04"]}
+    merged = gpu_check.merge_bench([record("gpt2", None), record("lstm", 9.5), record("cnn", 20.0)], facts, "cmd")
+    assert list(merged["cases"]) == ["gpt2", "lstm", "cnn"] and merged["command"] == "cmd"
+    assert merged["compare_devices"] == {"lstm": {"speedup": 9.5}, "cnn": {"speedup": 20.0}}
+    assert list(merged["cpu_record"]["cases"]) == ["lstm", "cnn"]
+    assert merged["device_peaks"]["peak_flops"] == {"bfloat16": 989e12} and merged["gpu_facts"] == facts
+    alone = gpu_check.merge_bench([record("gpt2", None)], None, "cmd")
+    assert "compare_devices" not in alone and "cpu_record" not in alone and "gpu_facts" not in alone
+
+
+@pytest.mark.slow
+def test_prepare_then_a_whole_dry_run(tmp_path):
+    """--prepare (needs the network for tensorboardX's wheel), then every part of the check on the CPU."""
+    carry = tmp_path / "carry"
+    prepared = gpu_check_sh("--prepare", str(carry))
+    if prepared.returncode != 0 and "pip download" in prepared.stderr:
+        pytest.skip(f"no network for pip download: {prepared.stderr[-200:]}")
+    assert prepared.returncode == 0, prepared.stderr
+    assert "MiB of the 64 MiB" in prepared.stdout
+    manifest = json.loads((carry / "MANIFEST.json").read_text())
+    assert {"corpora.tar.xz", "fashion-mnist/train-images-idx3-ubyte.gz"} <= set(manifest["files"])
+    assert any(name.startswith("wheels/tensorboardx") for name in manifest["files"])
+    out = tmp_path / "out"
+    result = gpu_check_sh("--dry-run", "--out", str(out), "--carry", str(carry), timeout=2400)
+    summary = json.loads((out / "summary.json").read_text())
+    assert result.returncode == 0 and summary["ok"], json.dumps(summary["parts"], indent=1)[:3000]
+    assert summary["parts"]["setup"]["found"]["treebank"].startswith(tempfile_root())
+    assert len(summary["parts"]["smokes"]["smokes"]) == len(gpu_check.experiments())
+    assert {p.name for p in out.iterdir()} >= {"summary.json", "summary.md", "gpu_check.log", "tests.xml"}
+    (bench,) = out.glob("cpu-*-smoke.json")
+    assert set(json.loads(bench.read_text())["cases"]) == set(gpu_check.BENCH_FAMILIES)
+    assert list(out.glob("roofline-cpu-*-smoke.png"))
+
+
+def tempfile_root() -> str:
+    import tempfile
+
+    return str(Path(tempfile.gettempdir()) / "gpu-check-")

@@ -19,7 +19,7 @@ Where the figures come from:
   work too, and the larger of the two is used (``flops_source`` says which).
 - **Peaks**: for a GPU or TPU, a table by device kind (data sheets: dense bf16 and TF32 FLOP/s,
   memory bandwidth); for a CPU, measured here by a short matrix-product and copy microbenchmark
-  (a few tenths of a second each).
+  (half a second each, the best pass kept: a ceiling, not an average).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _lookup(table: tuple[tuple[str, float], ...], kind: str) -> float | None:
 # The device's peaks
 
 
-def measure_matmul_flops(dtype: str = "float32", n: int = 1024, seconds: float = 0.3) -> float:
+def measure_matmul_flops(dtype: str = "float32", n: int = 1024, seconds: float = 0.5) -> float:
     """The best FLOP/s of an ``n`` x ``n`` by ``n`` x ``n`` product on JAX's default device."""
     key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
     a = jax.random.normal(key_a, (n, n), dtype)
@@ -86,7 +86,7 @@ def measure_matmul_flops(dtype: str = "float32", n: int = 1024, seconds: float =
     return 2.0 * n**3 / _best_time(lambda: product(a, b), seconds)
 
 
-def measure_copy_bandwidth(megabytes: int = 128, seconds: float = 0.3) -> float:
+def measure_copy_bandwidth(megabytes: int = 512, seconds: float = 0.5) -> float:
     """The best bytes/s of reading and writing back a ``megabytes`` MiB float32 array in place
     (the input buffer is donated, so each pass reads and writes every byte once)."""
     x = jnp.ones((megabytes << 18,), jnp.float32)
@@ -132,7 +132,7 @@ def device_peaks(dtypes: tuple[str, ...] = ("float32",)) -> dict[str, Any]:
         bandwidth = _measured_bandwidth()
         source = (
             "measured: best of repeated 1024 x 1024 matrix products (per dtype) and of in-place passes over a "
-            "128 MiB float32 array (bytes read + written), all cores"
+            "512 MiB float32 array (bytes read + written; larger than the caches of most CPUs), all cores"
         )
     else:
         tables = {"bfloat16": flops_lib.PEAK_BF16_FLOPS, "float16": flops_lib.PEAK_BF16_FLOPS}

@@ -84,6 +84,10 @@ def test_custom_experiment_stopped_and_resumed_ends_bit_identical(tmp_path, caps
     assert norms == [20, 40, 60]  # the file's own action
     a, b = final_params(tmp_path / "whole", spec), final_params(tmp_path / "parts", spec)
     assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    capsys.readouterr()
+    assert cli.main(["eval", "--workdir", str(tmp_path / "whole")]) == 0  # finds the file's model, data and task again
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {k: evaluated[k] for k in whole["test"]} == whole["test"]
     saved = json.loads((tmp_path / "whole" / "config.json").read_text())
     assert saved["model"] == {
         "name": "residual_mlp",

@@ -210,7 +210,9 @@ class Run:
         def init_and_apply() -> Any:
             rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(0)}
             variables = self.model.init(rngs, *inputs, train=False)
-            return self.model.apply(variables, *inputs, train=True, rngs=rngs, mutable=True)[0]
+            # A per-device replica's training mode averages over devices (BatchNorm), which needs
+            # shard_map around it; its outputs have the same shapes in evaluation mode.
+            return self.model.apply(variables, *inputs, train=not self.replicas, rngs=rngs, mutable=True)[0]
 
         try:
             outputs = jax.eval_shape(init_and_apply)
@@ -486,6 +488,8 @@ def train(
     run = Run(cfg, model=model, dataset=dataset, task=task)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
+    if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
+        environment["experiment_file"] = str(Path(config_lib.experiment_module(cfg.experiment).__file__).resolve())
     previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it
@@ -680,6 +684,7 @@ def evaluate(
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
     if not (workdir / "checkpoints").exists():  # a file there is named by Checkpoints below
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
+    _load_experiment_file(workdir / "config.json")
     cfg = config_lib.apply_overrides(
         config_lib.load(workdir / "config.json"), ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])]
     )
@@ -693,3 +698,18 @@ def evaluate(
     result = {"step": int(state.step), "split": split, **run.evaluate(state, split)}
     observe.write_json(workdir / "eval.json", result)
     return result
+
+
+def _load_experiment_file(config_path: Path) -> None:
+    """Load the experiment file a run's config came from, if it has one of its own (its models
+    register, and its model, data and task functions become the run's again)."""
+    try:
+        saved = json.loads(config_path.read_text())
+        path = Path(saved[config_lib.RUN_KEY]["experiment_file"])
+        experiment = saved["experiment"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if not path.is_file():
+        raise UserError(f"{config_path.parent} was trained from {path}, which no longer exists; restore that file")
+    variant = experiment.partition(":")[2]
+    config_lib.load_experiment(f"{path}:{variant}" if variant else str(path))

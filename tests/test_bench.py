@@ -46,6 +46,9 @@ def test_smoke_prints_the_table_and_writes_every_figure(tmp_path, capsys):
         assert roof["bound"] == ("memory-bound" if roof["intensity"] < roof["ridge"] else "compute-bound")
     peaks = record["device_peaks"]
     assert peaks["source"].startswith("measured") and peaks["peak_flops"]["float32"] > 1e8
+    for case in record["cases"].values():  # every family against the same peaks
+        assert case["roofline"]["memory_bandwidth"] == peaks["memory_bandwidth"]
+        assert case["roofline"]["peak_flops"] == peaks["peak_flops"]["float32"]
     assert record["cases"]["lstm"]["roofline"]["loop_trip_counts"]  # the recurrence, counted per time step
     assert (out / f"roofline-{path.stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     transformer = record["cases"]["transformer"]

@@ -110,6 +110,21 @@ def test_cpu_peaks_are_measured():
     assert 1e8 < flops < 1e14 and 1e8 < bandwidth < 1e13  # (tests/test_bench.py checks device_peaks on a CPU)
 
 
+def test_cpu_peaks_keep_the_best_measurement(monkeypatch):
+    """Another process's load lowers a measurement and never raises one: the best one stands."""
+    monkeypatch.setattr(roofline, "_MEASURED", {})
+    flops, bandwidth = iter([5e10, 2e10, 8e10]), iter([1e10, 3e10, 2e10])
+    monkeypatch.setattr(roofline, "measure_matmul_flops", lambda dtype: next(flops))
+    monkeypatch.setattr(roofline, "measure_copy_bandwidth", lambda: next(bandwidth))
+    assert roofline.device_peaks(("float32",))["peak_flops"] == {"float32": 5e10}
+    roofline.remeasure(("float32",))
+    peaks = roofline.device_peaks(("float32",))
+    assert peaks["peak_flops"] == {"float32": 5e10} and peaks["memory_bandwidth"] == 3e10
+    roofline.remeasure(("float32",))
+    peaks = roofline.device_peaks(("float32",))
+    assert peaks["peak_flops"] == {"float32": 8e10} and peaks["memory_bandwidth"] == 3e10
+
+
 def test_plot_writes_a_png(tmp_path):
     cases = {
         "a": {"dtype": "float32", "roofline": roofline.case_roofline(matmul(12, 12, 12), 0.0, 1e7, "float32", PEAKS)},

@@ -20,6 +20,7 @@ def test_smoke_prints_the_table_and_writes_every_figure(tmp_path, capsys):
     record = json.loads(path.read_text())
     assert record["kind"] == "benchmark" and record["smoke"] and record["rounds"] == 2
     assert record["environment"]["versions"]["jax"] and record["environment"]["platform"] == "cpu"
+    assert len(record["load_average"]["start"]) == len(record["load_average"]["end"]) == 3
     expected = {"runner", "handwritten", "pipeline", "resident"} | ({"torch"} if torch_peers.available() else set())
     for name, case in record["cases"].items():
         assert set(case["steps_per_s"]) == expected, name

@@ -465,6 +465,7 @@ def run(opts: Options) -> dict[str, Any]:
     if record["command"] is None and sys.argv:  # a script, e.g. scripts/benchmark.py
         record["command"] = " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     roofline.device_peaks(("float32",))  # on a CPU, measured now, before the families load it
+    record["load_average"] = {"start": [round(x, 2) for x in os.getloadavg()]}  # others' work on a shared machine
     for name in opts.families:
         case = CASES[name]
         if case.gpu_only and not gpu and not opts.smoke:
@@ -476,6 +477,7 @@ def run(opts: Options) -> dict[str, Any]:
         opts.say(f"{name}: done in {time.perf_counter() - started:.0f} s")
     dtypes = tuple(dict.fromkeys(c["dtype"] for c in record["cases"].values())) or ("float32",)
     roofline.remeasure(dtypes)  # a CPU's peaks: the best of a measurement before the families and one after
+    record["load_average"]["end"] = [round(x, 2) for x in os.getloadavg()]
     record["device_peaks"] = peaks = roofline.device_peaks(dtypes)
     for case in record["cases"].values():
         case["roofline"] = roofline.replace_peaks(case, peaks)

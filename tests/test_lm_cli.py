@@ -62,6 +62,20 @@ def test_transformer_smoke_run_reports_bits_per_character(shakespeare_run):
 
 
 @needs_shakespeare
+def test_bert_smoke_trains_a_bidirectional_encoder_by_masked_lm_and_cannot_sample(tmp_path, capsys):
+    workdir = tmp_path / "bert"
+    assert cli.main(["train", "bert_shakespeare:smoke", "train.progress=false", "--workdir", str(workdir)]) == 0
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["task"] == "masked_lm" and set(summary["test"]) == {"loss", "accuracy"}  # on masked characters
+    assert summary["test"]["loss"] < math.log(84)  # 30 steps beat a uniform guess over the characters
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["model"]["causal"] is False and saved["task"] == "masked_lm"
+    capsys.readouterr()
+    assert cli.main(["sample", "--workdir", str(workdir)]) == 2
+    assert "bidirectional transformer (model.causal=false), which cannot generate text" in capsys.readouterr().err
+
+
+@needs_shakespeare
 def test_sample_prints_the_prompt_and_the_requested_number_of_characters(shakespeare_run):
     args = ("sample", "--workdir", str(shakespeare_run), "--prompt", "ROMEO:", "--tokens", "80", "--seed", "3")
     first, second = jaxnet_command(*args, cwd=ROOT), jaxnet_command(*args, cwd=ROOT)

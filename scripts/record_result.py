@@ -84,6 +84,7 @@ def main(argv: list[str]) -> int:
         "examples_per_s": summary.get("examples_per_s"),
         "tokens_per_s": summary.get("tokens_per_s"),
         "param_count": summary["param_count"],
+        "task": summary.get("task"),
         "versions": env["versions"],
         "python": env["python"],
         "git_commit": env["git_commit"],

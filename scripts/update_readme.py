@@ -14,8 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPARISON = "shakespeare-lstm-vs-transformer.png"
 
 
-def quoted(metrics: dict) -> str:
-    """The figure people quote for a split: perplexity, nats and bits per character, or accuracy."""
+def quoted(metrics: dict, task: str | None = None) -> str:
+    """The figure people quote for a split: perplexity, nats and bits per character, or accuracy
+    (of the masked tokens, with their loss, for masked LM)."""
+    if task == "masked_lm":
+        return f"{100 * metrics['accuracy']:.2f} % of masked chars, {metrics['loss']:.3f} nats"
     if "perplexity" in metrics:
         return f"perplexity {metrics['perplexity']:.1f}"
     if "bpc" in metrics:
@@ -37,7 +40,8 @@ def training_table(results: list[dict]) -> str:
         else:
             throughput = f"{r.get('examples_per_s') or 0:,.0f} examples/s"
         lines.append(
-            f"| `{r['command']}` | {quoted(r['test'])} | {quoted(r['val'])} | {r['wall_time_s'] / 60:.1f} min "
+            f"| `{r['command']}` | {quoted(r['test'], r.get('task'))} | {quoted(r['val'], r.get('task'))} "
+            f"| {r['wall_time_s'] / 60:.1f} min "
             f"| {r['steps']} | {throughput} | {r['device']} | {versions} | {r['date']} "
             f"| [{r['_file']}]({r['_file']}) |"
         )

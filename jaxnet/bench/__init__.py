@@ -474,9 +474,9 @@ def run(opts: Options) -> dict[str, Any]:
         opts.say(f"{name}: {case.doc} ...")
         started = time.perf_counter()
         record["cases"][name] = (measure_roofline if opts.roofline else measure_case)(case, opts)
+        roofline.remeasure((record["cases"][name]["dtype"],))  # a CPU's peaks between families too
         opts.say(f"{name}: done in {time.perf_counter() - started:.0f} s")
     dtypes = tuple(dict.fromkeys(c["dtype"] for c in record["cases"].values())) or ("float32",)
-    roofline.remeasure(dtypes)  # a CPU's peaks: the best of a measurement before the families and one after
     record["load_average"]["end"] = [round(x, 2) for x in os.getloadavg()]
     record["device_peaks"] = peaks = roofline.device_peaks(dtypes)
     for case in record["cases"].values():

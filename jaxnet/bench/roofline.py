@@ -140,8 +140,8 @@ def device_peaks(dtypes: tuple[str, ...] = ("float32",)) -> dict[str, Any]:
         peaks = {d: _measured(d) for d in dtypes}
         bandwidth = _measured("bandwidth")
         source = (
-            "measured before and after the families: best of repeated 1024 x 1024 matrix products (per dtype) "
-            "and of in-place passes over a 512 MiB float32 array (bytes read + written), all cores"
+            "measured before and after each family, the best kept: repeated 1024 x 1024 matrix products (per "
+            "dtype) and in-place passes over a 512 MiB float32 array (bytes read + written), all cores"
         )
     else:
         tables = {"bfloat16": flops_lib.PEAK_BF16_FLOPS, "float16": flops_lib.PEAK_BF16_FLOPS}

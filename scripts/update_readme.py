@@ -238,7 +238,13 @@ def roofline_tables(r: dict) -> list[str]:
     body = [
         f"**{device}**, jax {v['jax']}, {env['date'][:10]}: `{r['command']}` ([{r['_file']}]({r['_file']})). "
         f"Peaks: {flops}, memory {f'{bandwidth / 1e9:,.0f} GB/s' if bandwidth else 'unknown'}"
-        f"{f', ridge point {peaks_ridge(peaks)} FLOP/byte' if peaks_ridge(peaks) else ''} ({peaks['source']}).",
+        f"{f', ridge point {peaks_ridge(peaks)} FLOP/byte' if peaks_ridge(peaks) else ''} ({peaks['source']})."
+        + (
+            f" Load average (1 min) at start and end: {r['load_average']['start'][0]} and "
+            f"{r['load_average']['end'][0]}, others' work on a shared machine."
+            if r.get("load_average")
+            else ""
+        ),
         "",
         "| family | shape | dtype | GFLOP / step | MB / step | FLOP / byte | bound | achieved TFLOP/s "
         "| of the roofline |",

@@ -387,6 +387,7 @@ def plot(cases: dict[str, dict[str, Any]], peaks: dict[str, Any], path: Any, tit
         for i, (dtype, peak) in enumerate(p for p in peaks["peak_flops"].items() if p[1]):
             ax.plot(grid, np.minimum(peak, grid * bandwidth), color=f"C{i}", lw=2, label=f"roof, {dtype}")
             ax.axvline(peak / bandwidth, color=f"C{i}", ls=":", lw=1)
+    ax.plot([], [], "o", color="k", label="a family's step: achieved, % of its roof")
     for i, (name, c) in enumerate(points.items()):
         r = c["roofline"]
         if r.get("achieved_flops"):
@@ -403,15 +404,6 @@ def plot(cases: dict[str, dict[str, Any]], peaks: dict[str, Any], path: Any, tit
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="lower right")
     ax.set_title(title or f"roofline: {peaks['device']}")
-    ax.text(
-        0.02,
-        0.97,
-        "points: achieved FLOP/s per family, % of the roof reached",
-        transform=ax.transAxes,
-        va="top",
-        fontsize=8,
-        color="0.3",
-    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

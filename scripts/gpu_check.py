@@ -687,10 +687,14 @@ def merge_bench(records: list[dict[str, Any]], facts: dict[str, Any] | None, com
         speedups.update(record.get("compare_devices") or {})
         if record.get("cpu_record"):
             cpu_cases.update(record["cpu_record"]["cases"])
-        if record.get("device_peaks"):
+        if record.get("device_peaks"):  # the best of each (a CPU's are measured in every process; a GPU's agree)
+            new = record["device_peaks"]
+            best = lambda a, b: max(a, b) if a and b else a or b  # noqa: E731
+            flops = {d: best(peaks["peak_flops"].get(d), p) for d, p in new["peak_flops"].items()}
             peaks = {
-                **record["device_peaks"],
-                "peak_flops": {**peaks["peak_flops"], **record["device_peaks"]["peak_flops"]},
+                **new,
+                "peak_flops": {**peaks["peak_flops"], **flops},
+                "memory_bandwidth": best(peaks.get("memory_bandwidth"), new.get("memory_bandwidth")),
             }
     if speedups:
         merged["compare_devices"] = speedups

@@ -107,6 +107,10 @@ def test_per_family_bench_records_merge_into_one():
     assert merged["compare_devices"] == {"lstm": {"speedup": 9.5}, "cnn": {"speedup": 20.0}}
     assert list(merged["cpu_record"]["cases"]) == ["lstm", "cnn"]
     assert merged["device_peaks"]["peak_flops"] == {"bfloat16": 989e12} and merged["gpu_facts"] == facts
+    cpu = [record("a", None, 2e11), record("b", None, 3e11), record("c", None, 1e11)]
+    cpu[2]["device_peaks"]["memory_bandwidth"] = 4e12
+    peaks = gpu_check.merge_bench(cpu, None, "cmd")["device_peaks"]  # measured per process: the best of each
+    assert peaks["peak_flops"] == {"bfloat16": 3e11} and peaks["memory_bandwidth"] == 4e12
     alone = gpu_check.merge_bench([record("gpt2", None)], None, "cmd")
     assert "compare_devices" not in alone and "cpu_record" not in alone and "gpu_facts" not in alone
 

@@ -170,13 +170,12 @@ class Run:
             raise UserError(f"model is a {type(model).__name__}; pass a Flax Linen module (flax.linen.Module)")
         self.model = model
         self.sample = self.dataset.sample(cfg)
-        self._check_model_and_task()
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
         self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step)
         # Where every leaf of the train state lives, from the parameters' logical axis names.
         self.state_shardings = parallel.state_shardings(
-            jax.eval_shape(lambda: self._create_state(unbox=False)), self.mesh, split_carry=self.replicas
+            self._check_model_and_task(), self.mesh, split_carry=self.replicas
         )
         step = self._make_step()
         if self.replicas:
@@ -195,9 +194,10 @@ class Run:
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
 
-    def _check_model_and_task(self) -> None:
+    def _check_model_and_task(self) -> Any:
         """The model initialises on the data's shapes and the task's loss and metrics are scalars:
-        found by tracing (nothing is computed), so a mistake is one line before any step."""
+        found by tracing (nothing is computed), so a mistake is one line before any step. Returns
+        the abstract train state with the parameters' logical-axis boxes on."""
         missing = [k for k in self.task.inputs if k not in self.sample]
         if missing:
             raise UserError(
@@ -207,15 +207,17 @@ class Run:
         inputs = self.task.model_inputs(self.sample)
         name = type(self.model).__name__
 
-        def init_and_apply() -> Any:
-            rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(0)}
-            variables = self.model.init(rngs, *inputs, train=False)
+        def apply(state: state_lib.TrainState) -> Any:
+            variables = {"params": state.params, **state.model_state}
             # A per-device replica's training mode averages over devices (BatchNorm), which needs
             # shard_map around it; its outputs have the same shapes in evaluation mode.
-            return self.model.apply(variables, *inputs, train=not self.replicas, rngs=rngs, mutable=True)[0]
+            train = not self.replicas
+            rngs = {"dropout": jax.random.PRNGKey(0)}
+            return self.model.apply(variables, *inputs, train=train, rngs=rngs, mutable=True)[0]
 
         try:
-            outputs = jax.eval_shape(init_and_apply)
+            boxed = jax.eval_shape(lambda: self._create_state(unbox=False))
+            outputs = jax.eval_shape(apply, nn.unbox(boxed))
         except UserError:
             raise
         except Exception as e:
@@ -226,6 +228,7 @@ class Run:
                 f"{type(e).__name__}: {message}; check the model's __call__(inputs, train=...) and the task's inputs"
             ) from None
         tasks.check(self.task, name, outputs, self.sample)
+        return boxed
 
     def _make_step(self) -> Any:
         """The train step of ``parallel.sgd``: synchronous, asynchronous or local SGD."""

@@ -90,34 +90,35 @@ def test_same_seed_gives_identical_results_and_another_seed_does_not(quadrants, 
         {"name": "resnet", "features": (4, 8), "blocks": (1, 1)},  # BatchNorm state must be restored
     ],
 )
-@pytest.mark.parametrize("stop_after", [4, 5])  # at a checkpoint, and between checkpoints
-def test_stopped_and_resumed_run_ends_identical_to_an_uninterrupted_one(quadrants, tmp_path, model, stop_after):
+def test_stopped_and_resumed_run_ends_identical_to_an_uninterrupted_one(quadrants, tmp_path, model):
     cfg = tiny_config(model=model, optim={"name": "sgd", "lr": 0.05}, data={"augment": True})
     train(cfg, tmp_path / "whole", dataset=quadrants)
-
-    cfg.train.stop_after = stop_after
-    first = train(cfg, tmp_path / "resumed", dataset=quadrants)
-    assert first["step"] == stop_after and not first["complete"]
-    cfg.train.stop_after = 0
-    second = train(cfg, tmp_path / "resumed", dataset=quadrants)
-    assert second["complete"]
-
     step_a, whole = final_params(tmp_path / "whole", cfg, quadrants)
-    step_b, resumed = final_params(tmp_path / "resumed", cfg, quadrants)
-    assert step_a == step_b == cfg.train.steps
-    for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed), strict=True):
-        np.testing.assert_array_equal(x, y)
-    # the logs read as one run: the same steps (plus one line where the first invocation
-    # stopped between two log steps) and the same losses wherever a log interval did not
-    # straddle the stop
-    whole_log, resumed_log = train_metrics(tmp_path / "whole"), train_metrics(tmp_path / "resumed")
-    extra = {stop_after} if stop_after % cfg.train.log_every else set()
-    assert [r["step"] for r in resumed_log if r["step"] not in extra] == [r["step"] for r in whole_log]
-    straddled = {stop_after - stop_after % 2 + 2} if extra else set()
-    resumed_by_step = {r["step"]: r for r in resumed_log}
-    for a in whole_log:
-        if a["step"] not in straddled:
-            assert resumed_by_step[a["step"]]["loss"] == a["loss"]
+    whole_log = train_metrics(tmp_path / "whole")
+    for stop_after in (4, 5):  # at a checkpoint, and between checkpoints
+        resumed_dir = tmp_path / f"resumed-{stop_after}"
+        cfg.train.stop_after = stop_after
+        first = train(cfg, resumed_dir, dataset=quadrants)
+        assert first["step"] == stop_after and not first["complete"]
+        cfg.train.stop_after = 0
+        second = train(cfg, resumed_dir, dataset=quadrants)
+        assert second["complete"]
+
+        step_b, resumed = final_params(resumed_dir, cfg, quadrants)
+        assert step_a == step_b == cfg.train.steps
+        for x, y in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed), strict=True):
+            np.testing.assert_array_equal(x, y)
+        # the logs read as one run: the same steps (plus one line where the first invocation
+        # stopped between two log steps) and the same losses wherever a log interval did not
+        # straddle the stop
+        resumed_log = train_metrics(resumed_dir)
+        extra = {stop_after} if stop_after % cfg.train.log_every else set()
+        assert [r["step"] for r in resumed_log if r["step"] not in extra] == [r["step"] for r in whole_log]
+        straddled = {stop_after - stop_after % 2 + 2} if extra else set()
+        resumed_by_step = {r["step"]: r for r in resumed_log}
+        for a in whole_log:
+            if a["step"] not in straddled:
+                assert resumed_by_step[a["step"]]["loss"] == a["loss"]
 
 
 def test_gradient_accumulation_matches_one_big_batch(quadrants, tmp_path):

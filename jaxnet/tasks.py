@@ -274,15 +274,20 @@ def for_batch(batch: Batch) -> Task:
     return lm() if "tokens" in batch else classification()
 
 
-def check(task: Task, model_name: str, outputs: Any, batch: Batch) -> None:
-    """One-line errors for a task that does not fit the data or the model's outputs, found by
-    tracing the loss and metrics on abstract values (nothing runs)."""
+def check_inputs(task: Task, batch: Batch) -> None:
+    """A one-line error if the batch lacks a key the task feeds to the model."""
     for key in task.inputs:
         if key not in batch:
             raise UserError(
                 f"task {task.name!r} feeds batch key {key!r} to the model, but the data has only "
                 f"{', '.join(sorted(batch))}; set the task's inputs= to one of them"
             )
+
+
+def check(task: Task, model_name: str, outputs: Any, batch: Batch) -> None:
+    """One-line errors for a task that does not fit the data or the model's outputs, found by
+    tracing the loss and metrics on abstract values (nothing runs)."""
+    check_inputs(task, batch)
 
     abstract_batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) for k, v in batch.items()}
     try:
@@ -323,6 +328,7 @@ __all__ = [
     "BUILT_IN",
     "Task",
     "check",
+    "check_inputs",
     "classification",
     "cross_entropy",
     "builtin",

@@ -198,12 +198,7 @@ class Run:
         """The model initialises on the data's shapes and the task's loss and metrics are scalars:
         found by tracing (nothing is computed), so a mistake is one line before any step. Returns
         the abstract train state with the parameters' logical-axis boxes on."""
-        missing = [k for k in self.task.inputs if k not in self.sample]
-        if missing:
-            raise UserError(
-                f"task {self.task.name!r} feeds batch key {missing[0]!r} to the model, but the data has only "
-                f"{', '.join(sorted(self.sample))}; set the task's inputs= to one of them"
-            )
+        tasks.check_inputs(self.task, self.sample)
         inputs = self.task.model_inputs(self.sample)
         name = type(self.model).__name__
 
@@ -331,8 +326,7 @@ class Run:
 def experiment_hooks(cfg: Config) -> dict[str, Callable]:
     """The ``model``, ``data``, ``task`` and ``actions`` functions of the experiment file ``cfg``
     came from, those it defines, each turning its errors into one line naming the file."""
-    find = getattr(config_lib, "experiment_module", None)
-    module = find(cfg.experiment) if find is not None and cfg.experiment else None
+    module = config_lib.experiment_module(cfg.experiment) if cfg.experiment else None
     if module is None:
         return {}
     path = Path(module.__file__)

@@ -5,12 +5,58 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import numpy as np
 import pytest
 
-from jaxnet import Config, Dataset, config
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# The tests check what programs compute, not how fast they run, and each runs a program for a few
+# steps: LLVM's optimisation passes are then most of the time (XLA's CPU compilation of a tiny
+# ResNet's initialisers: 8 s at the default level, 1.4 s at level 0). Subprocesses get them too.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0" if os.environ["JAX_PLATFORMS"] == "cpu" else ""
+if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
+
+def cpu_env(devices: int = 1) -> dict[str, str]:
+    """The environment of a subprocess on ``devices`` simulated CPU devices (with the tests' XLA flags)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    flags = [TEST_XLA_FLAGS] + ([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else [])
+    env["XLA_FLAGS"] = " ".join(f for f in flags if f)
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _share_compilations() -> None:
+    """One XLA compilation cache for the whole test session, its subprocesses and its parallel
+    workers (pytest-xdist): many tests compile the same tiny step (a run and its resume, the CLI
+    and the library on one config), and a cached executable is the same program, so results do
+    not change. A directory of this session alone: nothing outlives or leaks into other runs."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    import atexit
+    import shutil
+    import tempfile
+    import time
+
+    root = Path(tempfile.gettempdir())
+    for old in root.glob("jaxnet-tests-xla-cache-*"):  # left by parallel runs (their workers share one)
+        if time.time() - old.stat().st_mtime > 6 * 3600:
+            shutil.rmtree(old, ignore_errors=True)
+    session = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of one run
+    if session:
+        path = root / f"jaxnet-tests-xla-cache-{session}"
+        path.mkdir(exist_ok=True)
+    else:
+        path = Path(tempfile.mkdtemp(prefix="jaxnet-tests-xla-cache-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+
+_share_compilations()
+
+from jaxnet import Config, Dataset, config  # noqa: E402  (after the environment above: jax reads it)
 
 
 def _installed_fashion_mnist() -> Path | None:
@@ -75,3 +121,14 @@ def tiny_config(**sections: dict) -> Config:
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
     return cfg
+
+
+# The files whose tests take longest, run first: with parallel workers (scripts/test runs
+# pytest-xdist, one file per worker at a time) a long file started last would leave the other
+# workers idle at the end.
+LONGEST_FIRST = ("test_parallel.py", "test_multiprocess.py", "test_lm_cli.py", "test_bench.py", "test_train.py")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: order within a file kept

@@ -23,12 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def jaxnet_command(*args: str, cwd: Path, devices: int = 1) -> subprocess.CompletedProcess:
     """``python -m jaxnet ARGS`` in ``cwd``, on ``devices`` host-platform CPU devices."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    if devices > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    from conftest import cpu_env
+
     return subprocess.run(
-        [sys.executable, "-m", "jaxnet", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "jaxnet", *args],
+        cwd=cwd,
+        env=cpu_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +27,11 @@ TIMINGS = ("steps_per_s", "examples_per_s", "tokens_per_s")
 
 
 def python(*args: str, cwd: Path, devices: int = 1) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    if devices > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    from conftest import cpu_env
+
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=cpu_env(devices), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_regression_example_prints_test_metrics_consistent_with_its_data(tmp_path):

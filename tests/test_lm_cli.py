@@ -307,7 +307,7 @@ def test_lm_experiments_are_listed():
 
 TWO_DEVICE_SCRIPT = """
 import os, sys, json
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 import jax
 from jaxnet import config, parallel
 from jaxnet.train.loop import Run, train
@@ -332,7 +332,7 @@ def test_lstm_on_two_devices_matches_one_device_and_compiles_once(tmp_path):
     cfg = _text_config(tmp_path, "lstm", **{"train.steps": "8", "model.dropout": "0.0"})
     one = train(cfg, tmp_path / "one")
     script = TWO_DEVICE_SCRIPT.format(cfg=json.dumps(cfg.to_dict()), workdir=str(tmp_path / "two"))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ)  # the tests' XLA flags too; the script adds its devices
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "TRAIN_COMPILES 1" in result.stdout

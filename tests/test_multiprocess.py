@@ -5,7 +5,6 @@ logs, and leave checkpoints that a single process resumes."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +23,9 @@ RUN = [
 
 
 def _env(devices: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    env["JAX_PLATFORMS"] = "cpu"
+    from conftest import cpu_env
+
+    env = cpu_env(devices)
     env["PYTHON"] = sys.executable
     return env
 

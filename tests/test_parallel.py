@@ -23,7 +23,7 @@ from jaxnet.errors import UserError
 
 EIGHT_DEVICES = """
 import os, sys, json
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ["JAX_ENABLE_X64"] = "1"
 import jax, numpy as np
 from jaxnet import config, parallel
@@ -37,12 +37,14 @@ rng = np.random.default_rng(0)
 images = lambda n: (rng.integers(0, 256, (n, 16, 16, 3), dtype=np.uint8), rng.integers(0, 10, n))
 colour = Dataset(train=images(64), val=images(16), test=images(16), num_classes=10)
 results = {}
-for experiment, overrides in json.loads(sys.argv[1]).items():
+for experiment, (overrides, layouts) in json.loads(sys.argv[1]).items():
     base = config.load_experiment(experiment, overrides + ["model.dtype=float64", "model.param_dtype=float64"])
-    dataset = {"lstm": text, "transformer": text, "resnet": colour}.get(base.model.name)
+    dataset = {"lstm": text, "transformer": text}.get(base.model.name, colour)
     out = {}
     for name, mesh in {"one": {}, "data8": {"data": 8}, "fsdp8": {"data": 1, "fsdp": 8},
                        "d2f2t2": {"data": 2, "fsdp": 2, "tensor": 2}, "replicas": {"data": 8}}.items():
+        if name not in ["one", *layouts]:
+            continue
         sizes = {"data": 1, "fsdp": 1, "tensor": 1, **mesh}
         mode = "replicas" if name == "replicas" else "sharded"
         cfg = config.apply_overrides(base, [f"mesh.{k}={v}" for k, v in sizes.items()] + [f"parallel.mode={mode}"])
@@ -66,23 +68,28 @@ for experiment, overrides in json.loads(sys.argv[1]).items():
 print("RESULTS" + json.dumps(results))
 """
 
-FAMILIES = {
-    "cnn_fashion_mnist:smoke": ["train.batch_size=16", "model.dropout=0.0"],
+LAYOUTS = ["data8", "fsdp8", "d2f2t2", "replicas"]
+FAMILIES = {  # experiment: (overrides, the layouts compared with one device)
     # BatchNorm: its statistics must be those of the whole batch, whichever device holds which rows.
-    "resnet_cifar10:smoke": ["train.batch_size=16", "model.features=8,16", "model.blocks=1,1"],
-    "lstm_shakespeare:smoke": ["train.batch_size=16", "data.seq_len=8", "model.width=32"],
-    "transformer_shakespeare:smoke": ["train.batch_size=16", "data.seq_len=16", "model.width=64", "model.heads=4"],
+    "resnet_cifar10:smoke": (["train.batch_size=16", "model.features=8,16", "model.blocks=1,1"], LAYOUTS),
+    "lstm_shakespeare:smoke": (["train.batch_size=16", "data.seq_len=8", "model.width=32"], LAYOUTS),
+    "transformer_shakespeare:smoke": (
+        ["train.batch_size=16", "data.seq_len=16", "model.width=64", "model.heads=4"],
+        LAYOUTS,
+    ),
+    # The ResNet has the ConvNet's convolutions; what is the ConvNet's alone (max pooling, the hidden
+    # dense layer split over `tensor`) is checked on the layout using all three axes (on the colour
+    # images: a compilation per layout is most of this fixture's time).
+    "cnn_fashion_mnist:smoke": (["train.batch_size=16", "model.dropout=0.0"], ["d2f2t2"]),
 }
+CASES = [(experiment, layout) for experiment, (_, layouts) in FAMILIES.items() for layout in layouts]
 
 
 @pytest.fixture(scope="module")
 def eight_device_runs():
-    from conftest import FASHION_MNIST
-
-    families = {k: v for k, v in FAMILIES.items() if FASHION_MNIST is not None or not k.startswith("cnn")}
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ)  # the tests' XLA flags too; the script adds its devices
     result = subprocess.run(
-        [sys.executable, "-c", EIGHT_DEVICES, json.dumps(families)],
+        [sys.executable, "-c", EIGHT_DEVICES, json.dumps(FAMILIES)],
         capture_output=True,
         text=True,
         env=env,
@@ -92,18 +99,16 @@ def eight_device_runs():
     return json.loads(result.stdout.split("RESULTS", 1)[1])
 
 
-@pytest.mark.parametrize("experiment", list(FAMILIES))
-@pytest.mark.parametrize("mesh", ["data8", "fsdp8", "d2f2t2", "replicas"])
+@pytest.mark.parametrize("experiment,mesh", CASES)
 def test_twenty_steps_on_a_mesh_match_one_device(eight_device_runs, experiment, mesh):
     """Every layout, and the per-device ``replicas`` mode (shard_map + pmean), is the same SGD."""
-    if experiment not in eight_device_runs:
-        pytest.skip("Fashion-MNIST not installed")
     one, other = eight_device_runs[experiment]["one"], eight_device_runs[experiment][mesh]
     assert other["losses"] == pytest.approx(one["losses"], rel=1e-9)
     for a, b in zip(one["params"] + one["batch_stats"], other["params"] + other["batch_stats"], strict=True):
-        # 1e-7 here and there: a few float32 constants remain in float64 models (normalisation
-        # epsilons, rotary angles). The LSTM partitioning fault that float64 exposed was 1e-2.
-        assert b == pytest.approx(a, rel=1e-6, abs=1e-9)
+        # Up to 1e-5 here and there: a few float32 constants remain in float64 models (normalisation
+        # epsilons, rotary angles), and at the tests' LLVM optimisation level 0 (conftest) each layout
+        # computes them with its own code. The LSTM partitioning fault that float64 exposed was 1e-2.
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-8)
     assert other["compiles"] == 1
 
 
@@ -164,7 +169,7 @@ def test_bad_mesh_through_the_config():
 
 REMESH = """
 import os, sys, json, pathlib, shutil
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 from jaxnet import config
 from jaxnet.data.text import from_text
 from jaxnet.train.loop import train
@@ -186,7 +191,7 @@ train(mesh(1, 1, 1), d / "b", dataset=text)  # ... and on one device
 def test_a_run_resumes_on_a_different_mesh(tmp_path):
     """Checkpointed on data=8, resumed on fsdp=4 x tensor=2 and on 1 device: the same losses as an
     uninterrupted single-device run, step by step."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ)  # the tests' XLA flags too; the script adds its devices
     result = subprocess.run(
         [sys.executable, "-c", REMESH, str(tmp_path)], capture_output=True, text=True, env=env, timeout=600
     )

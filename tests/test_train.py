@@ -261,7 +261,7 @@ def test_dataset_statistics_match_numpy_and_survive_a_constant_channel():
 
 MULTI_DEVICE_SCRIPT = """
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 sys.path.insert(0, {tests!r})
 import jax, numpy as np
 from conftest import bright_quadrant_data, tiny_config
@@ -285,7 +285,7 @@ print("TEST", summary["test"]["accuracy"], "VAL", summary["val"]["accuracy"])
 
 def test_two_devices_accumulate_without_gathering_the_batch_and_evaluate_odd_splits(tmp_path):
     script = MULTI_DEVICE_SCRIPT.format(tests=str(Path(__file__).parent), workdir=str(tmp_path / "run"))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ)  # the tests' XLA flags too; the script adds its devices
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "NO_ALL_GATHER" in result.stdout

@@ -15,6 +15,7 @@ from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
 from jaxnet.sample import generate, sample
+from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
 from jaxnet.train import evaluate, train
 from jaxnet.train.actions import Action, every
@@ -37,6 +38,7 @@ __all__ = [
     "load_experiment",
     "models",
     "sample",
+    "sweep",
     "tasks",
     "train",
 ]

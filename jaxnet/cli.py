@@ -2,6 +2,8 @@
 
     jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config] [--adopt]
                  [--coordinator HOST:PORT --num-processes N --process-id I]
+    jaxnet sweep EXPERIMENT[:VARIANT] key=v1,v2,... [key=value ...] [--workdir DIR] [--members-per-program N]
+                 [--max-members N]
     jaxnet eval --workdir DIR [--split test|val] [key=value ...]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
@@ -51,6 +53,22 @@ def _parser() -> argparse.ArgumentParser:
     hosts.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0, the same for every process")
     hosts.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the run")
     hosts.add_argument("--process-id", type=int, metavar="I", help="this process's number, 0 to N-1")
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="train a grid of configurations, batched into one vmapped program where they can be",
+        description="Train every combination of the values given as key=v1,v2,... (a tuple key separates its "
+        "values with ';'); key=value without a comma is a plain override. Members differing only in the seed and "
+        "optimizer or loss scalars share one compiled program. Writes a run directory per member and "
+        "sweep.json, sweep.md and sweep.png; rerun the command to resume.",
+    )
+    sweep.add_argument("experiment", help="name under experiments/ or path to a .py file, optionally :VARIANT")
+    sweep.add_argument("overrides", nargs="*", metavar="key=v1,v2,...|key=value", help="the grid, then overrides")
+    sweep.add_argument("--workdir", help="sweep directory (default: runs/sweep-EXPERIMENT[-VARIANT])")
+    sweep.add_argument(
+        "--members-per-program", type=int, default=0, metavar="N", help="at most N members in one program (0 = all)"
+    )
+    sweep.add_argument("--max-members", type=int, default=256, metavar="N", help="refuse a grid of more members")
 
     evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
     evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
@@ -155,6 +173,17 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         summary = train(cfg, args.workdir, adopt=args.adopt)
         # Stopped by a signal after saving a checkpoint: SIGTERM (preemption) is a clean exit
         return 130 if summary.get("interrupted_by") == "SIGINT" else 0
+    if args.command == "sweep":
+        from jaxnet.sweep import sweep
+
+        record = sweep(
+            args.experiment,
+            args.overrides,
+            args.workdir,
+            members_per_program=args.members_per_program,
+            max_members=args.max_members,
+        )
+        return 130 if record.get("interrupted_by") == "SIGINT" else 0
     if args.command == "eval":
         from jaxnet.train import evaluate
 

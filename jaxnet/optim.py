@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -43,6 +46,12 @@ def step_decay(lr: float, start: int, every: int, factor: float) -> optax.Schedu
     return fn
 
 
+def off(value: Any) -> bool:
+    """Whether a hyperparameter switches its part off: a concrete zero. A traced value (a member
+    of a ``jaxnet sweep`` batch, whose group holds no zero) is on."""
+    return not isinstance(value, jax.core.Tracer) and not value
+
+
 def build(
     cfg: OptimConfig, total_steps: int, updates_per_step: int = 1
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -51,16 +60,18 @@ def build(
     With ``updates_per_step > 1`` (asynchronous SGD applies one update per simulated worker in
     each step) the optimizer is called that many times a step; its learning rate still follows
     the schedule by step, so warmup and decay last as many steps as in a synchronous run.
+    The numbers of ``cfg`` (lr, momentum, b1, b2, weight_decay, end_lr_factor, clip_norm) may be
+    traced arrays: a sweep builds each member's optimizer inside its vmapped step.
     """
     by_step = schedule(cfg, total_steps)
     lr = by_step if updates_per_step == 1 else (lambda count: by_step(count // updates_per_step))
     if cfg.name == "sgd":
         opt = optax.chain(
-            optax.add_decayed_weights(cfg.weight_decay) if cfg.weight_decay else optax.identity(),
-            optax.sgd(lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov),
+            optax.identity() if off(cfg.weight_decay) else optax.add_decayed_weights(cfg.weight_decay),
+            optax.sgd(lr, momentum=None if off(cfg.momentum) else cfg.momentum, nesterov=cfg.nesterov),
         )
     else:
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
-    if cfg.clip_norm:
+    if not off(cfg.clip_norm):
         opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
     return opt, by_step

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxnet import optim
 from jaxnet.errors import UserError
 
 Batch = Mapping[str, Any]
@@ -117,7 +118,7 @@ class Task:
 def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
     """Per-example softmax cross-entropy in float32, with optional label smoothing."""
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    if not label_smoothing:  # no one-hot matrix: it costs as much as the softmax for a 10k vocabulary
+    if optim.off(label_smoothing):  # no one-hot matrix: it costs as much as the softmax for a 10k vocabulary
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     targets = jax.nn.one_hot(labels, logits.shape[-1])
     targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[-1]
@@ -157,7 +158,7 @@ def _label_task(name: str, inputs: str, target: str, label_smoothing: float, **e
         loss=loss,
         metrics={"accuracy": accuracy},
         name=name,
-        eval_loss=plain_loss if label_smoothing else None,
+        eval_loss=None if optim.off(label_smoothing) else plain_loss,
         **extra,
     )
 

@@ -291,7 +291,49 @@ def render_roofline() -> str:
     return "\n".join(body).rstrip() or "No roofline results recorded yet."
 
 
-BLOCKS = {"results": render, "memory": render_memory, "bench": render_bench, "roofline": render_roofline}
+def render_sweep() -> str:
+    """Each recorded sweep's table and plot (scripts/record_sweep.py), and the batched-against-one-by-one
+    timings (scripts/bench_sweep.py)."""
+    body = []
+    results = load_results()
+    for r in (r for r in results if r.get("kind") == "sweep"):
+        env = r["environment"]
+        device = env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU"
+        table = (ROOT / Path(r["_file"]).with_suffix(".md")).read_text().strip()
+        body += [
+            f"`{r['command']}` ({len(r['members'])} members in {len(r['programs'])} program(s), "
+            f"{r['wall_time_s'] / 60:.0f} min on a {device}, jax {env['versions']['jax']}, {env['date'][:10]}; "
+            f"[record]({r['_file']})):",
+            "",
+            table,
+            "",
+            f"![sweep]({Path(r['_file']).with_suffix('.png')})",
+            "",
+        ]
+    for r in (r for r in results if r.get("kind") == "sweep-speed"):
+        body += [
+            f"Batched against one by one (`{r['command']}`; {r['device']}, jax "
+            f"{r['environment']['versions']['jax']}, {r['date']}; [record]({r['_file']})):",
+            "",
+            "| experiment | members | steps | batched | one by one | speed-up | member-steps/s batched |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in r["rows"]:
+            body.append(
+                f"| {row['experiment']} | {row['members']} | {row['steps']} | {row['batched_wall_s']:.1f} s "
+                f"| {row['one_by_one_wall_s']:.1f} s | {row['speedup']:.2f}x | {row['member_steps_per_s_batched']} |"
+            )
+        body.append("")
+    return "\n".join(body).rstrip() or "No sweep recorded yet."
+
+
+BLOCKS = {
+    "results": render,
+    "memory": render_memory,
+    "bench": render_bench,
+    "roofline": render_roofline,
+    "sweep": render_sweep,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -223,6 +223,20 @@ BAD_INPUT = [
     bad(["train", "{user_metrics_list}"], "Task metrics must be a dict of name -> metric(outputs, batch) -> scalar"),
     bad(["train", "{user_data_lengths}"], "train split: arrays of different lengths (x has 8, y has 7)"),
     bad(["train", "{user_no_data}"], "user_no_data.py:", "FileNotFoundError", "measurements.npz"),
+    # jaxnet sweep's grid (tests/test_sweep.py has more through the Python API)
+    bad(
+        ["sweep", SMOKE, "optim.learning_rate=1e-3,2e-3"],
+        "unknown config key 'optim.learning_rate'; did you mean optim.lr?",
+    ),
+    bad(["sweep", SMOKE, "optim.lr=1e-3,fast"], "optim.lr='fast': expected a number"),
+    bad(["sweep", SMOKE, "optim.lr="], "optim.lr= has no values"),
+    bad(["sweep", SMOKE, "seed=0,1", "seed=2,3"], "seed is given twice; give it once"),
+    bad(
+        ["sweep", SMOKE, "optim.lr=1,2,3", "seed=0,1,2", "--max-members", "8"],
+        "the grid has 9 members, more than --max-members=8",
+    ),
+    bad(["sweep", SMOKE, "seed=0,1", "model.hidden=16,0"], "model.hidden=0 must be >= 1"),
+    bad(["sweep", SMOKE, "seed=0,1", "parallel.sgd=async"], "jaxnet sweep trains synchronous SGD"),
 ]
 
 # An experiment file of a user's own: data(cfg), task(cfg) and model(cfg) beside get_config; {body}

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from jaxnet.config import ModelConfig, field
 from jaxnet.errors import UserError
-from jaxnet.models.common import DTYPES
+from jaxnet.models.common import DTYPES, conv_for_members
 
 Dtype = Any
 
@@ -88,6 +88,7 @@ def _conv(features: int, kernel: int, strides: int = 1, *, first: bool = False, 
         (strides, strides),
         kernel_init=_named(nn.initializers.lecun_normal(), None, None, None if first else "embed", "mlp"),
         bias_init=_named(nn.initializers.zeros, "mlp"),
+        conv_general_dilated=conv_for_members(),
         **kw,
     )
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+from jax import custom_batching, lax
 
 # A config's dtype names; float64 needs JAX's 64-bit mode (JAX_ENABLE_X64=1), for numerical checks.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
@@ -20,3 +25,75 @@ def lookup(embed: nn.Embed, tokens: jnp.ndarray, dtype: Any) -> jnp.ndarray:
     """
     table = nn.with_logical_constraint(embed.embedding, (None, None))
     return nn.with_logical_constraint(jnp.take(table, tokens, axis=0).astype(dtype), ("batch", None, None))
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolutions of a sweep's members
+
+_MEMBERS = contextvars.ContextVar("jaxnet_sweep_members", default=False)
+
+
+@contextlib.contextmanager
+def members() -> Iterator[None]:
+    """Models built inside train the members of a sweep (``jax.vmap`` over their weights): their
+    convolutions are :func:`member_conv`. Read when a model's layers are built (in its trace)."""
+    token = _MEMBERS.set(True)
+    try:
+        yield
+    finally:
+        _MEMBERS.reset(token)
+
+
+def conv_for_members() -> Callable | None:
+    """The ``conv_general_dilated`` of ``flax.linen.Conv`` for the layers being built: None (JAX's)
+    outside :func:`members`."""
+    return member_conv if _MEMBERS.get() else None
+
+
+def _each(fn: Callable, axis_size: int, in_batched: Any, *args: Any) -> tuple[Any, Any]:
+    """``fn`` member by member (static slices, stacked results): plain operations, unrolled."""
+    args = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip(args, in_batched, strict=True)]
+    outs = [fn(*(a[i] for a in args)) for i in range(axis_size)]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+    return stacked, jax.tree.map(lambda _: True, stacked)
+
+
+def member_conv(lhs: jnp.ndarray, rhs: jnp.ndarray, *args: Any, **kwargs: Any) -> jnp.ndarray:
+    """``lax.conv_general_dilated`` whose ``vmap`` over the kernel computes one plain convolution
+    per member (forward and backward) instead of JAX's rule, one grouped convolution over all of
+    them: XLA's CPU backend runs grouped convolutions about 3x slower than the same work as plain
+    ones (a 3x3, 32 -> 64 channel layer of 4 members, forward and backward: 0.76 s against 0.25 s).
+    Unbatched kernels (shared weights) keep JAX's rule. Same values as the plain convolution."""
+    conv = lambda x, w: lax.conv_general_dilated(x, w, *args, **kwargs)  # noqa: E731
+
+    @custom_batching.custom_vmap
+    def forward(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+        return conv(x, w)
+
+    @forward.def_vmap
+    def _forward_members(axis_size: int, in_batched: Any, x: jnp.ndarray, w: jnp.ndarray) -> Any:
+        if not in_batched[1]:
+            return jax.vmap(conv, in_axes=(0 if in_batched[0] else None, None))(x, w), in_batched[0]
+        return _each(conv, axis_size, in_batched, x, w)
+
+    def grads(x: jnp.ndarray, w: jnp.ndarray, g: jnp.ndarray) -> Any:
+        return jax.vjp(conv, x, w)[1](g)
+
+    @custom_batching.custom_vmap
+    def backward(x: jnp.ndarray, w: jnp.ndarray, g: jnp.ndarray) -> Any:
+        return grads(x, w, g)
+
+    @backward.def_vmap
+    def _backward_members(axis_size: int, in_batched: Any, x: jnp.ndarray, w: jnp.ndarray, g: jnp.ndarray) -> Any:
+        if not in_batched[1]:
+            axes = tuple(0 if b else None for b in in_batched)
+            out = jax.vmap(grads, in_axes=axes)(x, w, g)
+            return out, (True, True)
+        return _each(grads, axis_size, in_batched, x, w, g)
+
+    @jax.custom_vjp
+    def f(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+        return forward(x, w)
+
+    f.defvjp(lambda x, w: (forward(x, w), (x, w)), lambda res, g: backward(*res, g))
+    return f(lhs, rhs)

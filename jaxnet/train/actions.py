@@ -183,6 +183,20 @@ class Profile(Action):
             jax.profiler.stop_trace()
 
 
+def interval_values(totals: dict[str, Any], steps: int, skip: bool, task: Any) -> dict[str, float]:
+    """The mean train metrics of ``steps`` updates from their summed ``totals`` (updates with a
+    NaN or Inf loss left out, NaN if every one was), ``skipped`` when such updates are skipped,
+    and what the task derives from them."""
+    bad = int(totals["nonfinite"])
+    finite_steps = steps - bad
+    values = {k: float(v) / max(finite_steps, 1) for k, v in totals.items() if k not in COUNTS}
+    if not finite_steps:  # every update of the interval was skipped: nothing to average
+        values = dict.fromkeys(values, float("nan"))
+    if skip:
+        values["skipped"] = bad
+    return task.summarize(values)
+
+
 class LogTrain(Action):
     """Every ``train.log_every`` steps and at the end: the interval's mean train metrics, the
     learning rate and the speed, to metrics.jsonl, TensorBoard and the progress bar."""
@@ -194,15 +208,7 @@ class LogTrain(Action):
         self.batch_size, self.tokens_per_example = batch_size, tokens_per_example
 
     def __call__(self, loop: Loop) -> None:
-        totals = loop.totals()
-        bad = int(totals["nonfinite"])
-        finite_steps = loop.interval_steps - bad
-        values = {k: float(v) / max(finite_steps, 1) for k, v in totals.items() if k not in COUNTS}
-        if not finite_steps:  # every update of the interval was skipped: nothing to average
-            values = dict.fromkeys(values, float("nan"))
-        if loop.skip:
-            values["skipped"] = bad
-        values = loop.run.task.summarize(values)
+        values = interval_values(loop.totals(), loop.interval_steps, loop.skip, loop.run.task)
         now = time.perf_counter()
         rate = loop.interval_steps / (now - loop.interval_start)
         values.update(

@@ -248,9 +248,10 @@ class Run:
             **common,
         )
 
-    def _create_state(self, unbox: bool = True) -> state_lib.TrainState:
+    def _create_state(self, unbox: bool = True, seed: Any = None) -> state_lib.TrainState:
         inputs = tuple(jnp.asarray(x) for x in self.task.model_inputs(self.sample))
-        return state_lib.create(self.model, self.tx, inputs, self.cfg.seed, unbox=unbox, **workers_of(self.cfg))
+        seed = self.cfg.seed if seed is None else seed
+        return state_lib.create(self.model, self.tx, inputs, seed, unbox=unbox, **workers_of(self.cfg))
 
     def init_state(self) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh."""
@@ -261,10 +262,11 @@ class Run:
         """Shapes, dtypes and placement of the train state, without computing it (a restore target)."""
         return abstract_state(self._create_state, self.mesh, self.state_shardings)
 
-    def train_batches(self, start_step: int) -> Any:
+    def train_batches(self, start_step: int, cfg: Config | None = None) -> Any:
         """Host batches from ``start_step`` on (a pure function of the seed and the step): the rows
-        this process's devices hold, which with one process is all of them."""
-        cfg = self.cfg
+        this process's devices hold, which with one process is all of them. ``cfg`` (default: the
+        run's) gives the seed and batch size: a sweep reads each member's own batches."""
+        cfg = cfg or self.cfg
         rows = parallel.process_rows(self.mesh, cfg.train.batch_size)
         batches = self.dataset.train_batches(cfg, start_step, rows)
         transform = self.task.transform
@@ -274,6 +276,10 @@ class Run:
             transform(b, np.random.default_rng([cfg.seed, TRANSFORM_STREAM, s]))
             for s, b in enumerate(batches, start_step)
         )
+
+    def put_batch(self, batch: Any) -> Any:
+        """A host batch onto the mesh, split along the batch axis."""
+        return parallel.put_batch(batch, self.mesh)
 
     def _eval_batches(self, split: str) -> tuple[Any, int]:
         """Evaluation batches of ``split`` (this process's rows of them) and their number of rows
@@ -303,24 +309,32 @@ class Run:
         A stateful model walking streams carries its state from batch to batch, starting from
         zeros; with window batching every batch starts from zeros.
         """
-        batches, rows = self._eval_batches(split)
-        if not rows:
-            return {}
-        zeros: dict = {}
-        if "carry" in state.model_state:
-            zeros = {
-                "carry": jax.tree.map(lambda c: jnp.zeros((rows, *c.shape[1:]), c.dtype), state.model_state["carry"])
-            }
-        stream = self.text and config_lib.batching(self.cfg) == "stream"
-        carry, totals = zeros, None
-        for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, lambda b: parallel.put_batch(b, self.mesh)):
-            sums, carry = self.eval_step(state, batch, carry if stream else zeros)
-            totals = sums if totals is None else accumulate(totals, sums)
+        carried = state.model_state.get("carry")
+        zeros = (
+            (lambda rows: {})
+            if carried is None
+            else (lambda rows: {"carry": jax.tree.map(lambda c: jnp.zeros((rows, *c.shape[1:]), c.dtype), carried)})
+        )
+        totals = self.eval_totals(split, lambda batch, carry: self.eval_step(state, batch, carry), zeros)
         if totals is None:
             return {}
-        totals = jax.device_get(totals)
         count = float(totals.pop("count"))
         return self.task.summarize({k: float(v) / count for k, v in totals.items()})
+
+    def eval_totals(self, split: str, step: Callable[[Any, Any], Any], zeros: Callable[[int], Any]) -> Any:
+        """``step(batch, carry) -> (sums, carry)`` over every batch of ``split``, its sums added up
+        on the device and returned on the host (None if the split is empty). ``zeros(rows)`` is the
+        carried state at the start (and of every batch, unless a stateful model walks streams)."""
+        batches, rows = self._eval_batches(split)
+        if not rows:
+            return None
+        stream = self.text and config_lib.batching(self.cfg) == "stream"
+        start = zeros(rows)
+        carry, totals = start, None
+        for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, lambda b: parallel.put_batch(b, self.mesh)):
+            sums, carry = step(batch, carry if stream else start)
+            totals = sums if totals is None else accumulate(totals, sums)
+        return None if totals is None else jax.device_get(totals)
 
 
 def experiment_hooks(cfg: Config) -> dict[str, Callable]:
@@ -582,9 +596,7 @@ def _train(
 def run_loop(run: Run, loop: actions_lib.Loop, actions: list[actions_lib.Action]) -> float:
     """The loop core: step from ``loop.step`` to ``loop.end``, calling each action that is due
     after every step. Returns the seconds spent compiling the step."""
-    batches = pipeline.prefetch(
-        run.train_batches(loop.start), run.cfg.data.prefetch, lambda b: parallel.put_batch(b, run.mesh)
-    )
+    batches = pipeline.prefetch(run.train_batches(loop.start), run.cfg.data.prefetch, run.put_batch)
     loop_start = time.perf_counter()
     try:
         # Compiled ahead of time for the placed state and batch: the same program every step, and

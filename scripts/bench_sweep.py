@@ -1,0 +1,137 @@
+"""A batched sweep against the same runs one after another: wall time from start to finish
+(compilation, steps, evaluation and checkpoints included), per experiment.
+
+    python scripts/bench_sweep.py                      # 8 members of cnn_fashion_mnist and transformer_shakespeare
+    python scripts/bench_sweep.py --members 8,32 --steps 300
+
+Each experiment's grid is learning rates x seeds (``--members`` of them); both sides get the same
+data object (loaded once) and the same settings: ``--steps`` updates, evaluation and a checkpoint
+at the end only. The runs one after another are ``jaxnet.train`` calls, as a shell loop over
+``jaxnet train`` would make them, less the process start. Writes
+benchmarks/results/sweep-speed-<platform>-<date>.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)
+
+
+def grid(members: int) -> dict[str, list]:
+    """``members`` configurations: learning rates x seeds (2 seeds, or 4 from 32 members up)."""
+    seeds = 2 if members < 32 else 4
+    if members % seeds or members // seeds > len(LRS):
+        raise SystemExit(f"--members {members}: give an even number up to {2 * len(LRS)}, or a multiple of 4 to 32")
+    return {"optim.lr": list(LRS[: members // seeds]), "seed": list(range(seeds))}
+
+
+def measure(experiment: str, members: int, steps: int, workdir: Path, alone_runs: int = 0) -> dict:
+    import jaxnet
+    from jaxnet import config
+    from jaxnet.study import common
+    from jaxnet.sweep import expand, parse
+
+    settings = [
+        f"train.steps={steps}",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        "train.progress=false",
+        f"train.log_every={max(steps // 4, 1)}",
+        "optim.warmup_steps=0",
+    ]
+    base = config.load_experiment(experiment, settings)
+    dataset = common.load_dataset(base)
+    g = grid(members)
+    quiet = io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(quiet):
+        record = jaxnet.sweep(base, g, workdir / "batched", dataset=dataset, say=lambda _: None)
+    batched = time.perf_counter() - started
+    tokens = [f"{k}={','.join(str(v) for v in vs)}" for k, vs in g.items()]
+    runs = expand(base, parse(tokens)[0])
+    timed = runs[: alone_runs or len(runs)]
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(quiet):
+        for m in timed:
+            jaxnet.train(m.cfg, workdir / "one-by-one" / m.name, dataset=dataset)
+    one_by_one = (time.perf_counter() - started) * len(runs) / len(timed)
+    timing = record["timings"][0]
+    return {
+        "experiment": experiment,
+        "members": members,
+        "steps": steps,
+        "batch_size": base.train.batch_size,
+        "grid": g,
+        "batched_wall_s": round(batched, 2),
+        "one_by_one_wall_s": round(one_by_one, 2),
+        "one_by_one_runs_timed": len(timed),  # fewer than members: the rest taken to cost the same
+        "speedup": round(one_by_one / batched, 3),
+        "batched_compile_s": timing["compile_time_s"],
+        "batched_steps_per_s": timing["steps_per_s"],
+        "member_steps_per_s_batched": round(timing["steps_per_s"] * members, 2) if timing["steps_per_s"] else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiments", default="cnn_fashion_mnist,transformer_shakespeare")
+    parser.add_argument("--members", default="8", help="comma-separated member counts, e.g. 8,32")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument(
+        "--alone-runs", type=int, default=0, help="time only this many runs one by one and scale (0 = all of them)"
+    )
+    args = parser.parse_args()
+
+    import jax
+
+    from jaxnet import observe
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for experiment in args.experiments.split(","):
+            for members in (int(m) for m in args.members.split(",")):
+                row = measure(
+                    experiment,
+                    members,
+                    args.steps,
+                    Path(tmp) / f"{experiment}-{members}",
+                    args.alone_runs,
+                )
+                rows.append(row)
+                print(
+                    f"{experiment}: {members} members x {args.steps} steps: batched {row['batched_wall_s']:.1f} s, "
+                    f"one by one {row['one_by_one_wall_s']:.1f} s, speed-up {row['speedup']:.2f}x",
+                    flush=True,
+                )
+    platform = jax.devices()[0].platform
+    record = {
+        "kind": "sweep-speed",
+        "command": " ".join(["python", *sys.argv]),
+        "date": datetime.date.today().isoformat(),
+        "device": jax.devices()[0].device_kind if platform != "cpu" else observe.cpu_model(),
+        "device_count": jax.device_count(),
+        "environment": observe.environment(),
+        "rows": rows,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"sweep-speed-{platform}-{record['date']}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

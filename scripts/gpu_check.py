@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("setup", "facts", "tests", "smokes", "bench")
+PARTS = ("setup", "facts", "tests", "smokes", "bench", "sweep")
 # GPU-first order: the GPT-2-small shape (the MFU target), then the families with PyTorch cuDNN peers
 BENCH_FAMILIES = ("gpt2", "lstm", "resnet", "transformer", "cnn")
 FASHION_FILES = (
@@ -63,8 +63,8 @@ CARRY_LIMIT = 64 << 20  # what the device tool carries: the working tree and the
 WHEELS = ("tensorboardX==2.6.5",)
 # Each part's longest run (seconds) when the budget allows, on the GPU and in a dry run on a small
 # CPU; the bench takes what is left
-PART_LIMITS = {"setup": 90, "facts": 60, "tests": 240, "smokes": 240, "smoke": 100}
-DRY_LIMITS = {"setup": 120, "facts": 120, "tests": 600, "smokes": 900, "smoke": 240}
+PART_LIMITS = {"setup": 90, "facts": 60, "tests": 240, "smokes": 240, "smoke": 100, "sweep": 540}
+DRY_LIMITS = {"setup": 120, "facts": 120, "tests": 600, "smokes": 900, "smoke": 240, "sweep": 300}
 BUDGET, DRY_BUDGET = 570, 2400  # the device tool stops a command at 600 s
 RESERVE = 15  # kept back at the end for the bench merge and the summary
 
@@ -771,6 +771,26 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def part_sweep(check: Check) -> None:
+    """A batched sweep against the same runs one by one (scripts/bench_sweep.py): 8 and 32 members of
+    the ConvNet and the Transformer; the one-by-one side times 4 runs and scales to the members."""
+    start = time.monotonic()
+    limit = check.limit("sweep")
+    if limit < 60:
+        check.record("sweep", "timeout", 0.0, note="not run: out of time; run again with --only sweep")
+        return
+    if check.dry:
+        options = ["--members", "2", "--steps", "5", "--experiments", "cnn_fashion_mnist:smoke"]
+    else:
+        options = ["--members", "8,32", "--steps", "200", "--alone-runs", "4"]
+    command = [check.python, str(ROOT / "scripts" / "bench_sweep.py"), *options, "--out", str(check.out)]
+    result = check.run("sweep speed", command, limit)
+    files = sorted(p.name for p in check.out.glob("sweep-speed-*.json"))
+    status = "passed" if result["rc"] == 0 and files else ("timeout" if result["timed_out"] else "failed")
+    lines = [x for x in result["tail"].splitlines() if "speed-up" in x]
+    check.record("sweep", status, time.monotonic() - start, files=files, note="; ".join(lines)[-600:])
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["smoke"]:
         name, rest = argv[1], argv[2:]
@@ -788,7 +808,14 @@ def main(argv: list[str]) -> int:
         return prepare(Path(args.prepare), sys.executable)
     check = Check(args)
     log_line(f"{check.summary['mode']}: results in {check.out}, work files in {check.work}, budget {args.budget:.0f} s")
-    steps = {"setup": part_setup, "facts": part_facts, "tests": part_tests, "smokes": part_smokes, "bench": part_bench}
+    steps = {
+        "setup": part_setup,
+        "facts": part_facts,
+        "tests": part_tests,
+        "smokes": part_smokes,
+        "bench": part_bench,
+        "sweep": part_sweep,
+    }
     try:
         for part in PARTS:
             if part == "setup" or part in args.only:  # the others need the environment setup makes

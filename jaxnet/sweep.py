@@ -50,7 +50,7 @@ from jaxnet.study import common
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import state as state_lib
 from jaxnet.train.loop import Interrupts, Run, run_loop
-from jaxnet.train.step import make_eval_step, make_train_step
+from jaxnet.train.step import make_train_step
 
 BATCHED = {
     "seed": "initialisation, data order and dropout",
@@ -239,11 +239,6 @@ class Population:
             donate_argnums=0,
             out_shardings=(self.state_shardings, whole),
         )
-        veval = jax.vmap(self._member_eval, in_axes=(0, None, 0, 0))
-        self.eval_step = jax.jit(
-            parallel.under_rules(lambda state, batch, carry: veval(state, batch, carry, hyper), self.mesh),
-            out_shardings=(whole, whole),
-        )
         self._take = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state), out_shardings=run.state_shardings)
 
     # The member's step and evaluation, built inside the trace from its (traced) numbers.
@@ -271,10 +266,6 @@ class Population:
             skip_nonfinite=cfg.train.on_nonfinite == "skip",
         )
         return step(state, batch)
-
-    def _member_eval(self, state: Any, batch: Any, carry: Any, hyper: dict[str, Any]) -> Any:
-        with model_common.members():
-            return make_eval_step(self.model, self._member_task(self._member_cfg(hyper)))(state, batch, carry)
 
     # What run_loop and the actions use.
 
@@ -307,25 +298,11 @@ class Population:
         return jax.device_put(batch, jax.tree.map(lambda x: split if np.ndim(x) > 1 else whole, batch))
 
     def evaluate(self, state: Any, split: str) -> list[dict[str, float]]:
-        """Each member's metrics on ``split``, as :meth:`Run.evaluate` gives a run's."""
-        carry = state.model_state.get("carry")
-        zeros = (
-            (
-                lambda rows: {
-                    "carry": jax.tree.map(lambda c: jnp.zeros((c.shape[0], rows, *c.shape[2:]), c.dtype), carry)
-                }
-            )
-            if carry is not None
-            else (lambda rows: {})
-        )
-        totals = self.run.eval_totals(split, lambda batch, c: self.eval_step(state, batch, c), zeros)
-        if totals is None:
-            return [{} for _ in self.members]
-        out = []
-        for i in range(self.size):
-            count = float(totals["count"][i])
-            out.append(self.task.summarize({k: float(v[i]) / count for k, v in totals.items() if k != "count"}))
-        return out
+        """Each member's metrics on ``split``, computed as its own run computes them: member after
+        member with the run's evaluation step (one compilation). Evaluation reads no batched number
+        (label smoothing changes only the training loss), and a vmapped evaluation, whose members
+        share the batch, ran 2x slower on a CPU than this."""
+        return [self.run.evaluate(self.member(state, i), split) for i in range(self.size)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from jaxnet.models import common as model_common
 from jaxnet.study import common
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import state as state_lib
-from jaxnet.train.loop import Interrupts, Run, run_loop
+from jaxnet.train.loop import Interrupts, Run, run_loop, summary_head
 from jaxnet.train.step import make_train_step
 
 BATCHED = {
@@ -456,18 +456,8 @@ def train_population(
                 finals[split] = pop.evaluate(loop.state, split)
         steps_per_s = (end - start) / max(loop.seconds - loop.paused, 1e-9) if end > start else None
         for i, (d, log) in enumerate(zip(dirs, logs, strict=True)):
-            summary = {
-                "experiment": pop.cfgs[i].experiment,
-                "workdir": str(d),
-                "step": end,
-                "steps_total": train_cfg.steps,
-                "complete": end == train_cfg.steps,
-                "model": type(pop.model).__name__,
-                "task": pop.task.name,
-                "param_count": num_params,
-                "compile_time_s": round(compile_seconds, 2),
-                "sweep": {"members_in_program": pop.size, "member": pop.members[i].name},
-            }
+            summary = summary_head(pop, pop.cfgs[i], d, end, num_params, compile_seconds)
+            summary["sweep"] = {"members_in_program": pop.size, "member": pop.members[i].name}
             if steps_per_s:
                 summary["steps_per_s"] = round(steps_per_s, 2)
                 summary["examples_per_s"] = round(steps_per_s * train_cfg.batch_size, 1)

@@ -629,6 +629,23 @@ def run_loop(run: Run, loop: actions_lib.Loop, actions: list[actions_lib.Action]
     return compile_seconds
 
 
+def summary_head(
+    run: Any, cfg: Config, workdir: Path, end: int, num_params: int, compile_seconds: float
+) -> dict[str, Any]:
+    """The first fields of a run's summary.json: what ran, where, and how far it got."""
+    return {
+        "experiment": cfg.experiment,
+        "workdir": str(workdir),
+        "step": end,
+        "steps_total": cfg.train.steps,
+        "complete": end == cfg.train.steps,
+        "model": type(run.model).__name__,
+        "task": run.task.name,
+        "param_count": num_params,
+        "compile_time_s": round(compile_seconds, 2),
+    }
+
+
 def _summary(
     run: Run,
     loop: actions_lib.Loop,
@@ -640,17 +657,7 @@ def _summary(
 ) -> dict[str, Any]:
     """summary.json: where the run ended, its speed, and at the last step the val and test metrics."""
     cfg, train_cfg, start, end = run.cfg, run.cfg.train, loop.start, loop.end
-    summary: dict[str, Any] = {
-        "experiment": cfg.experiment,
-        "workdir": str(workdir),
-        "step": end,
-        "steps_total": train_cfg.steps,
-        "complete": end == train_cfg.steps,
-        "model": type(run.model).__name__,
-        "task": run.task.name,
-        "param_count": num_params,
-        "compile_time_s": round(compile_seconds, 2),
-    }
+    summary = summary_head(run, cfg, workdir, end, num_params, compile_seconds)
     if interrupts.name:
         summary["interrupted_by"] = interrupts.name
     if loop.skip and parallel.is_primary():  # from the log, which a resume keeps consistent with the checkpoints

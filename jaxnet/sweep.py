@@ -49,20 +49,20 @@ from jaxnet.models import common as model_common
 from jaxnet.study import common
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import state as state_lib
-from jaxnet.train.loop import Interrupts, Run, run_loop, summary_head
+from jaxnet.train.loop import Interrupts, Run, default_workdir, run_loop, summary_head
 from jaxnet.train.step import make_train_step
 
-BATCHED = {
-    "seed": "initialisation, data order and dropout",
-    "optim.lr": "peak learning rate",
-    "optim.weight_decay": "weight decay",
-    "optim.momentum": "SGD momentum",
-    "optim.b1": "AdamW first-moment decay",
-    "optim.b2": "AdamW second-moment decay",
-    "optim.end_lr_factor": "final learning rate of the cosine schedule",
-    "optim.clip_norm": "gradient clipping norm",
-    "train.label_smoothing": "label smoothing",
-}
+BATCHED = (
+    "seed",  # initialisation, data order and dropout
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.momentum",
+    "optim.b1",
+    "optim.b2",
+    "optim.end_lr_factor",
+    "optim.clip_norm",
+    "train.label_smoothing",
+)
 """Keys whose values share one compiled program (everything else splits the grid into groups)."""
 
 ON_OFF = ("optim.weight_decay", "optim.momentum", "optim.clip_norm", "train.label_smoothing")
@@ -228,23 +228,20 @@ class Population:
         self.size = len(members)
         self._task_given = task
         varying = [k for k in BATCHED if k != "seed" and len({_get(c, k) for c in self.cfgs}) > 1]
-        self.hyper = {k: np.asarray([_get(c, k) for c in self.cfgs], np.float32) for k in varying}
+        # The members' own numbers, fed to the vmapped step as its third argument.
+        self.hyper = {k: jnp.asarray([_get(c, k) for c in self.cfgs], jnp.float32) for k in varying}
         stacked = lambda s: NamedSharding(self.mesh, PartitionSpec(None, *s.spec))
         self.state_shardings = jax.tree.map(stacked, run.state_shardings)
         whole = parallel.replicated(self.mesh)
         vstep = jax.vmap(self._member_step)
-        hyper = {k: jnp.asarray(v) for k, v in self.hyper.items()}
         self.train_step = jax.jit(
-            parallel.under_rules(lambda state, batch: vstep(state, batch, hyper), self.mesh),
+            parallel.under_rules(lambda state, batch: vstep(state, batch, self.hyper), self.mesh),
             donate_argnums=0,
             out_shardings=(self.state_shardings, whole),
         )
         self._take = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state), out_shardings=run.state_shardings)
 
-    # The member's step and evaluation, built inside the trace from its (traced) numbers.
-
-    def _member_cfg(self, hyper: dict[str, Any]) -> Config:
-        return with_values(self.cfg, hyper)
+    # The member's step, built inside the trace from its (traced) numbers.
 
     def _member_task(self, cfg: Config) -> tasks.Task:
         if "train.label_smoothing" not in self.hyper or self._task_given is not None:
@@ -252,11 +249,7 @@ class Population:
         return self.run.hooks["task"](cfg) if "task" in self.run.hooks else self.dataset.default_task(cfg)
 
     def _member_step(self, state: Any, batch: Any, hyper: dict[str, Any]) -> Any:
-        with model_common.members():
-            return self._member_step_inside(state, batch, hyper)
-
-    def _member_step_inside(self, state: Any, batch: Any, hyper: dict[str, Any]) -> Any:
-        cfg = self._member_cfg(hyper)
+        cfg = with_values(self.cfg, hyper)
         tx, _ = optim.build(cfg.optim, cfg.train.steps)
         step = make_train_step(
             self.model,
@@ -265,7 +258,8 @@ class Population:
             task=self._member_task(cfg),
             skip_nonfinite=cfg.train.on_nonfinite == "skip",
         )
-        return step(state, batch)
+        with model_common.members():  # the layers built in this trace: convolutions per member
+            return step(state, batch)
 
     # What run_loop and the actions use.
 
@@ -536,9 +530,7 @@ def sweep(
     members = expand(base, swept, max_members)
     for m in members:
         check_supported(m.cfg)
-    root = (
-        Path(workdir) if workdir is not None else Path("runs") / f"sweep-{(base.experiment or 'run').replace(':', '-')}"
-    )
+    root = Path(workdir) if workdir is not None else Path("runs") / f"sweep-{default_workdir(base).name}"
     dirs = {m.name: root / m.name for m in members}
     for m in members:
         common.check_reusable(dirs[m.name], m.cfg)

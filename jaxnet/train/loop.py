@@ -309,32 +309,24 @@ class Run:
         A stateful model walking streams carries its state from batch to batch, starting from
         zeros; with window batching every batch starts from zeros.
         """
-        carried = state.model_state.get("carry")
-        zeros = (
-            (lambda rows: {})
-            if carried is None
-            else (lambda rows: {"carry": jax.tree.map(lambda c: jnp.zeros((rows, *c.shape[1:]), c.dtype), carried)})
-        )
-        totals = self.eval_totals(split, lambda batch, carry: self.eval_step(state, batch, carry), zeros)
-        if totals is None:
-            return {}
-        count = float(totals.pop("count"))
-        return self.task.summarize({k: float(v) / count for k, v in totals.items()})
-
-    def eval_totals(self, split: str, step: Callable[[Any, Any], Any], zeros: Callable[[int], Any]) -> Any:
-        """``step(batch, carry) -> (sums, carry)`` over every batch of ``split``, its sums added up
-        on the device and returned on the host (None if the split is empty). ``zeros(rows)`` is the
-        carried state at the start (and of every batch, unless a stateful model walks streams)."""
         batches, rows = self._eval_batches(split)
         if not rows:
-            return None
+            return {}
+        zeros: dict = {}
+        if "carry" in state.model_state:
+            zeros = {
+                "carry": jax.tree.map(lambda c: jnp.zeros((rows, *c.shape[1:]), c.dtype), state.model_state["carry"])
+            }
         stream = self.text and config_lib.batching(self.cfg) == "stream"
-        start = zeros(rows)
-        carry, totals = start, None
-        for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, lambda b: parallel.put_batch(b, self.mesh)):
-            sums, carry = step(batch, carry if stream else start)
+        carry, totals = zeros, None
+        for batch in pipeline.prefetch(batches, self.cfg.data.prefetch, self.put_batch):
+            sums, carry = self.eval_step(state, batch, carry if stream else zeros)
             totals = sums if totals is None else accumulate(totals, sums)
-        return None if totals is None else jax.device_get(totals)
+        if totals is None:
+            return {}
+        totals = jax.device_get(totals)
+        count = float(totals.pop("count"))
+        return self.task.summarize({k: float(v) / count for k, v in totals.items()})
 
 
 def experiment_hooks(cfg: Config) -> dict[str, Callable]:

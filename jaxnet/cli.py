@@ -3,7 +3,7 @@
     jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config] [--adopt]
                  [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxnet sweep EXPERIMENT[:VARIANT] key=v1,v2,... [key=value ...] [--workdir DIR] [--members-per-program N]
-                 [--max-members N]
+                 [--members-at-once K] [--max-members N]
     jaxnet eval --workdir DIR [--split test|val] [key=value ...]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
@@ -67,6 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--workdir", help="sweep directory (default: runs/sweep-EXPERIMENT[-VARIANT])")
     sweep.add_argument(
         "--members-per-program", type=int, default=0, metavar="N", help="at most N members in one program (0 = all)"
+    )
+    sweep.add_argument(
+        "--members-at-once",
+        type=int,
+        default=None,
+        metavar="K",
+        help="members one vmapped step takes; the program loops over them K at a time (0 = all; default: all on "
+        "an accelerator, on a CPU all for models with convolutions and 1 otherwise)",
     )
     sweep.add_argument("--max-members", type=int, default=256, metavar="N", help="refuse a grid of more members")
 
@@ -181,6 +189,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             args.overrides,
             args.workdir,
             members_per_program=args.members_per_program,
+            members_at_once=args.members_at_once,
             max_members=args.max_members,
         )
         return 130 if record.get("interrupted_by") == "SIGINT" else 0

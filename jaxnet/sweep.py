@@ -11,6 +11,10 @@ split the grid into groups trained one after another; so does a batched key that
 members and not for others (0 switches a part off: no clipping, no momentum, no smoothing).
 ``--members-per-program N`` caps a program's members (memory); the mesh applies as in a run:
 each member's arrays are laid out as in ``jaxnet train``, with the members along a leading axis.
+``--members-at-once K`` sets how many members one vmapped step takes: the program runs its
+members K at a time in a loop (``jax.lax.map``), still compiled once. The default is all of them
+on an accelerator; on a CPU it is all of them for models with convolutions and 1 otherwise (see
+:func:`members_at_once`).
 
 The sweep directory holds one run directory per member (``config.json``, ``metrics.jsonl``,
 ``summary.json``, ``curves.png``, ``checkpoints/``: as if trained alone, so ``jaxnet eval``
@@ -38,6 +42,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxnet import config as config_lib
@@ -219,7 +224,15 @@ class Population:
     axis; the step is the member step vmapped over it. Provides what
     :func:`~jaxnet.train.loop.run_loop` uses of a run."""
 
-    def __init__(self, members: list[Member], *, model: Any = None, dataset: Any = None, task: Any = None):
+    def __init__(
+        self,
+        members: list[Member],
+        *,
+        model: Any = None,
+        dataset: Any = None,
+        task: Any = None,
+        at_once: int | None = None,
+    ):
         self.members = members
         self.cfgs = [m.cfg for m in members]
         self.run = run = Run(self.cfgs[0], model=model, dataset=dataset, task=task)
@@ -233,9 +246,9 @@ class Population:
         stacked = lambda s: NamedSharding(self.mesh, PartitionSpec(None, *s.spec))
         self.state_shardings = jax.tree.map(stacked, run.state_shardings)
         whole = parallel.replicated(self.mesh)
-        vstep = jax.vmap(self._member_step)
+        self.at_once = members_at_once(self, at_once)
         self.train_step = jax.jit(
-            parallel.under_rules(lambda state, batch: vstep(state, batch, self.hyper), self.mesh),
+            parallel.under_rules(self._all_steps, self.mesh),
             donate_argnums=0,
             out_shardings=(self.state_shardings, whole),
         )
@@ -260,6 +273,14 @@ class Population:
         )
         with model_common.members():  # the layers built in this trace: convolutions per member
             return step(state, batch)
+
+    def _all_steps(self, state: Any, batch: Any) -> Any:
+        """Every member's step: vmapped over all members, or over ``at_once`` of them at a time in
+        a loop (one at a time: a plain loop over members)."""
+        if self.at_once >= self.size:
+            return jax.vmap(self._member_step)(state, batch, self.hyper)
+        chunk = self.at_once if self.at_once > 1 else None
+        return lax.map(lambda args: self._member_step(*args), (state, batch, self.hyper), batch_size=chunk)
 
     # What run_loop and the actions use.
 
@@ -297,6 +318,28 @@ class Population:
         (label smoothing changes only the training loss), and a vmapped evaluation, whose members
         share the batch, ran 2x slower on a CPU than this."""
         return [self.run.evaluate(self.member(state, i), split) for i in range(self.size)]
+
+
+def members_at_once(pop: Population, requested: int | None = None) -> int:
+    """How many members one vmapped step of ``pop`` takes: ``requested`` (0 = all), or by default
+    all of them on an accelerator, where one small model leaves the device mostly idle. On a CPU
+    both cores are already busy with one member, and vmapping members makes every operation's
+    arrays K times larger, past the caches: a Transformer's member-step took 443 ms vmapped 8 at a
+    time against 286-325 ms with the members one after another in a loop inside the program
+    (385-430 ms as a run's own step). Convolutions are the exception: XLA's CPU backend runs them
+    inside a loop ~18x slower, and vmapped (one plain convolution per member, see
+    :func:`jaxnet.models.common.member_conv`) a ConvNet member-step took 87 ms against 97 ms alone.
+    So on a CPU the default is all members for models with convolutions and 1 otherwise."""
+    if requested is not None:
+        return min(requested, pop.size) if requested else pop.size
+    if jax.default_backend() != "cpu":
+        return pop.size
+    return pop.size if _convolves(pop.run) else 1
+
+
+def _convolves(run: Run) -> bool:
+    """Whether the model computes a convolution (found in the trace of its initialisation)."""
+    return "conv_general_dilated" in str(jax.make_jaxpr(lambda: run._create_state())())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,6 +449,14 @@ def _restore(pop: Population, ckpts: list[Checkpoints], say: Callable) -> tuple[
     return pop.stack(states), step
 
 
+def _at_once_text(pop: Population) -> str:
+    if pop.at_once >= pop.size:
+        return "vmapped all at once"
+    if pop.at_once == 1:
+        return "one after another in a loop"
+    return f"vmapped {pop.at_once} at a time in a loop"
+
+
 def train_population(
     pop: Population, dirs: list[Path], environment: dict[str, Any], interrupts: Interrupts, say: Callable
 ) -> dict[str, Any]:
@@ -428,7 +479,8 @@ def train_population(
         num_params = state_lib.param_count(pop.member(state, 0).params)
         if start == 0:
             progress.note(
-                f"{pop.size} members of {cfg.experiment or 'a run'} in one program: {type(pop.model).__name__} "
+                f"{pop.size} members of {cfg.experiment or 'a run'} in one program ({_at_once_text(pop)}): "
+                f"{type(pop.model).__name__} "
                 f"with {num_params:,} parameters each, {pop.dataset.describe()}, {train_cfg.steps} steps of "
                 f"{train_cfg.batch_size} on {pop.mesh.size} {jax.devices()[0].platform} device(s)"
             )
@@ -451,7 +503,11 @@ def train_population(
         steps_per_s = (end - start) / max(loop.seconds - loop.paused, 1e-9) if end > start else None
         for i, (d, log) in enumerate(zip(dirs, logs, strict=True)):
             summary = summary_head(pop, pop.cfgs[i], d, end, num_params, compile_seconds)
-            summary["sweep"] = {"members_in_program": pop.size, "member": pop.members[i].name}
+            summary["sweep"] = {
+                "members_in_program": pop.size,
+                "members_at_once": pop.at_once,
+                "member": pop.members[i].name,
+            }
             if steps_per_s:
                 summary["steps_per_s"] = round(steps_per_s, 2)
                 summary["examples_per_s"] = round(steps_per_s * train_cfg.batch_size, 1)
@@ -471,6 +527,7 @@ def train_population(
             "members": [m.name for m in pop.members],
             "start_step": start,
             "end_step": end,
+            "members_at_once": pop.at_once,
             "compile_time_s": round(compile_seconds, 2),
             "steps_per_s": round(steps_per_s, 3) if steps_per_s else None,
             "wall_time_s": round(time.time() - started, 2),
@@ -497,6 +554,7 @@ def sweep(
     dataset: Any = None,
     task: tasks.Task | None = None,
     members_per_program: int = 0,
+    members_at_once: int | None = None,
     max_members: int = MAX_MEMBERS,
     say: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
@@ -505,7 +563,9 @@ def sweep(
 
     ``grid`` is ``{"optim.lr": [1e-3, 3e-3], "seed": [0, 1, 2]}`` or CLI tokens
     (``["optim.lr=1e-3,3e-3", "seed=0,1,2"]``); ``model``, ``dataset`` and ``task`` are your own
-    work as in :func:`jaxnet.train`::
+    work as in :func:`jaxnet.train`. ``members_per_program`` caps a program's members (0: no
+    cap); ``members_at_once`` is how many members one vmapped step takes (0: all; None: chosen by
+    :func:`members_at_once`)::
 
         record = jaxnet.sweep("cnn_fashion_mnist:smoke", {"optim.lr": [1e-3, 3e-3], "seed": [0, 1]}, "runs/s")
         print(record["configs"][0])  # the best configuration, its mean and std over seeds
@@ -517,10 +577,10 @@ def sweep(
             raise UserError(f"{empty[0]} has no values; give one or more")
     else:
         tokens = list(grid)
-    if members_per_program < 0 or max_members < 1:
+    if members_per_program < 0 or (members_at_once or 0) < 0 or max_members < 1:
         raise UserError(
-            f"--members-per-program={members_per_program} --max-members={max_members}: give numbers >= 1 "
-            "(--members-per-program 0 = no cap)"
+            f"--members-per-program={members_per_program} --members-at-once={members_at_once} "
+            f"--max-members={max_members}: give numbers >= 1 (0 = all members for the first two)"
         )
     swept, fixed = parse(tokens)
     if isinstance(experiment, Config):
@@ -542,7 +602,7 @@ def sweep(
         if not all(_complete(dirs[m.name]) for m in group):
             data_key = json.dumps(group[0].cfg.to_dict()["data"], sort_keys=True)
             given = dataset if dataset is not None else datasets.get(data_key)
-            pops[number] = Population(group, model=model, dataset=given, task=task)
+            pops[number] = Population(group, model=model, dataset=given, task=task, at_once=members_at_once)
             datasets[data_key] = pops[number].dataset
     metric = common.headline_metric(base)
     environment = observe.environment()

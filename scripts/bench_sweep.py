@@ -78,6 +78,7 @@ def measure(experiment: str, members: int, steps: int, workdir: Path, alone_runs
         "one_by_one_wall_s": round(one_by_one, 2),
         "one_by_one_runs_timed": len(timed),  # fewer than members: the rest taken to cost the same
         "speedup": round(one_by_one / batched, 3),
+        "members_at_once": timing["members_at_once"],  # vmapped together; the program loops over the rest
         "batched_compile_s": timing["compile_time_s"],
         "batched_steps_per_s": timing["steps_per_s"],
         "member_steps_per_s_batched": round(timing["steps_per_s"] * members, 2) if timing["steps_per_s"] else None,
@@ -113,7 +114,8 @@ def main() -> None:
                 rows.append(row)
                 print(
                     f"{experiment}: {members} members x {args.steps} steps: batched {row['batched_wall_s']:.1f} s, "
-                    f"one by one {row['one_by_one_wall_s']:.1f} s, speed-up {row['speedup']:.2f}x",
+                    f"one by one {row['one_by_one_wall_s']:.1f} s, speed-up {row['speedup']:.2f}x "
+                    f"({row['members_at_once']} member(s) per vmapped step)",
                     flush=True,
                 )
     platform = jax.devices()[0].platform

@@ -300,9 +300,11 @@ def render_sweep() -> str:
         env = r["environment"]
         device = env["device"] if env["platform"] != "cpu" else f"{env['cpu_count']}-core CPU"
         table = (ROOT / Path(r["_file"]).with_suffix(".md")).read_text().strip()
+        # a recording paused (SIGSTOP) to free the machine: its wall time less the pause
+        minutes = (r["wall_time_s"] - r.get("stopped_s", 0)) / 60
         body += [
             f"`{r['command']}` ({len(r['members'])} members in {len(r['programs'])} program(s), "
-            f"{r['wall_time_s'] / 60:.0f} min on a {device}, jax {env['versions']['jax']}, {env['date'][:10]}; "
+            f"{minutes:.0f} min on a {device}, jax {env['versions']['jax']}, {env['date'][:10]}; "
             f"[record]({r['_file']})):",
             "",
             table,
@@ -315,12 +317,14 @@ def render_sweep() -> str:
             f"Batched against one by one (`{r['command']}`; {r['device']}, jax "
             f"{r['environment']['versions']['jax']}, {r['date']}; [record]({r['_file']})):",
             "",
-            "| experiment | members | steps | batched | one by one | speed-up | member-steps/s batched |",
-            "|---|---|---|---|---|---|---|",
+            "| experiment | members | per vmapped step | steps | batched | one by one | speed-up "
+            "| member-steps/s batched |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for row in r["rows"]:
             body.append(
-                f"| {row['experiment']} | {row['members']} | {row['steps']} | {row['batched_wall_s']:.1f} s "
+                f"| {row['experiment']} | {row['members']} | {row.get('members_at_once', row['members'])} "
+                f"| {row['steps']} | {row['batched_wall_s']:.1f} s "
                 f"| {row['one_by_one_wall_s']:.1f} s | {row['speedup']:.2f}x | {row['member_steps_per_s_batched']} |"
             )
         body.append("")

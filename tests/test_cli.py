@@ -237,6 +237,7 @@ BAD_INPUT = [
     ),
     bad(["sweep", SMOKE, "seed=0,1", "model.hidden=16,0"], "model.hidden=0 must be >= 1"),
     bad(["sweep", SMOKE, "seed=0,1", "parallel.sgd=async"], "jaxnet sweep trains synchronous SGD"),
+    bad(["sweep", SMOKE, "seed=0,1", "--members-at-once", "-1"], "--members-at-once=-1"),
 ]
 
 # An experiment file of a user's own: data(cfg), task(cfg) and model(cfg) beside get_config; {body}

@@ -66,6 +66,8 @@ def test_image_members_train_like_alone_and_a_stopped_sweep_resumes_bit_identica
     resumed = run("stopped")
     whole = run("whole")
     assert len(whole["programs"]) == 1 and len(whole["programs"][0]) == 4  # one compiled program
+    # a model with convolutions: its members vmapped all at once by default, on a CPU too
+    assert whole["timings"][0]["members_at_once"] == 4
     for a, b in zip(resumed["members"], whole["members"], strict=True):
         assert a["complete"] and a["name"] == b["name"]
         for x, y in zip(
@@ -103,8 +105,10 @@ def test_language_model_members_with_dropout_train_like_alone(tmp_path):
             "optim.weight_decay=0.01",
         ],
     )
-    record = jaxnet.sweep(cfg, ["optim.lr=1e-3,3e-3", "seed=0,5"], tmp_path / "s", dataset=text)
+    # vmapped two at a time, the program looping over the pairs (the CPU's default here is 1 at a time)
+    record = jaxnet.sweep(cfg, ["optim.lr=1e-3,3e-3", "seed=0,5"], tmp_path / "s", dataset=text, members_at_once=2)
     assert len(record["programs"]) == 1 and len(record["members"]) == 4
+    assert record["timings"][0]["members_at_once"] == 2
     members = {m["name"]: m for m in record["members"]}
     assert_like_alone(members["optim.lr=3e-3-seed=5"], text, tmp_path / "alone")
     assert record["metric"] == "bpc" and record["configs"][0]["val_n"] == 2
@@ -141,8 +145,11 @@ def test_bad_grids_are_one_line_errors(tokens, message, tmp_path):
 
 def test_a_diverging_member_is_reported_and_the_others_finish(quadrants, tmp_path):
     cfg = tiny_config(optim={"name": "sgd", "momentum": 0.0})
-    record = jaxnet.sweep(cfg, {"optim.lr": [0.05, 1e30]}, tmp_path / "s", dataset=quadrants)
+    # one member after another in a loop inside the program: the diverging one leaves the other alone
+    record = jaxnet.sweep(cfg, {"optim.lr": [0.05, 1e30]}, tmp_path / "s", dataset=quadrants, members_at_once=1)
+    assert record["timings"][0]["members_at_once"] == 1
     fine, bad = record["members"]
+    assert_like_alone(fine, quadrants, tmp_path / "alone")
     assert fine["complete"] and fine["diverged_at_step"] is None and fine["test"]["accuracy"] > 0.25
     assert bad["complete"] and 1 <= bad["diverged_at_step"] <= 2  # the first update makes the weights huge
     assert record["configs"][0]["values"] == {"optim.lr": 0.05}  # the finite one ranks first

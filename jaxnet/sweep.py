@@ -323,13 +323,16 @@ class Population:
 def members_at_once(pop: Population, requested: int | None = None) -> int:
     """How many members one vmapped step of ``pop`` takes: ``requested`` (0 = all), or by default
     all of them on an accelerator, where one small model leaves the device mostly idle. On a CPU
-    both cores are already busy with one member, and vmapping members makes every operation's
-    arrays K times larger, past the caches: a Transformer's member-step took 443 ms vmapped 8 at a
-    time against 286-325 ms with the members one after another in a loop inside the program
-    (385-430 ms as a run's own step). Convolutions are the exception: XLA's CPU backend runs them
-    inside a loop ~18x slower, and vmapped (one plain convolution per member, see
-    :func:`jaxnet.models.common.member_conv`) a ConvNet member-step took 87 ms against 97 ms alone.
-    So on a CPU the default is all members for models with convolutions and 1 otherwise."""
+    one member already keeps the cores busy, and a vmapped step's arrays are K times larger: XLA
+    gives every call fresh memory for them, and first touching it costs page faults. Measured on a
+    2-core CPU (``scripts/bench_sweep.py --per-step``), 8 Transformer members vmapped touched
+    3.7 GB of fresh pages per step and took 720 ms per member-step, against 412 MB and 359 ms with
+    the members one after another in a loop inside the program, and 335 MB and 478 ms for a run's
+    own step (the loop pays a call's fresh memory once for all its members). Convolutions are the
+    exception: XLA's CPU backend runs them ~20x slower inside a loop, and vmapped (one plain
+    convolution per member, see :func:`jaxnet.models.common.member_conv`) a ConvNet member-step
+    took 96 ms against 98 ms alone. So on a CPU the default is all members for models with
+    convolutions and 1 otherwise."""
     if requested is not None:
         return min(requested, pop.size) if requested else pop.size
     if jax.default_backend() != "cpu":
@@ -795,6 +798,8 @@ def plot(record: dict[str, Any], path: Path) -> None:
             ax.set_xticks(range(len(texts)), texts)
         elif min(values) > 0 and max(values) / min(values) >= 10:
             ax.set_xscale("log")
+            ax.set_xticks(values, texts)  # the swept values, as given, instead of crowded minor ticks
+            ax.minorticks_off()
         ax.set_xlabel(key)
         ax.set_ylabel(f"val {metric}")
         if any(lines):

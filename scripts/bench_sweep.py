@@ -9,6 +9,15 @@ data object (loaded once) and the same settings: ``--steps`` updates, evaluation
 at the end only. The runs one after another are ``jaxnet.train`` calls, as a shell loop over
 ``jaxnet train`` would make them, less the process start. Writes
 benchmarks/results/sweep-speed-<platform>-<date>.json and prints the table.
+
+    python scripts/bench_sweep.py --per-step --steps 5  # one step: a run's, vmapped, looped
+
+``--per-step`` times one train step instead (milliseconds per member-step and the fresh memory
+touched per call, from minor page faults) three ways, each compiled once, warmed up by one call
+and timed over ``--steps`` calls: the run's own step, the members vmapped all at once, and the
+members one after another in a loop inside the program (``--members-at-once 1``); writes
+benchmarks/results/sweep-step-<platform>-<date>.json. :func:`jaxnet.sweep.members_at_once` bases
+its CPU default on it.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import contextlib
 import datetime
 import io
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -85,11 +95,70 @@ def measure(experiment: str, members: int, steps: int, workdir: Path, alone_runs
     }
 
 
+def timed(step, state, batches: list) -> tuple[float, float]:
+    """Seconds and minor page faults per call of ``step`` over ``batches[1:]`` (``batches[0]`` warms up)."""
+    import jax
+
+    state, metrics = step(state, batches[0])
+    jax.block_until_ready(metrics)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    started = time.perf_counter()
+    for batch in batches[1:]:
+        state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+    calls = len(batches) - 1
+    seconds = time.perf_counter() - started
+    return seconds / calls, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / calls
+
+
+def measure_steps(experiment: str, members: int, steps: int) -> list[dict]:
+    """``--per-step``: a run's step, the members vmapped all at once, and the members in a loop."""
+    from jaxnet import config
+    from jaxnet.study import common
+    from jaxnet.sweep import Population, expand, parse
+
+    base = config.load_experiment(experiment, ["train.progress=false", "optim.warmup_steps=0"])
+    dataset = common.load_dataset(base)
+    tokens = [f"optim.lr={','.join(str(1e-3 * (i + 1)) for i in range(members // 2))}", "seed=0,1"]
+    group = expand(base, parse(tokens)[0])
+    rows = []
+    for name, at_once in (("run's own step", None), ("vmapped all at once", 0), ("loop, one at a time", 1)):
+        pop = Population(group, dataset=dataset, at_once=0 if at_once is None else at_once)
+        if at_once is None:
+            run, size = pop.run, 1
+            stream = iter(run.train_batches(0))
+            batches = [run.put_batch(next(stream)) for _ in range(steps + 1)]
+            seconds, faults = timed(run.train_step, run.init_state(), batches)
+        else:
+            size = pop.size
+            stream = iter(pop.train_batches(0))
+            batches = [pop.put_batch(next(stream)) for _ in range(steps + 1)]
+            seconds, faults = timed(pop.train_step, pop.init_state(), batches)
+        rows.append(
+            {
+                "experiment": experiment,
+                "step": name,
+                "members": size,
+                "members_at_once": pop.at_once if at_once is not None else 1,
+                "ms_per_call": round(seconds * 1e3, 1),
+                "ms_per_member_step": round(seconds * 1e3 / size, 1),
+                "fresh_mib_per_call": round(faults * resource.getpagesize() / 2**20, 1),
+            }
+        )
+        print(
+            f"{experiment}: {name:22s} {rows[-1]['ms_per_member_step']:8.1f} ms per member-step, "
+            f"{rows[-1]['fresh_mib_per_call']:7.1f} MiB of fresh pages per call",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiments", default="cnn_fashion_mnist,transformer_shakespeare")
     parser.add_argument("--members", default="8", help="comma-separated member counts, e.g. 8,32")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=200, help="steps of each run (--per-step: timed calls)")
+    parser.add_argument("--per-step", action="store_true", help="time one train step three ways instead")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument(
         "--alone-runs", type=int, default=0, help="time only this many runs one by one and scale (0 = all of them)"
@@ -101,26 +170,31 @@ def main() -> None:
     from jaxnet import observe
 
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.per_step:
         for experiment in args.experiments.split(","):
-            for members in (int(m) for m in args.members.split(",")):
-                row = measure(
-                    experiment,
-                    members,
-                    args.steps,
-                    Path(tmp) / f"{experiment}-{members}",
-                    args.alone_runs,
-                )
-                rows.append(row)
-                print(
-                    f"{experiment}: {members} members x {args.steps} steps: batched {row['batched_wall_s']:.1f} s, "
-                    f"one by one {row['one_by_one_wall_s']:.1f} s, speed-up {row['speedup']:.2f}x "
-                    f"({row['members_at_once']} member(s) per vmapped step)",
-                    flush=True,
-                )
+            rows += measure_steps(experiment, int(args.members.split(",")[0]), args.steps)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            for experiment in args.experiments.split(","):
+                for members in (int(m) for m in args.members.split(",")):
+                    row = measure(
+                        experiment,
+                        members,
+                        args.steps,
+                        Path(tmp) / f"{experiment}-{members}",
+                        args.alone_runs,
+                    )
+                    rows.append(row)
+                    print(
+                        f"{experiment}: {members} members x {args.steps} steps: batched {row['batched_wall_s']:.1f} s, "
+                        f"one by one {row['one_by_one_wall_s']:.1f} s, speed-up {row['speedup']:.2f}x "
+                        f"({row['members_at_once']} member(s) per vmapped step)",
+                        flush=True,
+                    )
     platform = jax.devices()[0].platform
+    kind = "sweep-step" if args.per_step else "sweep-speed"
     record = {
-        "kind": "sweep-speed",
+        "kind": kind,
         "command": " ".join(["python", *sys.argv]),
         "date": datetime.date.today().isoformat(),
         "device": jax.devices()[0].device_kind if platform != "cpu" else observe.cpu_model(),
@@ -130,7 +204,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"sweep-speed-{platform}-{record['date']}.json"
+    path = out / f"{kind}-{platform}-{record['date']}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
 

@@ -304,7 +304,9 @@ def render_sweep() -> str:
         minutes = (r["wall_time_s"] - r.get("stopped_s", 0)) / 60
         body += [
             f"`{r['command']}` ({len(r['members'])} members in {len(r['programs'])} program(s), "
-            f"{minutes:.0f} min on a {device}, jax {env['versions']['jax']}, {env['date'][:10]}; "
+            f"{minutes:.0f} min on a {device}"
+            + (f" not counting {r['stopped_s'] / 60:.0f} min it was stopped" if r.get("stopped_s") else "")
+            + f", jax {env['versions']['jax']}, {env['date'][:10]}; "
             f"[record]({r['_file']})):",
             "",
             table,
@@ -326,6 +328,20 @@ def render_sweep() -> str:
                 f"| {row['experiment']} | {row['members']} | {row.get('members_at_once', row['members'])} "
                 f"| {row['steps']} | {row['batched_wall_s']:.1f} s "
                 f"| {row['one_by_one_wall_s']:.1f} s | {row['speedup']:.2f}x | {row['member_steps_per_s_batched']} |"
+            )
+        body.append("")
+    for r in (r for r in results if r.get("kind") == "sweep-step"):
+        body += [
+            f"One train step, a sweep's against a run's (`{r['command']}`; {r['device']}, jax "
+            f"{r['environment']['versions']['jax']}, {r['date']}; [record]({r['_file']})):",
+            "",
+            "| experiment | step | members | ms per member-step | fresh MiB touched per call |",
+            "|---|---|---|---|---|",
+        ]
+        for row in r["rows"]:
+            body.append(
+                f"| {row['experiment']} | {row['step']} | {row['members']} | {row['ms_per_member_step']:.1f} "
+                f"| {row['fresh_mib_per_call']:.0f} |"
             )
         body.append("")
     return "\n".join(body).rstrip() or "No sweep recorded yet."

@@ -221,8 +221,8 @@ def check_supported(cfg: Config) -> None:
 class Population:
     """The members of one program, trained as one: a :class:`~jaxnet.train.loop.Run` of the first
     member gives the data, model, task and mesh; the state holds every member along a leading
-    axis; the step is the member step vmapped over it. Provides what
-    :func:`~jaxnet.train.loop.run_loop` uses of a run."""
+    axis; the step is the member step vmapped over it, ``at_once`` members at a time (None: as
+    :func:`members_at_once` chooses). Provides what :func:`~jaxnet.train.loop.run_loop` uses of a run."""
 
     def __init__(
         self,

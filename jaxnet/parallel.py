@@ -116,14 +116,15 @@ def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> 
         )
 
 
-def put_batch(batch: Any, mesh: Mesh) -> Any:
+def put_batch(batch: Any, mesh: Mesh, lead: int = 0) -> Any:
     """Copy a host batch (a pytree of numpy arrays) onto the mesh, split along the batch axis.
 
     Scalars (e.g. a batch's ``reset`` flag) are copied to every device. With several processes,
     ``batch`` holds this process's rows (:func:`process_rows`) and the result is the global batch.
+    ``lead`` leading axes come before the batch axis, kept whole (a sweep's members).
     """
-    split, whole = batch_sharding(mesh), replicated(mesh)
-    shardings = jax.tree.map(lambda x: split if np.ndim(x) else whole, batch)
+    split, whole = NamedSharding(mesh, PartitionSpec(*[None] * lead, BATCH_AXES)), replicated(mesh)
+    shardings = jax.tree.map(lambda x: split if np.ndim(x) > lead else whole, batch)
     if jax.process_count() == 1:
         return jax.device_put(batch, shardings)
     return jax.tree.map(jax.make_array_from_process_local_data, shardings, batch)

@@ -308,9 +308,7 @@ class Population:
 
     def put_batch(self, batch: Any) -> Any:
         """A stacked host batch onto the mesh: members whole, each member's rows split as in a run."""
-        split = NamedSharding(self.mesh, PartitionSpec(None, parallel.BATCH_AXES))
-        whole = parallel.replicated(self.mesh)
-        return jax.device_put(batch, jax.tree.map(lambda x: split if np.ndim(x) > 1 else whole, batch))
+        return parallel.put_batch(batch, self.mesh, lead=1)
 
     def evaluate(self, state: Any, split: str) -> list[dict[str, float]]:
         """Each member's metrics on ``split``, computed as its own run computes them: member after

@@ -116,6 +116,7 @@ def measure_steps(experiment: str, members: int, steps: int) -> list[dict]:
     from jaxnet import config
     from jaxnet.study import common
     from jaxnet.sweep import Population, expand, parse
+    from jaxnet.train.loop import Run
 
     base = config.load_experiment(experiment, ["train.progress=false", "optim.warmup_steps=0"])
     dataset = common.load_dataset(base)
@@ -123,23 +124,22 @@ def measure_steps(experiment: str, members: int, steps: int) -> list[dict]:
     group = expand(base, parse(tokens)[0])
     rows = []
     for name, at_once in (("run's own step", None), ("vmapped all at once", 0), ("loop, one at a time", 1)):
-        pop = Population(group, dataset=dataset, at_once=0 if at_once is None else at_once)
-        if at_once is None:
-            run, size = pop.run, 1
-            stream = iter(run.train_batches(0))
-            batches = [run.put_batch(next(stream)) for _ in range(steps + 1)]
-            seconds, faults = timed(run.train_step, run.init_state(), batches)
-        else:
-            size = pop.size
-            stream = iter(pop.train_batches(0))
-            batches = [pop.put_batch(next(stream)) for _ in range(steps + 1)]
-            seconds, faults = timed(pop.train_step, pop.init_state(), batches)
+        # a run and a population provide the same train_batches, put_batch, init_state and train_step
+        one = (
+            Run(group[0].cfg, dataset=dataset)
+            if at_once is None
+            else Population(group, dataset=dataset, at_once=at_once)
+        )
+        size = 1 if at_once is None else one.size
+        stream = iter(one.train_batches(0))
+        batches = [one.put_batch(next(stream)) for _ in range(steps + 1)]
+        seconds, faults = timed(one.train_step, one.init_state(), batches)
         rows.append(
             {
                 "experiment": experiment,
                 "step": name,
                 "members": size,
-                "members_at_once": pop.at_once if at_once is not None else 1,
+                "members_at_once": 1 if at_once is None else one.at_once,
                 "ms_per_call": round(seconds * 1e3, 1),
                 "ms_per_member_step": round(seconds * 1e3 / size, 1),
                 "fresh_mib_per_call": round(faults * resource.getpagesize() / 2**20, 1),

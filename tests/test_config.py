@@ -202,6 +202,9 @@ class MLPConfig(jaxnet.ModelConfig):
     hidden: int = field(64, "hidden units", low=1)
     activation: str = field("relu", "nonlinearity", choices=("relu", "gelu"))
 
+    def build(self, *, outputs, seq_len, batch_axis):
+        return MLP(self.hidden, outputs)
+
 
 class MLP(nn.Module):
     hidden: int
@@ -212,7 +215,7 @@ class MLP(nn.Module):
         return nn.Dense(self.classes)(nn.relu(nn.Dense(self.hidden)(x.reshape(x.shape[0], -1))))
 
 
-jaxnet.models.register("mlp", MLPConfig, lambda cfg, n, seq_len, batch_axis: MLP(cfg.hidden, n), inputs="images")
+jaxnet.models.register("mlp", MLPConfig, inputs="images")
 
 
 def get_config(variant="default"):
@@ -223,10 +226,12 @@ def get_config(variant="default"):
 
 
 @pytest.fixture
-def registry(monkeypatch):
+def registry():
     """The model registry, restored after the test."""
-    monkeypatch.setattr(models, "REGISTRY", dict(models.REGISTRY))
-    return models.REGISTRY
+    saved = dict(models.REGISTRY)
+    yield models.REGISTRY
+    models.REGISTRY.clear()
+    models.REGISTRY.update(saved)
 
 
 def test_a_model_registered_by_an_experiment_file_has_checked_keys(tmp_path, registry):
@@ -262,6 +267,33 @@ def test_register_refuses_a_config_field_overrides_cannot_set(registry):
     with pytest.raises(ValueError, match="built-in"):
         models.register("convnet", models.ConvNetConfig, lambda *args: None)
     assert "listed" not in registry
+
+
+def test_register_refuses_a_config_class_that_cannot_build_its_module(registry):
+    @dataclasses.dataclass
+    class Unbuildable(ModelConfig):
+        hidden: int = config.field(8, "hidden units")
+
+    with pytest.raises(TypeError, match=re.escape("Unbuildable for model unbuildable needs a build(self, *, outputs")):
+        models.register("unbuildable", Unbuildable)
+    assert "unbuildable" not in registry
+
+
+def test_the_older_register_form_with_a_build_function_still_builds(registry):
+    @dataclasses.dataclass
+    class Older(ModelConfig):
+        hidden: int = config.field(8, "hidden units")
+
+    calls = []
+
+    def build(cfg, n, seq_len, batch_axis):
+        calls.append((cfg.dtype, n, seq_len))
+        return "module"
+
+    models.register("older", Older, build)
+    cfg = apply_overrides(Config(), ["model.name=older", "model.hidden=16"])
+    assert models.build(cfg.model, 10, 7, backend="cpu") == "module"
+    assert calls == [("float32", 10, 7)]  # the function got the config resolved for the backend
 
 
 def test_experiment_module_is_none_for_an_experiment_never_loaded():

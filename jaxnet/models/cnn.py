@@ -15,8 +15,8 @@ Parameters carry logical axis names for the parallelism rules: a kernel's input 
 first convolution's 1 or 3 input channels and the classifier's outputs are never split.
 Activations are marked ``(batch, ..., mlp)`` so the compiler keeps channels where the kernels are.
 
-:class:`ConvNetConfig` and :class:`ResNetConfig` are their ``model.*`` config keys;
-:func:`build_convnet` and :func:`build_resnet` make the modules from them.
+:class:`ConvNetConfig` and :class:`ResNetConfig` are their ``model.*`` config keys and make the
+modules (``build``); the two lines at the end register them as ``convnet`` and ``resnet``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.config import ModelConfig, field
 from jaxnet.errors import UserError
+from jaxnet.models.base import ModelConfig, field, register
 from jaxnet.models.common import DTYPES, conv_for_members
 
 Dtype = Any
@@ -42,6 +42,10 @@ class ConvNetConfig(ModelConfig):
     features: tuple[int, ...] = field((32, 64), "channels per conv layer", low=1)
     hidden: int = field(256, "width of the dense layer before the classifier", low=1)
     dropout: float = field(0.0, "dropout rate before the dense layers", low=0.0, high=0.95)
+
+    def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> ConvNet:
+        """The :class:`ConvNet` this config describes (its dtypes resolved, see :func:`jaxnet.models.resolve`)."""
+        return ConvNet(outputs, self.features, self.hidden, self.dropout, DTYPES[self.dtype], DTYPES[self.param_dtype])
 
 
 @dataclass
@@ -57,6 +61,10 @@ class ResNetConfig(ModelConfig):
                 f"model.features={self.features} and model.blocks={self.blocks} must have one entry "
                 "per ResNet stage each"
             )
+
+    def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> ResNet:
+        """The :class:`ResNet` this config describes; ``batch_axis`` names the mesh axes BatchNorm averages over."""
+        return ResNet(outputs, self.features, self.blocks, DTYPES[self.dtype], DTYPES[self.param_dtype], batch_axis)
 
 
 _IMAGE_ACT = ("batch", None, None, "mlp")
@@ -198,11 +206,5 @@ class ResNet(nn.Module):
         return x.astype(jnp.promote_types(self.dtype, jnp.float32))
 
 
-def build_convnet(cfg: ConvNetConfig, num_classes: int, seq_len: int = 0, batch_axis: Any = None) -> ConvNet:
-    """The :class:`ConvNet` ``cfg`` describes (its dtypes resolved, see :func:`jaxnet.models.resolve`)."""
-    return ConvNet(num_classes, cfg.features, cfg.hidden, cfg.dropout, DTYPES[cfg.dtype], DTYPES[cfg.param_dtype])
-
-
-def build_resnet(cfg: ResNetConfig, num_classes: int, seq_len: int = 0, batch_axis: Any = None) -> ResNet:
-    """The :class:`ResNet` ``cfg`` describes; ``batch_axis`` names the mesh axes BatchNorm averages over."""
-    return ResNet(num_classes, cfg.features, cfg.blocks, DTYPES[cfg.dtype], DTYPES[cfg.param_dtype], batch_axis)
+register("convnet", ConvNetConfig, inputs="images")
+register("resnet", ResNetConfig, inputs="images")

@@ -30,11 +30,13 @@ Parameters carry logical axis names (``vocab``, ``embed``, ``mlp`` for the hidde
 gates) for the parallelism rules; the gate pre-activations and logits are marked
 ``(batch, ..., mlp)`` and ``(batch, ..., vocab)`` for the compiler (no effect without axis rules).
 
-:class:`LSTMConfig` holds the ``model.*`` config keys; :func:`build_lstm` makes the model from it.
+:class:`LSTMConfig` holds the ``model.*`` config keys and makes the model (``build``); the last
+line registers it as ``lstm``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +46,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import rnn
 
-from jaxnet.config import ModelConfig, field
+from jaxnet.errors import UserError
+from jaxnet.models.base import ModelConfig, field, has_cudnn, register
 from jaxnet.models.common import DTYPES, lookup
 
 Dtype = Any
@@ -66,6 +69,33 @@ class LSTMConfig(ModelConfig):
         "recurrence; auto = cuDNN's fused LSTM on an NVIDIA GPU, a lax.scan loop otherwise",
         choices=("auto", "scan", "cudnn"),
     )
+
+    def for_backend(self, backend: str) -> LSTMConfig:
+        """Also ``lstm_impl=auto``: cuDNN's fused LSTM on an NVIDIA GPU, the ``lax.scan`` loop elsewhere;
+        an explicit ``cudnn`` elsewhere is a :class:`UserError`."""
+        cfg = super().for_backend(backend)
+        gpu = has_cudnn(backend)
+        impl = cfg.lstm_impl if cfg.lstm_impl != "auto" else ("cudnn" if gpu else "scan")
+        if impl == "cudnn" and not gpu:
+            raise UserError(
+                f"model.lstm_impl=cudnn needs an NVIDIA GPU (the backend here is {backend}); use model.lstm_impl=auto"
+            )
+        return dataclasses.replace(cfg, lstm_impl=impl)
+
+    def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> LSTMLanguageModel:
+        """The :class:`LSTMLanguageModel` this config describes over a vocabulary of ``outputs`` tokens
+        (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
+        return LSTMLanguageModel(
+            outputs,
+            self.layers,
+            self.width,
+            self.dropout,
+            self.init_scale,
+            self.tie_embeddings,
+            DTYPES[self.dtype],
+            DTYPES[self.param_dtype],
+            impl=self.lstm_impl,
+        )
 
 
 #: The fused LSTM the ``"cudnn"`` implementation calls, with ``jax.experimental.rnn.lstm``'s signature;
@@ -317,17 +347,4 @@ class LSTMLanguageModel(nn.Module):
         return logits.astype(jnp.promote_types(self.dtype, jnp.float32))
 
 
-def build_lstm(cfg: LSTMConfig, num_classes: int, seq_len: int = 0, batch_axis: Any = None) -> LSTMLanguageModel:
-    """The :class:`LSTMLanguageModel` ``cfg`` describes over a vocabulary of ``num_classes`` tokens
-    (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
-    return LSTMLanguageModel(
-        num_classes,
-        cfg.layers,
-        cfg.width,
-        cfg.dropout,
-        cfg.init_scale,
-        cfg.tie_embeddings,
-        DTYPES[cfg.dtype],
-        DTYPES[cfg.param_dtype],
-        impl=cfg.lstm_impl,
-    )
+register("lstm", LSTMConfig, inputs="tokens")

@@ -28,12 +28,13 @@ for the parallelism rules, and activations are marked where tensor parallelism s
 (Megatron: queries, keys and values by head, the MLP's hidden units, the logits by vocabulary;
 the residual stream whole on every tensor device). Without axis rules the marks do nothing.
 
-:class:`TransformerConfig` holds the ``model.*`` config keys; :func:`build_transformer` makes
-the model from it.
+:class:`TransformerConfig` holds the ``model.*`` config keys and makes the model (``build``);
+the last line registers it as ``transformer``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +43,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxnet.config import ModelConfig, field
 from jaxnet.errors import UserError
+from jaxnet.models.base import ModelConfig, field, has_cudnn, register
 from jaxnet.models.common import DTYPES, lookup
 
 Dtype = Any
@@ -75,6 +76,42 @@ class TransformerConfig(ModelConfig):
             raise UserError(
                 f"rotary positions need an even head size; model.width / model.heads = {self.width // self.heads}"
             )
+
+    def for_backend(self, backend: str) -> TransformerConfig:
+        """Also ``attention=auto``: cuDNN's fused kernel on an NVIDIA GPU when the compute dtype is
+        bfloat16 and the head size suits it, XLA's otherwise; an explicit ``cudnn`` where it cannot
+        run is a :class:`UserError`."""
+        cfg = super().for_backend(backend)
+        head_dim = cfg.width // cfg.heads
+        fused_ok = has_cudnn(backend) and cfg.dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128
+        attention = cfg.attention if cfg.attention != "auto" else ("cudnn" if fused_ok else "xla")
+        if attention == "cudnn" and not fused_ok:
+            raise UserError(
+                "model.attention=cudnn needs an NVIDIA GPU, model.dtype=bfloat16 and a head size (model.width / "
+                f"model.heads) that is a multiple of 8 up to 128; here the backend is {backend}, the dtype {cfg.dtype} "
+                f"and the head size {head_dim}. Use model.attention=auto"
+            )
+        return dataclasses.replace(cfg, attention=attention)
+
+    def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
+        """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``
+        tokens, with a context of ``seq_len`` (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
+        return TransformerLanguageModel(
+            outputs,
+            seq_len,
+            self.layers,
+            self.width,
+            self.heads,
+            self.mlp_ratio,
+            self.dropout,
+            self.position,
+            self.tie_embeddings,
+            DTYPES[self.dtype],
+            DTYPES[self.param_dtype],
+            attention=self.attention,
+            remat=self.remat,
+            causal=self.causal,
+        )
 
 
 def _normal(std: float, names: tuple) -> nn.initializers.Initializer:
@@ -318,24 +355,4 @@ class TransformerLanguageModel(nn.Module):
         return logits.astype(jnp.promote_types(self.dtype, jnp.float32))
 
 
-def build_transformer(
-    cfg: TransformerConfig, num_classes: int, seq_len: int = 0, batch_axis: Any = None
-) -> TransformerLanguageModel:
-    """The :class:`TransformerLanguageModel` ``cfg`` describes over a vocabulary of ``num_classes``
-    tokens, with a context of ``seq_len`` (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
-    return TransformerLanguageModel(
-        num_classes,
-        seq_len,
-        cfg.layers,
-        cfg.width,
-        cfg.heads,
-        cfg.mlp_ratio,
-        cfg.dropout,
-        cfg.position,
-        cfg.tie_embeddings,
-        DTYPES[cfg.dtype],
-        DTYPES[cfg.param_dtype],
-        attention=cfg.attention,
-        remat=cfg.remat,
-        causal=cfg.causal,
-    )
+register("transformer", TransformerConfig, inputs="tokens")

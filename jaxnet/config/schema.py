@@ -1,0 +1,339 @@
+"""The config schema: each section's typed fields, the keys they make, and the checks across them.
+
+A :class:`Config` is nested dataclasses, one per section (``data``, ``model``, ``optim``,
+``train``, ``mesh``, ``parallel``, ``profile``). Every value a user can set is a typed field with
+a one-line description (:func:`field`), so ``jaxnet train EXP --show-config`` can list them
+(:func:`describe`) and every value is checked against them (:func:`validate` adds the checks
+that involve more than one value).
+
+The model section is not here: each model family owns its config (a subclass of
+:class:`~jaxnet.models.base.ModelConfig` beside its module, registered in :mod:`jaxnet.models`),
+so the ``model.*`` keys are those of the family ``cfg.model`` is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from jaxnet.errors import UserError
+from jaxnet.models import base as model_base
+from jaxnet.models.base import ModelConfig, field, leaves, model_config, model_keys
+
+
+@dataclass
+class DataConfig:
+    """Which dataset, where it is, and how batches are made from it."""
+
+    name: str = field(
+        "fashion_mnist",
+        "dataset ('arrays' = data given from Python or by an experiment file's data(cfg))",
+        choices=("fashion_mnist", "mnist", "cifar10", "ptb", "shakespeare", "text", "arrays"),
+    )
+    dir: str = field("", "directory holding the dataset files ('' = the standard location)")
+    path: str = field("", "text file to train a language model on (data.name=text)")
+    tokenizer: str = field(
+        "",
+        "text tokenizer ('' = the dataset's own: word for ptb, char for shakespeare and text)",
+        choices=("", "char", "word", "byte"),
+    )
+    seq_len: int = field(0, "language models: tokens per sequence (BPTT length or context)", low=0)
+    batching: str = field(
+        "",
+        "language models: 'stream' = contiguous streams carrying state across batches (LSTM), 'windows' = "
+        "random windows ('' = stream for lstm, windows otherwise)",
+        choices=("", "stream", "windows"),
+    )
+    val_size: int = field(5000, "image datasets: training examples held out for validation", low=0)
+    augment: bool = field(False, "random crop (4 px padding) and horizontal flip")
+    prefetch: int = field(2, "batches prepared ahead of the step on a background thread", low=0)
+    mask_rate: float = field(
+        0.15,
+        "masked_lm: fraction of tokens chosen for prediction (80 % become a mask token, 10 % a random token, "
+        "10 % stay)",
+        low=0.01,
+        high=0.5,
+    )
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer, learning-rate schedule, clipping and gradient accumulation."""
+
+    name: str = field("adamw", "optimizer", choices=("adamw", "sgd"))
+    lr: float = field(1e-3, "peak learning rate", low=0.0)
+    momentum: float = field(0.9, "SGD momentum (0 = plain SGD)", low=0.0, high=0.999)
+    nesterov: bool = field(False, "Nesterov momentum for SGD")
+    b1: float = field(0.9, "AdamW first-moment decay", low=0.0, high=0.9999)
+    b2: float = field(0.999, "AdamW second-moment decay", low=0.0, high=0.99999)
+    weight_decay: float = field(
+        0.0, "AdamW: decoupled, scaled by the learning rate; SGD: L2 term added to the gradient", low=0.0
+    )
+    schedule: str = field(
+        "cosine",
+        "learning-rate schedule after warmup ('step': multiply by decay_factor every decay_every steps "
+        "from step decay_start on)",
+        choices=("cosine", "constant", "step"),
+    )
+    decay_start: int = field(0, "step schedule: first step with a decayed learning rate", low=0)
+    decay_every: int = field(1, "step schedule: steps between decays", low=1)
+    decay_factor: float = field(0.5, "step schedule: learning-rate multiplier per decay", low=0.0, high=1.0)
+    warmup_steps: int = field(0, "linear warmup from 0 to lr over this many steps", low=0)
+    end_lr_factor: float = field(
+        0.0, "final learning rate of the cosine schedule, as a fraction of lr", low=0.0, high=1.0
+    )
+    clip_norm: float = field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
+    grad_accum: int = field(1, "split each batch into this many micro-batches and average their gradients", low=1)
+
+
+@dataclass
+class TrainConfig:
+    """Length of the run, batch sizes, and how often to log, evaluate and checkpoint."""
+
+    steps: int = field(1000, "optimizer updates in the whole run", low=1)
+    batch_size: int = field(128, "examples per optimizer update (global, across devices)", low=1)
+    eval_batch_size: int = field(1000, "examples (images, or text sequences / streams) per evaluation batch", low=1)
+    log_every: int = field(50, "steps between training-metric logs (when the host waits for the device)", low=1)
+    eval_every: int = field(0, "steps between validation passes (0 = only at the end)", low=0)
+    checkpoint_every: int = field(500, "steps between checkpoints (0 = only at the end)", low=0)
+    keep_checkpoints: int = field(3, "checkpoints kept on disk (the newest ones)", low=1)
+    stop_after: int = field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
+    label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
+    progress: bool = field(True, "show a progress bar")
+    on_nonfinite: str = field(
+        "stop",
+        "a NaN or Inf loss or gradient: stop the run (naming the step), or skip that update inside the step",
+        choices=("stop", "skip"),
+    )
+
+
+@dataclass
+class MeshConfig:
+    """How the devices are arranged."""
+
+    data: int = field(-1, "devices along the data-parallel axis (-1 = the rest of the devices)", low=-1)
+    fsdp: int = field(
+        1, "devices that split the batch and shard parameters and optimizer state (-1 = the rest)", low=-1
+    )
+    tensor: int = field(1, "devices that split attention heads and hidden units (-1 = the rest)", low=-1)
+
+
+@dataclass
+class ParallelConfig:
+    """How the devices of the mesh cooperate on a step."""
+
+    mode: str = field(
+        "sharded",
+        "sharded: one program over the whole mesh, the compiler places the work (jit + NamedSharding); "
+        "replicas: a whole model copy per device, gradients averaged with pmean (shard_map)",
+        choices=("sharded", "replicas"),
+    )
+    sgd: str = field(
+        "sync",
+        "sync: one update per step from the whole batch; async: parallel.workers simulated workers, one update "
+        "each per step, from parameters parallel.staleness updates old (Hogwild-style); local: workers update "
+        "their own copies and average them every parallel.local_steps steps",
+        choices=("sync", "async", "local"),
+    )
+    workers: int = field(1, "async/local: simulated workers; each takes batch_size / workers rows of a step", low=1)
+    staleness: int = field(0, "async: how many updates old the parameters are that a worker's gradient uses", low=0)
+    delay: str = field(
+        "fixed",
+        "async: fixed = every gradient is parallel.staleness updates old; random = a draw from 0..staleness per "
+        "update (deterministic given the seed), for workers of unequal speed",
+        choices=("fixed", "random"),
+    )
+    local_steps: int = field(1, "local: steps between averaging the workers' copies (H)", low=1)
+
+
+@dataclass
+class ProfileConfig:
+    """Tracing a few steps for TensorBoard's profiler or Perfetto."""
+
+    steps: str = field(
+        "", "trace updates A to B (e.g. 10-20) into WORKDIR/profile for TensorBoard or Perfetto ('' = off)"
+    )
+
+
+@dataclass
+class Config:
+    """Everything that defines a run. Saved as ``config.json`` in the run directory."""
+
+    experiment: str = field("", "experiment[:variant] this config came from")
+    seed: int = field(0, "seed for initialisation, data order, dropout and augmentation", low=0)
+    task: str = field(
+        "",
+        "what the model is trained to do: '' = the data's own (classification for images, lm for text); "
+        "classification, lm, masked_lm, regression, or a task an experiment file defines",
+    )
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=lambda: model_config(DEFAULT_MODEL))
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as nested dicts of plain values, ready for ``json.dumps`` (the model section
+        holds its family's keys only)."""
+        tree = dataclasses.asdict(self)
+        tree["model"] = {k.partition(".")[2]: tree["model"][k.partition(".")[2]] for k in model_keys(type(self.model))}
+        return tree
+
+
+DEFAULT_MODEL = "convnet"
+
+
+def keys(cfg: Config | None = None) -> dict[str, dataclasses.Field]:
+    """Every settable key of ``cfg`` (default ``Config()``): the sections' and its model family's.
+
+    >>> "model.heads" in keys(load_experiment("transformer_shakespeare"))   # doctest: +SKIP
+    True
+    """
+    cfg = cfg if cfg is not None else Config()
+    out: dict[str, dataclasses.Field] = {}
+    for key, f in leaves(Config).items():
+        if key == "model.name":
+            out.update(model_keys(type(cfg.model)))
+        elif not key.startswith("model."):
+            out[key] = f
+    return out
+
+
+def describe(cfg: Config | None = None) -> str:
+    """One line per settable key of ``cfg`` (default ``Config()``): name, type, default and what it does."""
+    cfg = cfg if cfg is not None else Config()
+    lines = []
+    for key, f in keys(cfg).items():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        choices = f.metadata.get("choices")
+        if key == "model.name":
+            default, choices = cfg.model.name, tuple(model_base.REGISTRY)
+        type_name = getattr(f.type, "__name__", str(f.type).replace("typing.", ""))
+        shown = f" {{{'|'.join(choices)}}}" if choices else ""
+        lines.append(f"{key:24s} {type_name:16s} {default!s:14s} {f.metadata.get('doc', '')}{shown}")
+    return "\n".join(lines)
+
+
+def check_field(key: str, value: Any, f: dataclasses.Field) -> None:
+    choices, low, high = f.metadata.get("choices"), f.metadata.get("low"), f.metadata.get("high")
+    if choices and value not in choices:
+        raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}")
+    every = ": every entry " if isinstance(value, tuple) else " "
+    for v in value if isinstance(value, tuple) else (value,):
+        if low is not None and v < low:
+            raise UserError(f"{key}={_show(value)}{every}must be >= {low}")
+        if high is not None and v > high:
+            raise UserError(f"{key}={_show(value)}{every}must be <= {high}")
+
+
+def _show(value: Any) -> str:
+    """A value as it is written on the command line: ``32,0`` for a tuple, ``1.5`` for a number."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else repr(value)
+
+
+TEXT_DATA = ("ptb", "shakespeare", "text")
+IMAGE_DATA = ("fashion_mnist", "mnist", "cifar10")
+
+
+def validate(cfg: Config) -> None:
+    """Checks that involve more than one value, or that every field check would miss."""
+    families = model_base.REGISTRY
+    if cfg.model.name not in families:
+        raise model_base.unknown_model(cfg.model.name)
+    family = families[cfg.model.name]
+    if type(cfg.model) is not family.config:
+        raise UserError(
+            f"model.name={cfg.model.name} is a {family.config.__name__}, but the config's model is a "
+            f"{type(cfg.model).__name__}: set cfg.model = {family.config.__name__}(...) rather than cfg.model.name "
+            f"(or register {type(cfg.model).__name__} under a name of its own)"
+        )
+    for key, f in keys(cfg).items():
+        node: Any = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        check_field(key, node, f)
+    if cfg.train.batch_size % cfg.optim.grad_accum:
+        raise UserError(
+            f"train.batch_size={cfg.train.batch_size} is not divisible by "
+            f"optim.grad_accum={cfg.optim.grad_accum}; pick a batch size that is a multiple of it"
+        )
+    if cfg.optim.warmup_steps > cfg.train.steps:
+        raise UserError(
+            f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}; "
+            "lower optim.warmup_steps or raise train.steps"
+        )
+    for axis in ("data", "fsdp", "tensor"):
+        if getattr(cfg.mesh, axis) == 0:
+            raise UserError(f"mesh.{axis}=0: use a positive device count or -1 for the rest of the devices")
+    text_data = cfg.data.name in TEXT_DATA
+    if family.inputs != "any" and cfg.data.name in TEXT_DATA + IMAGE_DATA and text_data != (family.inputs == "tokens"):
+        token_models = [name for name, f in families.items() if f.inputs == "tokens"]
+        raise UserError(
+            f"model.name={cfg.model.name} cannot train on data.name={cfg.data.name}; language models "
+            f"({', '.join(token_models)}) need text data ({', '.join(TEXT_DATA)}) and image models need image data"
+        )
+    if text_data and cfg.data.seq_len < 1:
+        raise UserError("language models need data.seq_len >= 1 (tokens per training sequence)")
+    if cfg.data.name == "text" and not cfg.data.path:
+        raise UserError("data.name=text needs data.path=FILE, the text file to train on")
+    cfg.model.validate()
+    if cfg.model.name == "lstm" and cfg.optim.grad_accum > 1:
+        raise UserError("optim.grad_accum > 1 cannot be used with model.name=lstm (its carried state is per batch row)")
+    if "float64" in (cfg.model.dtype, cfg.model.param_dtype):
+        import jax
+
+        if not jax.config.read("jax_enable_x64"):
+            raise UserError("model.dtype=float64 needs JAX's 64-bit mode: run with JAX_ENABLE_X64=1")
+    profile_steps(cfg)
+    if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1):
+        raise UserError(
+            f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1 and "
+            f"mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.tensor={cfg.mesh.tensor})"
+        )
+    _check_sgd(cfg)
+
+
+def _check_sgd(cfg: Config) -> None:
+    """Asynchronous and local SGD: settings that fit together."""
+    p = cfg.parallel
+    if p.sgd == "sync":
+        defaults = {"workers": 1, "staleness": 0, "local_steps": 1}
+        changed = [f"parallel.{k}={getattr(p, k)}" for k, v in defaults.items() if getattr(p, k) != v]
+        if changed:
+            raise UserError(f"{', '.join(changed)} needs parallel.sgd=async or parallel.sgd=local")
+        return
+    if p.mode != "sharded":
+        raise UserError(f"parallel.sgd={p.sgd} simulates its workers inside one step: use parallel.mode=sharded")
+    if cfg.optim.grad_accum != 1:
+        raise UserError(f"parallel.sgd={p.sgd} cannot be combined with optim.grad_accum={cfg.optim.grad_accum}")
+    if cfg.train.batch_size % p.workers:
+        raise UserError(
+            f"train.batch_size={cfg.train.batch_size} is not divisible by parallel.workers={p.workers}; "
+            "each worker takes an equal share of the batch"
+        )
+    if p.sgd == "local" and p.staleness:
+        raise UserError("parallel.staleness is for parallel.sgd=async; local SGD uses parallel.local_steps")
+    if p.sgd == "async" and p.local_steps != 1:
+        raise UserError("parallel.local_steps is for parallel.sgd=local; asynchronous SGD uses parallel.staleness")
+
+
+def profile_steps(cfg: Config) -> tuple[int, int] | None:
+    """The updates ``profile.steps=A-B`` asks to trace, as ``(A, B)`` (1-based, inclusive), or None."""
+    text = cfg.profile.steps.strip()
+    if not text:
+        return None
+    first, sep, last = text.partition("-")
+    if not (sep and first.strip().isdigit() and last.strip().isdigit()):
+        raise UserError(f"profile.steps={text!r}: expected A-B, the first and last update to trace, e.g. 10-20")
+    a, b = int(first), int(last)
+    if not 1 <= a <= b <= cfg.train.steps:
+        raise UserError(f"profile.steps={text}: needs 1 <= A <= B <= train.steps={cfg.train.steps}")
+    return a, b
+
+
+def batching(cfg: Config) -> str:
+    """How a language model's batches are made: the explicit ``data.batching`` or the model's default."""
+    return cfg.data.batching or ("stream" if cfg.model.name == "lstm" else "windows")

@@ -138,6 +138,21 @@ class Progress:
             self._bar.close()
 
 
+def headline(metrics: dict[str, float], split: str) -> str:
+    """The metric people quote: perplexity (word LM), bits per character (char LM) or accuracy;
+    otherwise the loss and every other metric of the task."""
+    if "perplexity" in metrics:
+        return f"{split} perplexity {metrics['perplexity']:.2f}  {split} loss {metrics['loss']:.4f}"
+    if "bpc" in metrics:
+        return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bpc']:.4f} bits per character)"
+    if "bits_per_byte" in metrics:
+        return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bits_per_byte']:.4f} bits per byte)"
+    if "accuracy" in metrics:
+        return f"{split} accuracy {metrics['accuracy']:.4f}  {split} loss {metrics['loss']:.4f}"
+    others = "".join(f"  {split} {k} {v:.4g}" for k, v in metrics.items() if k != "loss")
+    return f"{split} loss {metrics['loss']:.4g}{others}"
+
+
 def _fmt(value: float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 

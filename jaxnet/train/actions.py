@@ -21,9 +21,20 @@ from typing import Any
 import jax
 
 from jaxnet.errors import UserError
+from jaxnet.observe import headline
 
 # Train-step metrics that are counts or step numbers, not per-step values to average.
 COUNTS = ("nonfinite", "first_nonfinite")
+
+
+def nonfinite_error(first: int, last_good: int, workdir: Path) -> UserError:
+    """The error that stops a run whose loss or gradient became NaN or Inf at update ``first``."""
+    newest = f"the newest checkpoint is step {last_good}" if last_good else "there is no checkpoint yet"
+    return UserError(
+        f"the loss or gradient became NaN or Inf at step {first}; {newest} in {workdir}. Likely causes: a "
+        "learning rate too high (lower optim.lr or add optim.warmup_steps), exploding gradients (set "
+        "optim.clip_norm), or NaN/Inf in the data; or set train.on_nonfinite=skip to skip such updates"
+    )
 
 
 class Action:
@@ -118,8 +129,6 @@ class Loop:
             totals = jax.device_get(self.sums)
             bad = int(totals["nonfinite"])
             if bad and not self.skip:
-                from jaxnet.train.loop import nonfinite_error
-
                 raise nonfinite_error(int(totals["first_nonfinite"]), self.saved_step, self.workdir)
             self._totals = (self.step, totals)
         return self._totals[1]
@@ -237,8 +246,6 @@ class Validate(Action):
         return super().due(loop) and loop.step != self.steps
 
     def __call__(self, loop: Loop) -> None:
-        from jaxnet.train.loop import headline
-
         val = loop.timed(lambda: loop.run.evaluate(loop.state, "val"))
         if val:
             loop.log(val, "val")

@@ -30,6 +30,7 @@ from jaxnet.config import Config
 from jaxnet.data import pipeline
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
+from jaxnet.observe import headline
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import state as state_lib
 from jaxnet.train.step import (
@@ -88,16 +89,6 @@ class Interrupts:
     def name(self) -> str | None:
         """``SIGTERM`` or ``SIGINT`` once one has been received, else None."""
         return signal.Signals(self.received).name if self.received is not None else None
-
-
-def nonfinite_error(first: int, last_good: int, workdir: Path) -> UserError:
-    """The error that stops a run whose loss or gradient became NaN or Inf at update ``first``."""
-    newest = f"the newest checkpoint is step {last_good}" if last_good else "there is no checkpoint yet"
-    return UserError(
-        f"the loss or gradient became NaN or Inf at step {first}; {newest} in {workdir}. Likely causes: a "
-        "learning rate too high (lower optim.lr or add optim.warmup_steps), exploding gradients (set "
-        "optim.clip_norm), or NaN/Inf in the data; or set train.on_nonfinite=skip to skip such updates"
-    )
 
 
 def default_workdir(cfg: Config) -> Path:
@@ -417,21 +408,6 @@ def _completed_summary(workdir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return summary if isinstance(summary, dict) and summary.get("complete") else None
-
-
-def headline(metrics: dict[str, float], split: str) -> str:
-    """The metric people quote: perplexity (word LM), bits per character (char LM) or accuracy;
-    otherwise the loss and every other metric of the task."""
-    if "perplexity" in metrics:
-        return f"{split} perplexity {metrics['perplexity']:.2f}  {split} loss {metrics['loss']:.4f}"
-    if "bpc" in metrics:
-        return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bpc']:.4f} bits per character)"
-    if "bits_per_byte" in metrics:
-        return f"{split} loss {metrics['loss']:.4f} nats ({metrics['bits_per_byte']:.4f} bits per byte)"
-    if "accuracy" in metrics:
-        return f"{split} accuracy {metrics['accuracy']:.4f}  {split} loss {metrics['loss']:.4f}"
-    others = "".join(f"  {split} {k} {v:.4g}" for k, v in metrics.items() if k != "loss")
-    return f"{split} loss {metrics['loss']:.4g}{others}"
 
 
 def _result_line(summary: dict[str, Any]) -> str:

@@ -37,6 +37,10 @@ class ResidualMLPConfig(jaxnet.ModelConfig):
     blocks: int = jaxnet.config.field(2, "residual blocks", low=1)
     dropout: float = jaxnet.config.field(0.1, "dropout inside each block", low=0.0, high=0.9)
 
+    def build(self, *, outputs, seq_len, batch_axis):
+        """The module this config describes, with ``outputs`` classes."""
+        return ResidualMLP(outputs, self.hidden, self.blocks, self.dropout)
+
 
 class ResidualMLP(nn.Module):
     """Pixels -> width ``hidden`` -> ``blocks`` x (LayerNorm, Dense, GELU, Dense, + input) -> classes.
@@ -61,11 +65,7 @@ class ResidualMLP(nn.Module):
         return dense(self.classes, ("embed", None))(nn.LayerNorm()(x))
 
 
-jaxnet.models.register(
-    "residual_mlp",
-    ResidualMLPConfig,
-    lambda cfg, classes, seq_len, batch_axis: ResidualMLP(classes, cfg.hidden, cfg.blocks, cfg.dropout),
-)
+jaxnet.models.register("residual_mlp", ResidualMLPConfig)
 
 
 def get_config(variant: str = "default") -> jaxnet.Config:

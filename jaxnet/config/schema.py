@@ -218,6 +218,7 @@ def describe(cfg: Config | None = None) -> str:
 
 
 def check_field(key: str, value: Any, f: dataclasses.Field) -> None:
+    """A :class:`UserError` unless ``value`` is one of field ``f``'s choices and within its limits."""
     choices, low, high = f.metadata.get("choices"), f.metadata.get("low"), f.metadata.get("high")
     if choices and value not in choices:
         raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}")

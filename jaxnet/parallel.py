@@ -307,7 +307,7 @@ class _Watch:
         self.heard: dict[int, float] = {}  # when each peer was last heard from
         self.ended: set[int] = set()  # processes that said bye or failed: their connection may close
         self.beat = time.monotonic()
-        self.serving = True
+        self.serving = True  # process 0's loop goes on while this holds (a test ends it)
 
     def listen(self, client: Any, port: int) -> None:
         """Process 0: listen where each other process will connect, tell it the port, and serve."""

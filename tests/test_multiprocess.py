@@ -306,6 +306,18 @@ def test_a_line_without_its_end_costs_bounded_memory_and_is_dropped():
     assert lines.feed(b"xx\nbeat\n") == [["beat"]]  # the long line's end is dropped too
 
 
+@pytest.mark.parametrize("value", ["abc", "70000", "-1"])
+def test_a_bad_watch_port_is_a_one_line_error(monkeypatch, value):
+    from jaxnet import parallel
+    from jaxnet.errors import UserError
+
+    monkeypatch.setenv("JAXNET_WATCH_PORT", value)
+    with pytest.raises(UserError, match=f"JAXNET_WATCH_PORT={value}: expected a port number"):
+        parallel.watch_port()
+    monkeypatch.setenv("JAXNET_WATCH_PORT", "12355")
+    assert parallel.watch_port() == 12355
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

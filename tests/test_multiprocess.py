@@ -4,9 +4,11 @@ logs, and leave checkpoints that a single process resumes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -35,11 +37,56 @@ def _losses(workdir: Path) -> dict[tuple[int, str], float]:
     return {(r["step"], r["split"]): r["loss"] for r in lines}
 
 
-def _run(command: list[str], devices: int) -> subprocess.CompletedProcess:
+def _run(command: list[str], devices: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``command`` with ``devices`` simulated CPU devices per process; it must succeed."""
-    result = subprocess.run(command, capture_output=True, text=True, env=_env(devices), timeout=300, cwd=ROOT)
+    env = {**_env(devices), **(env or {})}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def _stranger(address: tuple[str, int], payload: bytes, wait: float = 5.0) -> bool:
+    """Connect to a watch, send ``payload`` and say whether the watch closed the connection
+    within ``wait`` seconds (after sending its challenge first)."""
+    import socket
+    import time
+
+    with socket.create_connection(address, timeout=wait) as connection:
+        assert connection.recv(4096).startswith(b"challenge ")
+        with contextlib.suppress(OSError):  # the watch may close before it has read it all
+            connection.sendall(payload)
+        until = time.monotonic() + wait
+        while time.monotonic() < until:
+            try:
+                if not connection.recv(4096):
+                    return True
+            except TimeoutError:
+                pass
+            except OSError:  # reset: closed with data unread
+                return True
+        return False
+
+
+def _disturb(address: tuple[str, int], wait: float = 5.0) -> dict[str, bool]:
+    """What a stranger who can reach process 0's watch might send, each on a connection of its
+    own: for each, whether the watch closed that connection within ``wait`` seconds. Then 100
+    connections opened and closed at once."""
+    import random
+    import socket
+
+    rng = random.Random(0)
+    attempts = {
+        "hello 1": b"hello 1\n",
+        "failed 1 9": b"failed 1 9\n",
+        "random bytes": rng.randbytes(4096),
+        "1 MB line without a newline": b"x" * 1_000_000,
+        # a handshake seen on another connection: its proof is for another challenge
+        "replayed handshake": f"hello 1 {rng.randbytes(16).hex()} {rng.randbytes(32).hex()}\n".encode(),
+    }
+    closed = {name: _stranger(address, payload, wait) for name, payload in attempts.items()}
+    for _ in range(100):
+        socket.create_connection(address, timeout=5).close()
+    return closed
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +98,43 @@ def runs(tmp_path_factory):
     one_process = [sys.executable, "-m", "jaxnet", "train", *args]
     two_processes = [str(ROOT / "scripts" / "launch_local.sh"), "2", *args]
     one = _run([*one_process, "--workdir", str(tmp / "one")], 8)
-    two = _run([*two_processes, "--workdir", str(tmp / "two")], 4)
+    # The two-process run is disturbed by a stranger at process 0's watch while it trains.
+    port, disturbed = _free_port(), {}
+    stranger = threading.Thread(target=_disturb_when_listening, args=(("localhost", port), disturbed), daemon=True)
+    stranger.start()
+    two = _run([*two_processes, "--workdir", str(tmp / "two")], 4, env={"JAXNET_WATCH_PORT": str(port)})
+    stranger.join(timeout=60)
     # Stopped after 20 steps by two processes, finished by one process with its own 8 devices.
     half = _run([*two_processes, "train.stop_after=20", "--workdir", str(tmp / "moved")], 4)
     rest = _run([*one_process, "--workdir", str(tmp / "moved")], 8)
-    return {"one": (tmp / "one", one), "two": (tmp / "two", two), "half": (tmp / "moved", half), "rest": rest}
+    return {
+        "one": (tmp / "one", one),
+        "two": (tmp / "two", two),
+        "half": (tmp / "moved", half),
+        "rest": rest,
+        "disturbed": disturbed,
+    }
+
+
+def _disturb_when_listening(address: tuple[str, int], report: dict) -> None:
+    """:func:`_disturb` as soon as the watch at ``address`` listens, into ``report`` (with
+    ``during``: whether the run was still going afterwards, the watch still answering)."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(address, timeout=5).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    report["closed"] = _disturb(address)
+    try:
+        with socket.create_connection(address, timeout=5) as connection:
+            report["during"] = connection.recv(4096).startswith(b"challenge ")
+    except OSError:
+        report["during"] = False
 
 
 def test_two_processes_train_like_one_process_with_as_many_devices(runs):
@@ -85,6 +164,158 @@ def test_checkpoints_written_by_two_processes_resume_in_one(runs):
     assert "resuming" in runs["rest"].stdout
     expected, got = _losses(runs["one"][0]), _losses(moved)
     assert got[(30, "test")] == pytest.approx(expected[(30, "test")], rel=1e-5)
+
+
+def test_a_stranger_at_the_watch_neither_stops_nor_changes_a_two_process_run(runs):
+    """While two processes train, a stranger connects to process 0's watch and sends what stopped
+    a run before the watch checked who it talks to: each such connection is closed, the run goes
+    on, and it ends with the losses of one process with as many devices, as an undisturbed run."""
+    disturbed = runs["disturbed"]
+    names = ["hello 1", "failed 1 9", "random bytes", "1 MB line without a newline", "replayed handshake"]
+    assert disturbed["closed"] == dict.fromkeys(names, True)
+    assert disturbed["during"]  # the watch still answered after the stranger was done
+    expected, got = _losses(runs["one"][0]), _losses(runs["two"][0])
+    assert got[(30, "test")] == pytest.approx(expected[(30, "test")], rel=1e-5)
+    assert json.loads((runs["two"][0] / "summary.json").read_text())["complete"]
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    """Process 0's watch of a 3-process run, in a thread on localhost, with the secret ``b"s" *
+    32`` and 3 s to prove it; what would stop the process is recorded in ``watch.stops`` instead."""
+    import socket
+
+    from jaxnet import parallel
+
+    stops = []
+    monkeypatch.setattr(parallel, "_exit", lambda code, message=None: stops.append(message))
+    monkeypatch.setattr(parallel, "_HELLO_SECONDS", 3.0)
+    monkeypatch.setattr(parallel, "_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(parallel, "_BEAT_SECONDS", 0.2)
+    watch = parallel._Watch(0, 3, silence=60, secret=b"s" * 32)
+    watch.stops = stops
+    server = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=watch.serve, args=([server],), daemon=True)
+    thread.start()
+    watch.address = server.getsockname()
+    yield watch
+    watch.serving = False
+    thread.join(timeout=10)
+    server.close()
+
+
+def _hello(secret: bytes, index: int, challenge: str, nonce: str) -> bytes:
+    """A joining process's answer to ``challenge``, computed here from the protocol's description."""
+    import hashlib
+    import hmac
+
+    proof = hmac.new(secret, f"hello {index} {challenge} {nonce}".encode(), hashlib.sha256).hexdigest()
+    return f"hello {index} {nonce} {proof}\n".encode()
+
+
+def _wait_for(condition, seconds: float = 5.0) -> bool:
+    import time
+
+    until = time.monotonic() + seconds
+    while not condition() and time.monotonic() < until:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_the_watch_closes_every_connection_that_does_not_prove_it_belongs_to_the_run(watch):
+    import socket
+
+    closed = _disturb(watch.address, wait=1.0)  # closed at once, not when its 3 s to prove itself are up
+    assert closed == dict.fromkeys(closed, True) and len(closed) == 5
+    secret, nonce = b"s" * 32, "ab" * 16
+    assert _stranger(watch.address, b"hello 1 " + nonce.encode() + b" " + b"0" * 64 + b"\n")  # a guessed proof
+    with socket.create_connection(watch.address, timeout=5) as connection:  # an id outside the run
+        challenge = connection.recv(4096).split()[1].decode()
+        connection.sendall(_hello(secret, 3, challenge, nonce))
+        assert connection.recv(4096) == b""
+    silent = socket.create_connection(watch.address, timeout=5)  # proves nothing within 3 s
+    assert silent.recv(4096).startswith(b"challenge ") and silent.recv(4096) == b""
+    assert watch.peers == {} and watch.stops == []
+
+
+def test_only_a_proven_process_can_stop_the_run_and_a_recorded_handshake_proves_nothing(watch):
+    import hashlib
+    import hmac
+    import socket
+
+    from jaxnet import parallel
+
+    secret, nonce = b"s" * 32, "cd" * 16
+    one = socket.create_connection(watch.address, timeout=5)
+    challenge = one.recv(4096).split()[1].decode()
+    hello = _hello(secret, 1, challenge, nonce)
+    one.sendall(hello)
+    welcome = one.recv(4096).split()
+    assert welcome[0] == b"welcome"  # and process 0 proves it holds the secret too
+    expected = hmac.new(secret, f"welcome 1 {challenge} {nonce}".encode(), hashlib.sha256).hexdigest()
+    assert welcome[1].decode() == expected
+    assert _stranger(watch.address, hello)  # the same handshake again: the challenge is another
+    with socket.create_connection(watch.address, timeout=5) as again:  # a second, valid hello for 1
+        again.sendall(_hello(secret, 1, again.recv(4096).split()[1].decode(), nonce))
+        assert again.recv(4096) == b""
+    assert list(watch.peers) == [1] and watch.stops == []
+
+    joined = parallel._handshake(watch.address, 2, secret)  # the real joining side
+    assert joined is not None and sorted(watch.peers) == [1, 2]
+    joined[0].sendall(b"failed 9\n")
+    assert _wait_for(lambda: len(watch.stops) == 1)
+    assert "process 2 of 3 stopped with exit code 9" in watch.stops[0]
+    assert b"failed 2 9" in one.recv(4096)  # told to the others
+    one.close()
+    assert _wait_for(lambda: len(watch.stops) == 2)
+    assert "process 1 of 3 stopped unexpectedly" in watch.stops[1]
+    joined[0].close()
+
+
+def test_a_joining_process_does_not_trust_a_watch_without_the_run_s_secret():
+    import socket
+
+    from jaxnet import parallel
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def impostor():
+            connection, _ = server.accept()
+            with connection:
+                connection.sendall(b"challenge " + b"ef" * 16 + b"\n")
+                connection.recv(4096)
+                connection.sendall(b"welcome " + b"0" * 64 + b"\n")
+                connection.recv(4096)
+
+        thread = threading.Thread(target=impostor, daemon=True)
+        thread.start()
+        assert parallel._handshake(server.getsockname(), 1, b"s" * 32) is None
+        thread.join(timeout=10)
+
+
+def test_a_line_without_its_end_costs_bounded_memory_and_is_dropped():
+    from jaxnet import parallel
+
+    lines = parallel._Lines()
+    assert lines.feed(b"be") == [] and lines.feed(b"at\nbye\nfai") == [["beat"], ["bye"]]
+    assert lines.feed(b"led 9\n") == [["failed", "9"]] and not lines.too_long
+    for _ in range(256):  # 1 MiB, no newline
+        assert lines.feed(b"x" * 4096) == []
+        assert len(lines.buffer) <= parallel._LINE_BYTES
+    assert lines.too_long
+    assert lines.feed(b"xx\nbeat\n") == [["beat"]]  # the long line's end is dropped too
+
+
+@pytest.mark.parametrize("value", ["abc", "70000", "-1"])
+def test_a_bad_watch_port_is_a_one_line_error(monkeypatch, value):
+    from jaxnet import parallel
+    from jaxnet.errors import UserError
+
+    monkeypatch.setenv("JAXNET_WATCH_PORT", value)
+    with pytest.raises(UserError, match=f"JAXNET_WATCH_PORT={value}: expected a port number"):
+        parallel.watch_port()
+    monkeypatch.setenv("JAXNET_WATCH_PORT", "12355")
+    assert parallel.watch_port() == 12355
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,8 @@ Your own work: any Flax module, :func:`jaxnet.data.arrays`, a :class:`jaxnet.Tas
     summary = jaxnet.train(cfg, "runs/mine", model=MLP(), dataset=data, task=jaxnet.tasks.regression())
 """
 
+# First: the jaxnet command re-executes itself with its malloc settings before JAX loads.
+from jaxnet import _startup  # noqa: F401, I001
 from jaxnet import data, models, tasks
 from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset

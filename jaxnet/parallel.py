@@ -62,8 +62,8 @@ def simulated_cpu_devices() -> int:
 
 
 def make_room_for_simulated_devices() -> None:
-    """Give XLA's CPU client twice as many threads as the devices it simulates (unless
-    ``$PJRT_NPROC`` says otherwise), before JAX starts it.
+    """Give XLA's CPU client at least twice as many threads as the devices it simulates, before
+    JAX starts it: ``$PJRT_NPROC``, the client's thread count, is set or raised to that.
 
     The client runs each device's part of a multi-device program on a thread of one pool, sized
     to the device count when the machine has fewer cores, and every part must be running at once
@@ -73,22 +73,25 @@ def make_room_for_simulated_devices() -> None:
     devices (a busy machine, evaluation's many small programs), a waiting dispatch holds a thread
     a part needs, the parts already running wait in their collectives for it, and XLA aborts the
     process after 40 s ("Termination timeout for `all gather RendezvousKey{...}`"). With twice
-    the threads, one call's dispatches and one program's parts always fit. Nothing changes
-    without simulated devices, nor once JAX has started its backends (too late to size the pool).
+    the threads, one call's dispatches and one program's parts always fit. A larger value (more
+    cores, or the user's) is kept; nothing changes without simulated devices, nor once JAX has
+    started its backends (too late to size the pool).
     """
     from jax._src import xla_bridge  # whether the CPU client exists already: no public API says
 
     devices = simulated_cpu_devices()
-    if devices < 2 or "PJRT_NPROC" in os.environ or xla_bridge.backends_are_initialized():
+    if devices < 2 or xla_bridge.backends_are_initialized():
         return
-    reserved = os.environ.get("NPROC", "").strip()  # XLA's own default: $NPROC, else the usable cores
-    if reserved.isdigit():
-        cores = int(reserved)
+    # What XLA would use: $PJRT_NPROC, else $NPROC (a CPU reservation), else the usable cores.
+    # An inherited value counts too: a parent process may have simulated fewer devices.
+    given = next((v for v in (os.environ.get(k, "").strip() for k in ("PJRT_NPROC", "NPROC")) if v.isdigit()), "")
+    if given:
+        threads = int(given)
     elif hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
+        threads = len(os.sched_getaffinity(0))
     else:
-        cores = os.cpu_count() or 1
-    os.environ["PJRT_NPROC"] = str(max(cores, 2 * devices))
+        threads = os.cpu_count() or 1
+    os.environ["PJRT_NPROC"] = str(max(threads, 2 * devices))
 
 
 def mesh_shape(cfg: MeshConfig, device_count: int) -> dict[str, int]:

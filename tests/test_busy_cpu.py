@@ -94,13 +94,20 @@ def test_more_cores_than_twice_the_devices_keep_xlas_thread_count(fresh_cpu_clie
     assert os.environ["PJRT_NPROC"] == "64"
 
 
-def test_client_threads_are_left_alone_without_simulated_devices_or_when_the_user_chose(fresh_cpu_client):
-    parallel.make_room_for_simulated_devices()  # one device
-    assert "PJRT_NPROC" not in os.environ
-    fresh_cpu_client.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    fresh_cpu_client.setenv("PJRT_NPROC", "9")
+def test_client_threads_are_left_alone_without_simulated_devices(fresh_cpu_client):
     parallel.make_room_for_simulated_devices()
-    assert os.environ["PJRT_NPROC"] == "9"
+    assert "PJRT_NPROC" not in os.environ
+
+
+def test_a_thread_count_already_set_is_raised_never_lowered(fresh_cpu_client):
+    """A value inherited from a process that simulated fewer devices is raised; a larger one is kept."""
+    fresh_cpu_client.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    fresh_cpu_client.setenv("PJRT_NPROC", "8")
+    parallel.make_room_for_simulated_devices()
+    assert os.environ["PJRT_NPROC"] == "16"
+    fresh_cpu_client.setenv("PJRT_NPROC", "40")
+    parallel.make_room_for_simulated_devices()
+    assert os.environ["PJRT_NPROC"] == "40"
 
 
 def test_a_started_cpu_client_is_left_alone(monkeypatch):

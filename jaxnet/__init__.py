@@ -12,7 +12,7 @@ Your own work: any Flax module, :func:`jaxnet.data.arrays`, a :class:`jaxnet.Tas
 
 # First: the jaxnet command re-executes itself with its malloc settings before JAX loads.
 from jaxnet import _startup  # noqa: F401, I001
-from jaxnet import data, models, tasks
+from jaxnet import data, models, parallel, tasks
 from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
@@ -21,6 +21,8 @@ from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
 from jaxnet.train import evaluate, train
 from jaxnet.train.actions import Action, every
+
+parallel.make_room_for_simulated_devices()  # before anything starts JAX's CPU client
 
 __version__ = "0.1.0"
 

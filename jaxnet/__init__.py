@@ -11,9 +11,11 @@ Your own work: any Flax module, :func:`jaxnet.data.arrays`, a :class:`jaxnet.Tas
 """
 
 from jaxnet import data, models, tasks
+from jaxnet.checkpoint import load_params
 from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
+from jaxnet.models.adapters import Model
 from jaxnet.sample import generate, sample
 from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
@@ -26,6 +28,7 @@ __all__ = [
     "Action",
     "Config",
     "Dataset",
+    "Model",
     "ModelConfig",
     "Task",
     "TextDataset",
@@ -36,6 +39,7 @@ __all__ = [
     "every",
     "generate",
     "load_experiment",
+    "load_params",
     "models",
     "sample",
     "sweep",

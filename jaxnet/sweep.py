@@ -481,7 +481,7 @@ def train_population(
         if start == 0:
             progress.note(
                 f"{pop.size} members of {cfg.experiment or 'a run'} in one program ({_at_once_text(pop)}): "
-                f"{type(pop.model).__name__} "
+                f"{pop.model.name} "
                 f"with {num_params:,} parameters each, {pop.dataset.describe()}, {train_cfg.steps} steps of "
                 f"{train_cfg.batch_size} on {pop.mesh.size} {jax.devices()[0].platform} device(s)"
             )

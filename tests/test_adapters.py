@@ -137,3 +137,159 @@ def test_same_weights_train_to_the_same_losses_as_linen_and_resume_exactly(kind,
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(final), strict=True))
     evaluated = jaxnet.evaluate(tmp_path / "whole", "test", model=model, dataset=DATA, task=TASK)
     assert evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
+
+
+class NNXNormed(nnx.Module):
+    """BatchNorm statistics (model state the trainer carries) and dropout (from the module's Rngs)."""
+
+    def __init__(self, rate: float):
+        rngs = nnx.Rngs(params=1, dropout=2)
+        self.hidden = nnx.Linear(4, HIDDEN, rngs=rngs)
+        self.norm = nnx.BatchNorm(HIDDEN, rngs=rngs)
+        self.drop = nnx.Dropout(rate, rngs=rngs)
+        self.out = nnx.Linear(HIDDEN, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.drop(nnx.relu(self.norm(self.hidden(x)))))
+
+
+class EqxDropout(eqx.Module):
+    hidden: eqx.nn.Linear
+    drop: eqx.nn.Dropout
+    out: eqx.nn.Linear
+
+    def __init__(self):
+        keys = jax.random.split(jax.random.PRNGKey(3))
+        self.hidden, self.drop = eqx.nn.Linear(4, HIDDEN, key=keys[0]), eqx.nn.Dropout(0.5)
+        self.out = eqx.nn.Linear(HIDDEN, 3, key=keys[1])
+
+    def __call__(self, x, key=None):
+        return self.out(self.drop(jax.nn.relu(self.hidden(x)), key=key))
+
+
+def stopped_and_resumed(model, workdir) -> list[float]:
+    jaxnet.train(config("train.stop_after=3"), workdir, model=model, dataset=DATA, task=TASK)
+    jaxnet.train(config(), workdir, model=model, dataset=DATA, task=TASK)
+    return train_losses(workdir)
+
+
+def test_nnx_batch_statistics_are_carried_and_dropout_draws_from_the_step_key(tmp_path):
+    summary = jaxnet.train(config(), tmp_path / "whole", model=NNXNormed(0.5), dataset=DATA, task=TASK)
+    losses = train_losses(tmp_path / "whole")
+    assert stopped_and_resumed(NNXNormed(0.5), tmp_path / "resumed") == losses
+    jaxnet.train(config(), tmp_path / "no_dropout", model=NNXNormed(0.0), dataset=DATA, task=TASK)
+    assert train_losses(tmp_path / "no_dropout")[0] != losses[0]  # the masks are drawn in training...
+    again = jaxnet.evaluate(tmp_path / "whole", "test", model=NNXNormed(0.5), dataset=DATA, task=TASK)
+    assert again["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)  # ...and not in evaluation
+
+    # The running statistics moved away from their initial 0 and 1 (momentum 0.99, 6 steps).
+    from jaxnet.checkpoint import Checkpoints
+
+    ckpts = Checkpoints(tmp_path / "whole" / "checkpoints", read_only=True)
+    saved = ckpts._manager.item_metadata(6)["state"]
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
+    stats = ckpts.restore(target)["model_state"]["batch_stats"]["norm"]
+    ckpts.close()
+    assert set(stats) == {"mean", "var"}
+    assert 0 < np.abs(np.asarray(stats["mean"])).max() < 1 and not np.allclose(stats["var"], 1)
+
+
+def test_equinox_dropout_gets_a_key_per_example_in_training_and_none_in_evaluation(tmp_path):
+    summary = jaxnet.train(config(), tmp_path / "whole", model=EqxDropout(), dataset=DATA, task=TASK)
+    losses = train_losses(tmp_path / "whole")
+    assert stopped_and_resumed(EqxDropout(), tmp_path / "resumed") == losses
+    eval_model = eqx.nn.inference_mode(EqxDropout())
+    params = jaxnet.load_params(tmp_path / "whole")
+    trained = eqx.tree_at(
+        lambda m: (m.hidden.weight, m.hidden.bias, m.out.weight, m.out.bias),
+        eval_model,
+        (params["hidden"]["weight"], params["hidden"]["bias"], params["out"]["weight"], params["out"]["bias"]),
+    )
+    test = classes(24, 2)
+    logits = jax.vmap(trained)(jnp.asarray(test["x"]))
+    expected = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), test["y"][:, None], axis=1))
+    assert summary["test"]["loss"] == pytest.approx(float(expected), rel=1e-5)
+
+
+class BatchFirst(eqx.Module):
+    """Written for a batch, not for one example."""
+
+    linear: eqx.nn.Linear
+
+    def __init__(self):
+        self.linear = eqx.nn.Linear(4, 3, key=jax.random.PRNGKey(0))
+
+    def __call__(self, x, key=None):
+        return jax.vmap(self.linear)(x)
+
+
+def without_batch_axis(rng, x):
+    return {"w": jnp.zeros((4, 3))}
+
+
+BAD_MODELS = {
+    "not a model": (lambda: (lambda x: x), "model is a function; pass a Flax Linen module, a Flax NNX module, an "
+                    "Equinox module or jaxnet.Model(init=..., apply=...)"),
+    "equinox on a batch": (BatchFirst, "Equinox model BatchFirst failed on one example (float32[4]): "),
+    "wrong output shape": (
+        lambda: jaxnet.Model(without_batch_axis, lambda p, x, train, rng: (x @ p["w"])[0]),
+        "jaxnet.Model: apply returned outputs of shape [3] for a batch of 1; return one row per example",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MODELS))
+def test_a_bad_model_is_one_line_before_anything_is_written(case, tmp_path):
+    make, message = BAD_MODELS[case]
+    with pytest.raises(jaxnet.UserError) as error:
+        jaxnet.train(config(), tmp_path / "run", model=make(), dataset=DATA, task=TASK)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+EXPERIMENT = '''
+import equinox as eqx
+import jax
+import numpy as np
+import jaxnet
+
+
+class Linear(eqx.Module):
+    layer: eqx.nn.Linear
+
+    def __init__(self, outputs):
+        self.layer = eqx.nn.Linear(4, outputs, key=jax.random.PRNGKey(0))
+
+    def __call__(self, x, key=None):
+        return self.layer(x)
+
+
+def data(cfg):
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    split = {"x": x, "y": (x[:, 0] > 0).astype(np.int32)}
+    return jaxnet.data.arrays(train=split, test=split)
+
+
+def model(cfg):
+    return Linear(2)
+
+
+def task(cfg):
+    return jaxnet.tasks.classification(inputs="x", target="y")
+
+
+def get_config(variant):
+    return jaxnet.apply_overrides(
+        jaxnet.Config(), ["data.name=arrays", "train.batch_size=8", "train.steps=4", "train.progress=false"]
+    )
+'''
+
+
+def test_an_experiment_file_model_may_be_an_equinox_module_and_evaluates_from_its_run(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(EXPERIMENT)
+    summary = jaxnet.train(jaxnet.load_experiment(str(path)), tmp_path / "run")
+    assert summary["model"] == "Linear" and summary["param_count"] == 10
+    evaluated = jaxnet.evaluate(tmp_path / "run", "test")
+    assert evaluated["step"] == 4 and evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)

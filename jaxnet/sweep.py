@@ -551,7 +551,7 @@ def sweep(
     workdir: str | Path | None = None,
     *,
     overrides: Sequence[str] = (),
-    model: nn.Module | None = None,
+    model: Any = None,
     dataset: Any = None,
     task: tasks.Task | None = None,
     members_per_program: int = 0,

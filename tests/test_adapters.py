@@ -139,6 +139,25 @@ def test_same_weights_train_to_the_same_losses_as_linen_and_resume_exactly(kind,
     assert evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_vmapped_two_member_sweep_trains_each_member_as_its_own_linen_run(kind, linen_run, tmp_path):
+    linen_dir, _ = linen_run
+    record = jaxnet.sweep(
+        config(),
+        {"optim.lr": [1e-2, 3e-2]},
+        tmp_path / "sweep",
+        model=KINDS[kind](linen_params()),
+        dataset=DATA,
+        task=TASK,
+        members_at_once=2,
+        say=lambda *_: None,
+    )
+    assert [m["complete"] for m in record["members"]] == [True, True]
+    same_lr = tmp_path / "sweep" / "optim.lr=0.03"  # the Linen run's learning rate
+    np.testing.assert_allclose(train_losses(same_lr), train_losses(linen_dir), rtol=1e-5)
+    assert train_losses(tmp_path / "sweep" / "optim.lr=0.01") != train_losses(same_lr)
+
+
 class NNXNormed(nnx.Module):
     """BatchNorm statistics (model state the trainer carries) and dropout (from the module's Rngs)."""
 

@@ -312,3 +312,22 @@ def test_an_experiment_file_model_may_be_an_equinox_module_and_evaluates_from_it
     assert summary["model"] == "Linear" and summary["param_count"] == 10
     evaluated = jaxnet.evaluate(tmp_path / "run", "test")
     assert evaluated["step"] == 4 and evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
+
+
+def test_nnx_partitioning_metadata_places_parameters_on_the_mesh_axes_and_unnamed_ones_stay_whole():
+    from jaxnet.train.loop import Run
+
+    class Sharded(nnx.Module):
+        def __init__(self):
+            init = nnx.initializers.lecun_normal()
+            with nnx.use_eager_sharding(False):  # the names only; jaxnet places the arrays
+                self.hidden = nnx.Linear(4, HIDDEN, kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
+                                         rngs=nnx.Rngs(0))  # fmt: skip
+            self.out = nnx.Linear(HIDDEN, 3, rngs=nnx.Rngs(1))
+
+        def __call__(self, x):
+            return self.out(nnx.relu(self.hidden(x)))
+
+    run = Run(config(), model=Sharded(), dataset=DATA, task=TASK)
+    specs = jax.tree.map(lambda s: tuple(s.spec), run.state_shardings.params)
+    assert specs == {"hidden": {"kernel": ("fsdp", "tensor"), "bias": ()}, "out": {"kernel": (), "bias": ()}}

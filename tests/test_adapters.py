@@ -229,6 +229,10 @@ def test_equinox_dropout_gets_a_key_per_example_in_training_and_none_in_evaluati
     logits = jax.vmap(trained)(jnp.asarray(test["x"]))
     expected = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), test["y"][:, None], axis=1))
     assert summary["test"]["loss"] == pytest.approx(float(expected), rel=1e-5)
+    earlier = jaxnet.load_params(tmp_path / "whole", step=3)
+    assert not np.array_equal(earlier["out"]["weight"], params["out"]["weight"])
+    with pytest.raises(jaxnet.UserError, match=r"has no checkpoint step 99 \(steps there: 3, 6\)$"):
+        jaxnet.load_params(tmp_path / "whole", step=99)
 
 
 class BatchFirst(eqx.Module):

@@ -10,7 +10,9 @@ Your own work: any Flax module, :func:`jaxnet.data.arrays`, a :class:`jaxnet.Tas
     summary = jaxnet.train(cfg, "runs/mine", model=MLP(), dataset=data, task=jaxnet.tasks.regression())
 """
 
-from jaxnet import data, models, tasks
+# First: the jaxnet command re-executes itself with its malloc settings before JAX loads.
+from jaxnet import _startup  # noqa: F401, I001
+from jaxnet import data, models, parallel, tasks
 from jaxnet.checkpoint import load_params
 from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset
@@ -21,6 +23,8 @@ from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
 from jaxnet.train import evaluate, train
 from jaxnet.train.actions import Action, every
+
+parallel.make_room_for_simulated_devices()  # before anything starts JAX's CPU client
 
 __version__ = "0.1.0"
 

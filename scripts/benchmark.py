@@ -11,6 +11,7 @@ README from the results files (``scripts/update_readme.py``).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv: list[str]) -> int:
     """Run the matrix with ``argv`` passed on to ``jaxnet bench``; returns the exit code."""
     sys.path.insert(0, str(ROOT))
+    from jaxnet import _startup
+
+    env = _startup.environment(dict(os.environ))
+    if env is not None:  # the allocator setting the jaxnet command runs with, read at process start
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
     import jax
 
     from jaxnet.cli import main as jaxnet

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="jaxnet-record-"))
     workdir = keep or scratch / "run"
     command = ["jaxnet", "train", experiment, *overrides, "--workdir", str(workdir)]
-    started = time.perf_counter()
+    load_start, started = os.getloadavg()[0], time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "jaxnet", *command[1:]], cwd=ROOT)
     wall = time.perf_counter() - started
     if result.returncode != 0:
@@ -77,6 +78,8 @@ def main(argv: list[str]) -> int:
         "device": device_name(env),
         "platform": env["platform"],
         "wall_time_s": round(wall, 1),
+        # 1-minute load averages at the start and the end: on a shared machine, how busy it was.
+        "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "test": summary.get("test", {}),
         "val": summary.get("val", {}),
         "steps": summary["step"],

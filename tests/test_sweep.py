@@ -135,6 +135,7 @@ def test_keys_that_change_the_program_split_the_grid():
         (["optim.lr=0.1,0.1"], "lists the value 0.1 twice"),
         (["seed=1"], "nothing to sweep"),
         ({"optim.lr": []}, "optim.lr has no values"),
+        (["optim.lr=0.1,0.2", "train.steps_per_call=1,2"], "jaxnet sweep runs one step per call"),
     ],
 )
 def test_bad_grids_are_one_line_errors(tokens, message, tmp_path):

@@ -314,6 +314,8 @@ def measure_case(case: Case, opts: Options) -> dict[str, Any]:
         interval = 2
     else:
         interval = max(5, min(500, round(opts.seconds / 3 / fixture.step_time())))
+    per_call = cfg.train.steps_per_call  # the runner logs at the end of a call
+    interval = -(-interval // per_call) * per_call
     measure = {
         "runner": lambda: measure_runner(cfg, dataset, interval),
         "handwritten": lambda: fixture.handwritten(interval),

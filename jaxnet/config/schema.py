@@ -99,6 +99,12 @@ class TrainConfig:
     checkpoint_every: int = field(500, "steps between checkpoints (0 = only at the end)", low=0)
     keep_checkpoints: int = field(3, "checkpoints kept on disk (the newest ones)", low=1)
     stop_after: int = field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
+    steps_per_call: int = field(
+        1,
+        "steps run by one compiled call (a lax.scan over that many batches): one dispatch and host round trip per "
+        "call; log_every, eval_every and checkpoint_every must be multiples of it",
+        low=1,
+    )
     label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
     progress: bool = field(True, "show a progress bar")
     on_nonfinite: str = field(
@@ -289,12 +295,28 @@ def validate(cfg: Config) -> None:
         if not jax.config.read("jax_enable_x64"):
             raise UserError("model.dtype=float64 needs JAX's 64-bit mode: run with JAX_ENABLE_X64=1")
     profile_steps(cfg)
+    _check_steps_per_call(cfg)
     if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1):
         raise UserError(
             f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1 and "
             f"mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.tensor={cfg.mesh.tensor})"
         )
     _check_sgd(cfg)
+
+
+def _check_steps_per_call(cfg: Config) -> None:
+    """Logs, evaluations and checkpoints fall between calls of ``train.steps_per_call`` steps."""
+    t = cfg.train
+    k = t.steps_per_call
+    for key in ("log_every", "eval_every", "checkpoint_every"):
+        value = getattr(t, key)
+        if value % k:
+            lower, higher = value // k * k, -(-value // k) * k
+            fits = f"{lower} or {higher}" if lower else str(higher)
+            raise UserError(
+                f"train.{key}={value} is not a multiple of train.steps_per_call={k}: set train.{key}={fits}, "
+                f"or a train.steps_per_call that divides {value}"
+            )
 
 
 def _check_sgd(cfg: Config) -> None:

@@ -39,7 +39,9 @@ from jaxnet.train.step import (
     make_async_train_step,
     make_eval_step,
     make_local_train_step,
+    make_multi_step,
     make_train_step,
+    metric_zeros,
 )
 
 TRANSFORM_STREAM = 3  # a task's host transform of training batch s draws from default_rng([seed, this, s])
@@ -179,6 +181,13 @@ class Run:
             # same compiled step instead of compiling again for a new layout.
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
+        # train.steps_per_call > 1: that many steps in one compiled call, on stacked batches.
+        self.steps_per_call = cfg.train.steps_per_call
+        self.train_calls = jax.jit(
+            make_multi_step(step),
+            donate_argnums=0,
+            out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
+        )
         self.eval_step = jax.jit(
             parallel.under_rules(make_eval_step(self.model, self.task), self.mesh),
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
@@ -270,6 +279,20 @@ class Run:
     def put_batch(self, batch: Any) -> Any:
         """A host batch onto the mesh, split along the batch axis."""
         return parallel.put_batch(batch, self.mesh)
+
+    def call_batches(self, start: int, end: int) -> Any:
+        """``(n, batch)`` for each call of the steps from ``start`` to ``end`` (see
+        :func:`call_sizes`): a host batch (``n`` = 1) or ``n`` of them stacked along a new leading
+        axis, the same batches in the same order as :meth:`train_batches`."""
+        batches = self.train_batches(start)
+        for n in call_sizes(start, end, self.steps_per_call):
+            group = [next(batches) for _ in range(n)]
+            yield n, group[0] if n == 1 else jax.tree.map(lambda *rows: np.stack(rows), *group)
+
+    def put_call(self, item: tuple[int, Any]) -> tuple[int, Any]:
+        """An item of :meth:`call_batches` onto the mesh (stacked batches split along axis 1)."""
+        n, batch = item
+        return n, parallel.put_batch(batch, self.mesh, lead=int(n > 1))
 
     def _eval_batches(self, split: str) -> tuple[Any, int]:
         """Evaluation batches of ``split`` (this process's rows of them) and their number of rows
@@ -468,6 +491,14 @@ def train(
     run = Run(cfg, model=model, dataset=dataset, task=task)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
+    per_call = cfg.train.steps_per_call
+    for action in extra:
+        if action.every % per_call:  # a call ends only on multiples of train.steps_per_call
+            name = getattr(action, "name", type(action).__name__)
+            raise UserError(
+                f"action {name} runs every {action.every} steps, which is not a multiple of "
+                f"train.steps_per_call={per_call}; give it an every that is, or set train.steps_per_call=1"
+            )
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
         environment["experiment_file"] = str(Path(config_lib.experiment_module(cfg.experiment).__file__).resolve())
     previous = _open_workdir(workdir, cfg, adopt)
@@ -562,29 +593,74 @@ def _train(
     return summary
 
 
+def call_sizes(start: int, end: int, steps_per_call: int) -> Any:
+    """How many steps each call takes from ``start`` to ``end``: single steps up to a multiple of
+    ``steps_per_call``, then ``steps_per_call`` at a time, then single steps for what is left.
+    Calls thus end on the multiples of ``steps_per_call``, where logs, evaluations and
+    checkpoints fall, also after resuming from a step that is not one."""
+    step = start
+    while step < end:
+        n = steps_per_call if step % steps_per_call == 0 and step + steps_per_call <= end else 1
+        yield n
+        step += n
+
+
 def run_loop(run: Run, loop: actions_lib.Loop, actions: list[actions_lib.Action]) -> float:
-    """The loop core: step from ``loop.step`` to ``loop.end``, calling each action that is due
-    after every step. Returns the seconds spent compiling the step."""
-    batches = pipeline.prefetch(run.train_batches(loop.start), run.cfg.data.prefetch, run.put_batch)
+    """The loop core: step from ``loop.step`` to ``loop.end``, one step or ``train.steps_per_call``
+    steps per call, calling each action that is due after every call. Returns the seconds spent
+    compiling."""
+    steps_per_call = getattr(run, "steps_per_call", 1)  # a sweep's population steps one at a time
+    if steps_per_call > 1:
+        source = pipeline.prefetch(run.call_batches(loop.start, loop.end), run.cfg.data.prefetch, run.put_call)
+        batches = source
+    else:
+        source = pipeline.prefetch(run.train_batches(loop.start), run.cfg.data.prefetch, run.put_batch)
+        batches = ((1, b) for b in source)
     loop_start = time.perf_counter()
+    programs: dict[int, Any] = {}
+    zeros: list[Any] = []  # metric totals of no steps, on the mesh: where a call's totals start
+    compile_seconds = 0.0
+
+    def program(n: int, batch: Any) -> Any:
+        """The compiled step (``n`` = 1) or ``n``-step call, compiled ahead of time for the placed
+        state and batch when first needed: the same program every call, and XLA's memory plan."""
+        nonlocal compile_seconds
+        if n not in programs:
+            started = time.perf_counter()
+            if n == 1:
+                programs[n] = run.train_step.lower(loop.state, batch).compile()
+            else:
+                one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
+                shapes = jax.eval_shape(run.train_step, loop.state, one)[1]
+                zeros.append(jax.device_put(metric_zeros(shapes), parallel.replicated(run.mesh)))
+                programs[n] = run.train_calls.lower(loop.state, batch, zeros[0]).compile()
+            if len(programs) > 1:  # compiled mid-run: left out of the steps' time
+                spent = time.perf_counter() - started
+                compile_seconds += spent
+                loop.paused += spent
+                loop.interval_start += spent
+        return programs[n]
+
     try:
-        # Compiled ahead of time for the placed state and batch: the same program every step, and
-        # XLA's memory plan for the start-up report.
-        batch = next(batches) if loop.end > loop.start else None
-        train_step = run.train_step.lower(loop.state, batch).compile() if batch is not None else None
+        n, batch = next(batches) if loop.end > loop.start else (1, None)
+        first = program(n, batch) if batch is not None else None
         compile_seconds = time.perf_counter() - loop_start
-        loop.progress.note(parallel.describe(run.mesh, loop.state, train_step))
+        loop.progress.note(parallel.describe(run.mesh, loop.state, first))
         loop.paused += compile_seconds
         loop.interval_start = time.perf_counter()
         for action in actions:
             action.begin(loop)
         while loop.step < loop.end:
             if loop.step > loop.start:
-                batch = next(batches)
-            loop.state, metrics = train_step(loop.state, batch)
-            loop.sums = metrics if loop.sums is None else accumulate(loop.sums, metrics)
-            loop.interval_steps += 1
-            loop.step += 1
+                n, batch = next(batches)
+            if n == 1:
+                loop.state, metrics = program(n, batch)(loop.state, batch)
+                loop.sums = metrics if loop.sums is None else accumulate(loop.sums, metrics)
+            else:
+                call = program(n, batch)
+                loop.state, loop.sums = call(loop.state, batch, zeros[0] if loop.sums is None else loop.sums)
+            loop.interval_steps += n
+            loop.step += n
             for action in actions:
                 if action.due(loop):
                     action(loop)
@@ -593,7 +669,7 @@ def run_loop(run: Run, loop: actions_lib.Loop, actions: list[actions_lib.Action]
     finally:
         for action in actions:
             action.close(loop)
-        batches.close()
+        source.close()
     loop.seconds = time.perf_counter() - loop_start
     return compile_seconds
 

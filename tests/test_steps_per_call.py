@@ -1,0 +1,103 @@
+"""train.steps_per_call=K: K steps in one compiled call give the same run as one step per call
+(the same batches, updates, logs and checkpoints), resume exactly, and bad settings are one line."""
+
+from __future__ import annotations
+
+import json
+
+import flax.linen as nn
+import numpy as np
+import pytest
+
+import jaxnet
+from jaxnet import observe
+from jaxnet.train.loop import call_sizes
+
+WEIGHTS = np.array([1.0, -2.0, 0.5], np.float32)
+
+
+def linear_data(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    return {"x": x, "y": (x @ WEIGHTS + 0.1 * rng.normal(size=n)).astype(np.float32)}
+
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(1)(nn.relu(nn.Dense(16)(x)))[..., 0]
+
+
+DATA = {"train": linear_data(96, 0), "val": linear_data(16, 1), "test": linear_data(16, 2)}
+SETTINGS = ["data.name=arrays", "optim.lr=1e-2", "train.steps=10", "train.batch_size=8", "train.eval_batch_size=16"]
+SETTINGS += ["train.log_every=4", "train.eval_every=8", "train.checkpoint_every=4", "train.progress=false"]
+
+
+def train(workdir, *extra: str, actions=None) -> dict:
+    cfg = jaxnet.apply_overrides(jaxnet.Config(experiment="k"), [*SETTINGS, *extra])
+    return jaxnet.train(
+        cfg, workdir, model=MLP(), dataset=jaxnet.data.arrays(**DATA), task=jaxnet.tasks.regression(), actions=actions
+    )
+
+
+def logged(workdir) -> list[tuple]:
+    """Every logged value but the speeds, in order."""
+    rows = observe.read_metrics(workdir / "metrics.jsonl")
+    speed = ("steps_per_s", "examples_per_s")
+    return [(r["step"], r["split"], sorted((k, v) for k, v in r.items() if k not in speed)) for r in rows]
+
+
+def test_calls_end_on_multiples_of_k_with_single_steps_around_them():
+    assert list(call_sizes(0, 10, 4)) == [4, 4, 1, 1]
+    assert list(call_sizes(3, 20, 4)) == [1, 4, 4, 4, 4]  # resumed from step 3
+    assert list(call_sizes(5, 7, 4)) == [1, 1]
+    assert list(call_sizes(0, 6, 1)) == [1] * 6
+
+
+def test_k_steps_per_call_log_the_same_values_and_reach_the_same_parameters(tmp_path):
+    one = train(tmp_path / "one")
+    four = train(tmp_path / "four", "train.steps_per_call=4")  # calls of 4, 4, then 1 and 1
+    assert logged(tmp_path / "four") == logged(tmp_path / "one")
+    assert four["test"] == one["test"]  # bitwise: the loss of every test example summed the same way
+    assert sorted(p.name for p in (tmp_path / "four" / "checkpoints").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one" / "checkpoints").iterdir()
+    )
+
+
+def test_a_run_of_k_steps_per_call_resumes_exactly_from_a_step_between_calls(tmp_path):
+    whole = train(tmp_path / "whole", "train.steps_per_call=2")
+    # Stopped after 3 steps (a call of 2, then 1), resumed: 1 step to reach a multiple of 2, then calls of 2.
+    train(tmp_path / "resumed", "train.steps_per_call=2", "train.stop_after=3")
+    assert json.loads((tmp_path / "resumed" / "summary.json").read_text())["step"] == 3
+    resumed = train(tmp_path / "resumed", "train.steps_per_call=2")
+    assert resumed["test"] == whole["test"]
+    val = lambda workdir: [row for row in logged(workdir) if row[1] != "train"]  # noqa: E731
+    assert val(tmp_path / "resumed") == val(tmp_path / "whole")  # step 8's validation, the end's val and test
+
+
+def test_an_action_sees_the_run_after_each_call_at_its_multiples(tmp_path):
+    seen = []
+    train(tmp_path / "run", "train.steps_per_call=2", actions=[jaxnet.every(4, lambda loop: seen.append(loop.step))])
+    assert seen == [4, 8]
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["train.steps_per_call=3"], "log_every=4 is not a multiple of .*=3: set train.log_every=3 or 6,"),
+        (["train.steps_per_call=4", "train.eval_every=6"], "eval_every=6 is not .*: set train.eval_every=4 or 8,"),
+        (["train.steps_per_call=4", "train.checkpoint_every=2"], "checkpoint_every=2 .*: set train.checkpoint_every=4"),
+        (["train.steps_per_call=0"], "train.steps_per_call"),
+    ],
+)
+def test_intervals_that_are_not_multiples_of_k_are_one_line_errors_before_anything_is_written(tmp_path, extra, words):
+    with pytest.raises(jaxnet.UserError, match=words) as caught:
+        train(tmp_path / "run", *extra)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_action_whose_interval_is_not_a_multiple_of_k_is_refused(tmp_path):
+    with pytest.raises(jaxnet.UserError, match="runs every 3 steps, which is not a multiple of train.steps_per_call=2"):
+        train(tmp_path / "run", "train.steps_per_call=2", actions=[jaxnet.every(3, lambda loop: None)])
+    assert not (tmp_path / "run").exists()

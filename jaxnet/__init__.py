@@ -4,7 +4,8 @@
 >>> cfg = jaxnet.load_experiment("cnn_fashion_mnist:smoke", ["optim.lr=0.002"])  # doctest: +SKIP
 >>> summary = jaxnet.train(cfg, "runs/smoke")                                     # doctest: +SKIP
 
-Your own work: any Flax module, :func:`jaxnet.data.arrays`, a :class:`jaxnet.Task` (or one of
+Your own work: any JAX model (a Flax Linen or NNX module, an Equinox module, or
+:class:`jaxnet.Model` of two pure functions), :func:`jaxnet.data.arrays`, a :class:`jaxnet.Task` (or one of
 :mod:`jaxnet.tasks`) and periodic actions (:func:`jaxnet.every`)::
 
     summary = jaxnet.train(cfg, "runs/mine", model=MLP(), dataset=data, task=jaxnet.tasks.regression())

@@ -4,7 +4,8 @@
 >>> cfg = jaxnet.load_experiment("cnn_fashion_mnist:smoke", ["optim.lr=0.002"])  # doctest: +SKIP
 >>> summary = jaxnet.train(cfg, "runs/smoke")                                     # doctest: +SKIP
 
-Your own work: any Flax module, :func:`jaxnet.data.arrays`, a :class:`jaxnet.Task` (or one of
+Your own work: any JAX model (a Flax Linen or NNX module, an Equinox module, or
+:class:`jaxnet.Model` of two pure functions), :func:`jaxnet.data.arrays`, a :class:`jaxnet.Task` (or one of
 :mod:`jaxnet.tasks`) and periodic actions (:func:`jaxnet.every`)::
 
     summary = jaxnet.train(cfg, "runs/mine", model=MLP(), dataset=data, task=jaxnet.tasks.regression())
@@ -13,9 +14,11 @@ Your own work: any Flax module, :func:`jaxnet.data.arrays`, a :class:`jaxnet.Tas
 # First: the jaxnet command re-executes itself with its malloc settings before JAX loads.
 from jaxnet import _startup  # noqa: F401, I001
 from jaxnet import data, models, parallel, tasks
+from jaxnet.checkpoint import load_params
 from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
+from jaxnet.models.adapters import Model
 from jaxnet.sample import generate, sample
 from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
@@ -30,6 +33,7 @@ __all__ = [
     "Action",
     "Config",
     "Dataset",
+    "Model",
     "ModelConfig",
     "Task",
     "TextDataset",
@@ -40,6 +44,7 @@ __all__ = [
     "every",
     "generate",
     "load_experiment",
+    "load_params",
     "models",
     "sample",
     "sweep",

@@ -609,3 +609,31 @@ def _names(path: tuple) -> tuple[str, ...]:
                 names.append(str(getattr(key, attr)))
                 break
     return tuple(names)
+
+
+def load_params(workdir: str | os.PathLike, step: int | None = None) -> Any:
+    """A run's parameters, as a nested dict of numpy arrays named as in the checkpoint: those of
+    checkpoint ``step``, or of the newest intact one. Needs neither the model nor its library
+    (the shapes come from the checkpoint itself), so the weights of any run can be read anywhere::
+
+        params = jaxnet.load_params("runs/mine")
+        params["Dense_0"]["kernel"].shape   # (3, 16)
+    """
+    directory = Path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        raise UserError(f"{workdir} has no checkpoints; pass the run directory of a training run")
+    ckpts = Checkpoints(directory, read_only=True)
+    try:
+        steps = ckpts.all_steps()
+        at = step if step is not None else (steps[-1] if steps else None)
+        if at is None or at not in steps:
+            what = f"no checkpoint step {step}" if step is not None else "no checkpoint"
+            raise UserError(f"{directory} has {what} (steps there: {', '.join(map(str, steps)) or 'none'})")
+        # The saved shapes and dtypes, placed whole on this process's first device.
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        saved = ckpts._manager.item_metadata(at)["state"]
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
+        state = ckpts.restore(target, step)
+    finally:
+        ckpts.close()
+    return jax.tree.map(np.asarray, state["params"])

@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -486,7 +485,7 @@ def train_population(
         if start == 0:
             progress.note(
                 f"{pop.size} members of {cfg.experiment or 'a run'} in one program ({_at_once_text(pop)}): "
-                f"{type(pop.model).__name__} "
+                f"{pop.model.name} "
                 f"with {num_params:,} parameters each, {pop.dataset.describe()}, {train_cfg.steps} steps of "
                 f"{train_cfg.batch_size} on {pop.mesh.size} {jax.devices()[0].platform} device(s)"
             )
@@ -556,7 +555,7 @@ def sweep(
     workdir: str | Path | None = None,
     *,
     overrides: Sequence[str] = (),
-    model: nn.Module | None = None,
+    model: Any = None,
     dataset: Any = None,
     task: tasks.Task | None = None,
     members_per_program: int = 0,

@@ -18,7 +18,8 @@ ones (``jaxnet train mine.py model.hidden=128``)::
 
 Image models are called as ``module.apply(variables, images, train=..., rngs=...)``, language
 models as ``module.apply(variables, tokens, train=..., rngs=...)``; both return float32 logits.
-Any Flax module with that call signature can be passed to :func:`jaxnet.train` directly instead.
+Any Flax module with that call signature can be passed to :func:`jaxnet.train` directly instead,
+as can a Flax NNX module, an Equinox module or :class:`jaxnet.Model` (:mod:`jaxnet.models.adapters`).
 """
 
 from __future__ import annotations

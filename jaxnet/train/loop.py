@@ -30,6 +30,7 @@ from jaxnet.config import Config
 from jaxnet.data import pipeline
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
+from jaxnet.models import adapters
 from jaxnet.observe import headline
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import state as state_lib
@@ -118,7 +119,7 @@ class Run:
         self,
         cfg: Config,
         *,
-        model: nn.Module | None = None,
+        model: Any = None,
         dataset: Any = None,
         task: tasks.Task | None = None,
     ):
@@ -159,9 +160,7 @@ class Run:
             batch_axis = parallel.REPLICA_AXIS if self.replicas else None
             outputs = self.dataset.num_classes + self.task.extra_inputs
             model = models.build(cfg.model, outputs, cfg.data.seq_len, batch_axis=batch_axis)
-        if not isinstance(model, nn.Module):
-            raise UserError(f"model is a {type(model).__name__}; pass a Flax Linen module (flax.linen.Module)")
-        self.model = model
+        self.model = adapters.adapt(model)
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
@@ -200,7 +199,7 @@ class Run:
         the abstract train state with the parameters' logical-axis boxes on."""
         tasks.check_inputs(self.task, self.sample)
         inputs = self.task.model_inputs(self.sample)
-        name = type(self.model).__name__
+        name = self.model.name
 
         def apply(state: state_lib.TrainState) -> Any:
             variables = {"params": state.params, **state.model_state}
@@ -460,7 +459,7 @@ def train(
     cfg: Config,
     workdir: str | os.PathLike | None = None,
     *,
-    model: nn.Module | None = None,
+    model: Any = None,
     dataset: Any = None,
     task: tasks.Task | None = None,
     actions: list[Any] | None = None,
@@ -469,8 +468,10 @@ def train(
 ) -> dict[str, Any]:
     """Train as ``cfg`` says, in ``workdir``; resume from its newest checkpoint if it has one.
 
-    Your own work replaces what the config names: ``model`` any Flax module called as
-    ``model.apply(variables, *inputs, train=..., rngs=...)``; ``dataset`` your data
+    Your own work replaces what the config names: ``model`` a Flax Linen module called as
+    ``model.apply(variables, *inputs, train=..., rngs=...)``, a Flax NNX module, an Equinox
+    module (called on one example) or :class:`jaxnet.Model` (two pure functions), see
+    :mod:`jaxnet.models.adapters`; ``dataset`` your data
     (:func:`jaxnet.data.arrays`, or a built-in ``Dataset`` / ``TextDataset``); ``task`` what
     to minimise and report (:class:`jaxnet.Task`, or one of :mod:`jaxnet.tasks`); ``actions``
     periodic actions (:func:`jaxnet.every`) run after the built-in ones. ``adopt`` resumes a
@@ -553,7 +554,7 @@ def _train(
     progress = observe.Progress(train_cfg.steps, start, enabled=train_cfg.progress) if primary else observe.Quiet()
     if start == 0:
         progress.note(
-            f"{cfg.experiment or 'run'}: {type(run.model).__name__} with {num_params:,} parameters, "
+            f"{cfg.experiment or 'run'}: {run.model.name} with {num_params:,} parameters, "
             f"{run.dataset.describe()}, {train_cfg.steps} steps of "
             f"{train_cfg.batch_size} on {run.mesh.size} {jax.devices()[0].platform} device(s)"
         )
@@ -683,7 +684,7 @@ def summary_head(
         "step": end,
         "steps_total": cfg.train.steps,
         "complete": end == cfg.train.steps,
-        "model": type(run.model).__name__,
+        "model": run.model.name,
         "task": run.task.name,
         "param_count": num_params,
         "compile_time_s": round(compile_seconds, 2),
@@ -728,7 +729,7 @@ def evaluate(
     split: str = "test",
     overrides: list[str] | None = None,
     *,
-    model: nn.Module | None = None,
+    model: Any = None,
     dataset: Any = None,
     task: tasks.Task | None = None,
 ) -> dict[str, Any]:

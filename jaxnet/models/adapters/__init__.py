@@ -1,0 +1,71 @@
+"""The model seam: whatever library a model comes from, the trainer sees one pure pair.
+
+``init(rngs, *inputs, train=False) -> variables`` makes the variables from a batch of sample
+inputs: ``{"params": trainable parameters, **model state}`` (model state such as BatchNorm's
+``batch_stats`` is carried by the trainer from step to step). ``apply(variables, *inputs,
+train, rngs=None, mutable=False)`` computes the outputs of a batch; ``rngs`` is
+``{"dropout": key}`` in training, and with ``mutable`` (anything but False) it returns
+``(outputs, new model state)``. This is Flax Linen's own convention, so a Linen module passes
+through unchanged; each other kind of model is one small adapter in this package:
+
+* a Flax Linen module (:mod:`~jaxnet.models.adapters.linen`),
+* a Flax NNX module (:mod:`~jaxnet.models.adapters.nnx`),
+* an Equinox module, called on one example (:mod:`~jaxnet.models.adapters.equinox`),
+* two pure functions, :class:`jaxnet.Model` (:mod:`~jaxnet.models.adapters.functions`).
+
+>>> model = adapt(MLP())           # doctest: +SKIP
+>>> variables = model.init({"params": key, "dropout": key}, x[:1])  # doctest: +SKIP
+>>> model.apply(variables, x, train=False)                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Protocol
+
+from jaxnet.errors import UserError
+from jaxnet.models.adapters.functions import Functions, Model
+from jaxnet.models.adapters.linen import Linen
+
+ACCEPTED = "a Flax Linen module, a Flax NNX module, an Equinox module or jaxnet.Model(init=..., apply=...)"
+
+
+class Adapted(Protocol):
+    """What the trainer calls: see the module's docstring."""
+
+    name: str
+
+    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False) -> dict[str, Any]: ...
+
+    def apply(
+        self, variables: dict[str, Any], *inputs: Any, train: bool, rngs: dict | None = None, mutable: Any = False
+    ) -> Any: ...
+
+
+def adapt(model: Any) -> Adapted:
+    """``model`` behind the seam: a Linen module, an NNX module, an Equinox module or a
+    :class:`Model` (an already adapted model is returned as it is). Anything else is a one-line
+    :class:`~jaxnet.errors.UserError` naming what is accepted."""
+    import flax.linen as nn
+
+    if isinstance(model, (Linen, Functions)) or getattr(model, "is_jaxnet_adapter", False):
+        return model
+    if isinstance(model, nn.Module):
+        return Linen(model)
+    if isinstance(model, Model):
+        return Functions(model)
+    from flax import nnx
+
+    if isinstance(model, nnx.Module):
+        from jaxnet.models.adapters.nnx import NNX
+
+        return NNX(model)
+    eqx = sys.modules.get("equinox")  # an Equinox module exists only once its user imported equinox
+    if eqx is not None and isinstance(model, eqx.Module):
+        from jaxnet.models.adapters.equinox import Equinox
+
+        return Equinox(model)
+    raise UserError(f"model is a {type(model).__name__}; pass {ACCEPTED}")
+
+
+__all__ = ["ACCEPTED", "Adapted", "Model", "adapt"]

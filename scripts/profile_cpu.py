@@ -139,13 +139,15 @@ def main() -> None:
     import jax
     import jaxlib
 
+    from jaxnet import observe
+
     record = {
         "kind": "cpu-profile",
         "what": "per-step CPU profile of the runner's compiled step fed by its input pipeline",
         "command": "python " + " ".join(sys.argv),
         "date": datetime.date.today().isoformat(),
         "device": f"cpu ({os.cpu_count()} cores)",
-        "cpu_model": _cpu_model(),
+        "cpu_model": observe.cpu_model(),
         "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "python": sys.version.split()[0]},
         "machine_shared": "yes: other jobs ran on the same cores; wall-clock figures are noisy, faults and the "
         "user/system split much less so",
@@ -168,14 +170,6 @@ def main() -> None:
     print(f"wrote {out}")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ def _share_compilations() -> None:
 
 _share_compilations()
 
+import flax.linen as nn  # noqa: E402
+
 from jaxnet import Config, Dataset, config  # noqa: E402  (after the environment above: jax reads it)
 
 
@@ -132,3 +134,19 @@ LONGEST_FIRST = ("test_parallel.py", "test_multiprocess.py", "test_lm_cli.py", "
 def pytest_collection_modifyitems(items: list) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: order within a file kept
+
+
+# A user's own model and arrays, for the tests of the library path: y is a noisy linear function of x.
+WEIGHTS = np.array([1.0, -2.0, 0.5], np.float32)
+
+
+def linear_data(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    return {"x": x, "y": (x @ WEIGHTS + 0.1 * rng.normal(size=n)).astype(np.float32)}
+
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(1)(nn.relu(nn.Dense(16)(x)))[..., 0]

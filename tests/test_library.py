@@ -10,23 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import MLP, linear_data
 
 import jaxnet
 from jaxnet import observe
-
-WEIGHTS = np.array([1.0, -2.0, 0.5], np.float32)
-
-
-def linear_data(n: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 3)).astype(np.float32)
-    return {"x": x, "y": (x @ WEIGHTS + 0.1 * rng.normal(size=n)).astype(np.float32)}
-
-
-class MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x, train=False):
-        return nn.Dense(1)(nn.relu(nn.Dense(16)(x)))[..., 0]
 
 
 class Rows:

@@ -5,28 +5,12 @@ from __future__ import annotations
 
 import json
 
-import flax.linen as nn
-import numpy as np
 import pytest
+from conftest import MLP, linear_data
 
 import jaxnet
 from jaxnet import observe
 from jaxnet.train.loop import call_sizes
-
-WEIGHTS = np.array([1.0, -2.0, 0.5], np.float32)
-
-
-def linear_data(n: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 3)).astype(np.float32)
-    return {"x": x, "y": (x @ WEIGHTS + 0.1 * rng.normal(size=n)).astype(np.float32)}
-
-
-class MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x, train=False):
-        return nn.Dense(1)(nn.relu(nn.Dense(16)(x)))[..., 0]
-
 
 DATA = {"train": linear_data(96, 0), "val": linear_data(16, 1), "test": linear_data(16, 2)}
 SETTINGS = ["data.name=arrays", "optim.lr=1e-2", "train.steps=10", "train.batch_size=8", "train.eval_batch_size=16"]

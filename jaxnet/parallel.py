@@ -442,13 +442,16 @@ class _Watch:
         if not _proves(self.secret, proof, "hello", words[1], peer["challenge"], nonce):
             return False
         welcome = _proof(self.secret, "welcome", words[1], peer["challenge"], nonce)
-        try:
-            connection.sendall(f"welcome {welcome}\n".encode())
-        except OSError:
-            return False
-        peer["id"] = index
+        # Registered and welcomed under one lock: no other message reaches it before the welcome,
+        # and once welcomed it is a peer (what it says next counts).
         with self.sending:
             self.peers[index] = connection
+            try:
+                connection.sendall(f"welcome {welcome}\n".encode())
+            except OSError:
+                del self.peers[index]
+                return False
+        peer["id"] = index
         return True
 
     def join(self, client: Any, host: str) -> None:

@@ -118,12 +118,14 @@ def resolve(cfg: ModelConfig, backend: str | None = None) -> ModelConfig:
     return dataclasses.replace(cfg, **changes)
 
 
-def build(cfg: ModelConfig, num_classes: int, seq_len: int = 0, batch_axis: str | None = None) -> nn.Module:
+def build(
+    cfg: ModelConfig, num_classes: int, seq_len: int = 0, batch_axis: str | None = None, *, backend: str | None = None
+) -> nn.Module:
     """The module of family ``cfg.name`` with ``num_classes`` outputs (the vocabulary size for
     language models); ``seq_len`` is the Transformer's context. ``batch_axis`` names the mesh
     axes a per-device (``shard_map``) model averages BatchNorm statistics over. ``auto`` settings
-    are resolved for JAX's default backend (:func:`resolve`)."""
-    return family(cfg.name).build(resolve(cfg), num_classes, seq_len, batch_axis)
+    are resolved for ``backend`` (default: JAX's default backend; see :func:`resolve`)."""
+    return family(cfg.name).build(resolve(cfg, backend), num_classes, seq_len, batch_axis)
 
 
 register("convnet", ConvNetConfig, build_convnet, inputs="images")

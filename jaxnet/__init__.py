@@ -14,6 +14,7 @@ from jaxnet import data, models, tasks
 from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
+from jaxnet.planner import plan
 from jaxnet.sample import generate, sample
 from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
@@ -37,6 +38,7 @@ __all__ = [
     "generate",
     "load_experiment",
     "models",
+    "plan",
     "sample",
     "sweep",
     "tasks",

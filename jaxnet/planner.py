@@ -31,6 +31,7 @@ import math
 import re
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -148,11 +149,18 @@ REQUIRED = (
 
 @functools.cache
 def load_target(name: str) -> Target:
-    """The target ``name`` (e.g. ``h100``); an unknown name is a :class:`UserError` listing the known ones."""
-    known = targets()
-    if name not in known:
-        raise UserError(f"unknown --target {name!r}; known GPU kinds: {', '.join(known)} (files in jaxnet/targets/)")
-    text = (importlib.resources.files("jaxnet") / "targets" / f"{name}.txt").read_text()
+    """The target ``name`` (e.g. ``h100``, or the path of a target file of one's own); an unknown
+    name is a :class:`UserError` listing the known ones."""
+    if name.endswith(".txt") and Path(name).is_file():
+        text = Path(name).read_text()
+    else:
+        known = targets()
+        if name not in known:
+            raise UserError(
+                f"unknown --target {name!r}; known GPU kinds: {', '.join(known)} (files in jaxnet/targets/, or "
+                "the path of a .txt file written like them)"
+            )
+        text = (importlib.resources.files("jaxnet") / "targets" / f"{name}.txt").read_text()
     fields, comments = {}, []
     for line in text.splitlines():
         if line.startswith("#"):
@@ -162,7 +170,7 @@ def load_target(name: str) -> Target:
             fields[key.strip()] = value.strip()
     missing = [k for k in REQUIRED if k not in fields]
     if missing:
-        raise UserError(f"target file jaxnet/targets/{name}.txt lacks {', '.join(missing)}")
+        raise UserError(f"target {name} lacks {', '.join(missing)}; see jaxnet/targets/h100.txt")
     return Target(name, fields, " ".join(comments))
 
 
@@ -350,7 +358,7 @@ def hlo_cost(text: str) -> dict[str, float]:
 # The plan
 
 
-def _gpus_for(cfg: Config, gpus: int | None) -> int:
+def gpus_for(cfg: Config, gpus: int | None) -> int:
     """The number of GPUs: ``gpus`` if given (checked against the mesh), else the mesh's fixed size."""
     sizes = {a: getattr(cfg.mesh, a) for a in parallel.AXES}
     fixed = math.prod(n for n in sizes.values() if n > 0)
@@ -474,7 +482,7 @@ def plan(
     """
     say = say or (lambda line: None)
     tgt = load_target(target)
-    gpus = _gpus_for(cfg, gpus)
+    gpus = gpus_for(cfg, gpus)
     topo = topology(target, gpus)
     planned, notes = _for_gpu(cfg, model is not None)
     run = Run(planned, model=model, dataset=dataset, task=task, devices=list(topo.devices), backend="cuda")
@@ -576,11 +584,17 @@ def search_batch(run: Run, first: dict, tgt: Target, say: Any) -> dict[str, Any]
             say(f"  batch {rows}: {tried[rows]['total'] / 2**30:.2f} GiB per device ({seconds:.1f} s to compile)")
         return tried[rows]
 
-    low, high = 0, 1
-    while _fits(memory_at(high)):
-        low, high = high, high * 2
-        if high * unit > 1 << 24:
-            raise UserError("--max-batch: more than 16 M rows still fit; the step's memory does not grow with them")
+    # Start from the configured batch: doubling up while it fits, then bisection between the
+    # largest multiple that fits (low) and the smallest that does not (high).
+    start = max(run.cfg.train.batch_size // unit, 1)
+    if _fits(memory_at(start)):
+        low, high = start, start * 2
+        while _fits(memory_at(high)):
+            low, high = high, high * 2
+            if high * unit > 1 << 24:
+                raise UserError("--max-batch: more than 16 M rows still fit; the step's memory does not grow with them")
+    else:
+        low, high = 0, start
     while high - low > 1:
         middle = (low + high) // 2
         if _fits(memory_at(middle)):
@@ -597,3 +611,47 @@ def search_batch(run: Run, first: dict, tgt: Target, say: Any) -> dict[str, Any]
         "compiles": len(tried),
         "note": "fits = total per device within 90 % of the device's memory",
     }
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else parallel.size(n)
+
+
+def describe(report: dict[str, Any]) -> str:
+    """The plan as a few lines of text for the terminal."""
+    m, f, p, k = report["memory"], report["flops_per_step"], report["prediction"], report["kernels"]
+    mesh = " x ".join(f"{a}={n}" for a, n in report["mesh"].items())
+    verdict = "fits" if report["fits"] else "DOES NOT FIT"
+    lines = [
+        f"{report['experiment'] or 'run'} on {report['gpus']} x {report['device_kind']} (mesh {mesh}), batch "
+        f"{report['batch_size']}, {report['compute_dtype']}: {verdict} "
+        f"({_gib(m['total'])} of {_gib(m['device'])} per device; usable with 10 % headroom {_gib(m['usable'])})",
+        f"  memory per device: arguments {_gib(m['arguments'])} (parameters {_gib(m['params'])}, optimizer state "
+        f"{_gib(m['opt_state'])}, batch {_gib(m['batch'])}), outputs {_gib(m['outputs'])} "
+        f"({_gib(m['aliased'])} donated), temp {_gib(m['temp'])}; cuDNN workspaces not counted",
+        f"  FLOPs per step per device {f['per_device'] / 1e9:.3f} G (XLA {f['xla_cost_analysis'] / 1e9:.3f} G + cuDNN "
+        f"attention {f['cudnn_attention_by_formula'] / 1e9:.3f} G); jaxnet.flops "
+        + (f"{f['jaxnet_flops_py'] / 1e9:.3f} G for all devices" if f["jaxnet_flops_py"] else "n/a")
+        + f"; bytes per device {report['bytes_per_step']['per_device'] / 1e9:.3f} GB",
+        f"  PREDICTED step {1e3 * p['predicted_step_s']:.3f} ms ({p['bound']}-bound roofline, peak "
+        f"{(p['peak_flops'] or 0) / 1e12:.0f} TFLOP/s {p['peak_dtype']}, {p['memory_bandwidth'] / 1e12:.2f} TB/s)"
+        + (f", {p['tokens_per_s']:,.0f} tokens/s" if p["tokens_per_s"] else f", {p['examples_per_s']:,.0f} examples/s")
+        + (f", MFU at most {100 * p['mfu_bound']:.1f} %" if p["mfu_bound"] else ""),
+        f"  kernels: cuDNN attention {k['cudnn_attention']['forward']} forward + {k['cudnn_attention']['backward']} "
+        f"backward, gemm fusions {k['gemm_fusions'] or '-'}, matmul dtypes {k['matmul_dtypes'] or '-'}"
+        + (
+            ", collectives " + ", ".join(f"{n} {c['count']} ({_gib(c['bytes'])})" for n, c in k["collectives"].items())
+            if k["collectives"]
+            else ""
+        ),
+        f"  compiled in {report['compile_s']:.1f} s (eval step {report['eval_compile_s']:.1f} s)",
+    ]
+    if "max_batch_size" in report:
+        b = report["max_batch_size"]
+        lines.append(
+            f"  largest train.batch_size that fits with 10 % headroom: {b['batch_size']} ({_gib(b['memory_at'])}); "
+            f"{b['next_size']} does not ({_gib(b['memory_at_next'])}); {b['compiles']} compiles"
+        )
+    lines += [f"  note: {c}" for c in report["caveats"][: len(report["caveats"]) - len(CAVEATS)]]
+    lines.append("  not known without a GPU: autotuned gemm tiles, cuDNN workspaces, measured time and overlap")
+    return "\n".join(lines)

@@ -45,7 +45,10 @@ from jaxnet.config import Config
 from jaxnet.errors import UserError
 from jaxnet.train.loop import Run
 
-INSTALL = "pip install -e '.[plan]' (or: pip install --no-deps -r requirements-plan.txt)"
+INSTALL = (
+    "pip install -c constraints.txt -e '.[plan]' (or: pip install --no-deps -c constraints.txt -r "
+    "requirements-plan.txt)"
+)
 HEADROOM = 0.10  # a plan fits when it leaves this fraction of the device's memory free
 JAX_DEFAULT_POOL = 0.75  # JAX preallocates this fraction of a GPU's memory unless told otherwise
 

@@ -33,6 +33,13 @@ ensure_env() {
       || die "pip could not install the text datasets in requirements-data.txt (see above); fix that and rerun"
     echo "$want" > "$VENV/.jaxnet-installed"
   fi
+  # JAXNET_PLAN=1: also the CUDA plugin and cuDNN wheels `jaxnet plan` compiles with (2.3 GB; not by
+  # default: on a machine without a GPU the plugin logs two lines to stderr in every JAX process).
+  if [ "${JAXNET_PLAN:-}" = 1 ] && ! "$VENV/bin/python" -c 'import jax_cuda12_plugin, nvidia.cudnn' 2>/dev/null; then
+    echo "installing the plan wheels (requirements-plan.txt, about 2.3 GB)"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -c "$ROOT/constraints.txt" \
+      -r "$ROOT/requirements-plan.txt" || die "pip could not install requirements-plan.txt (see above)"
+  fi
 }
 
 # Fashion-MNIST comes from Debian's dataset-fashion-mnist package: installed system-wide when we

@@ -1,0 +1,72 @@
+"""Write the committed plan records: every shipped experiment compiled for one H100, gpt2_small on
+1 and 8 H100s (fsdp=8) and on one H200, from this CPU-only machine (XLA deviceless compilation).
+
+    JAX_PLATFORMS=cpu python scripts/record_plans.py            # all records, then the README table
+    JAX_PLATFORMS=cpu python scripts/record_plans.py gpt2       # only gpt2_small's
+
+Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>]-<date>.json: the dict of
+`jaxnet.plan` plus the command that reproduces it and the date. Memory, FLOPs, bytes and kernels
+come from the compiled program; the step time is a PREDICTION (a roofline bound), not measured.
+Needs the CUDA plugin wheels: pip install --no-deps -r requirements-plan.txt.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jaxnet import config, planner  # noqa: E402
+from jaxnet.errors import UserError  # noqa: E402
+
+GPT2 = [
+    ("gpt2_small", [], "h100", 1),
+    ("gpt2_small", ["mesh.fsdp=8"], "h100", 8),
+    ("gpt2_small", [], "h200", 1),
+]
+
+
+def records(which: str) -> list[tuple[str, list[str], str, int]]:
+    if which == "gpt2":
+        return GPT2
+    others = [(name, [], "h100", 1) for name in config.list_experiments() if name != "gpt2_small"]
+    return GPT2 + others
+
+
+def main(argv: list[str]) -> int:
+    date = datetime.date.today().isoformat()
+    out = ROOT / "benchmarks" / "results"
+    for name, overrides, target, gpus in records(argv[0] if argv else "all"):
+        command = shlex.join(["jaxnet", "plan", name, *overrides, "--target", target, "--gpus", str(gpus)])
+        print(command, flush=True)
+        try:
+            report = planner.plan(config.load_experiment(name, overrides), target, gpus)
+        except UserError as e:  # data this machine lacks (e.g. CIFAR-10): say so, write nothing
+            print(f"  skipped: {e}", flush=True)
+            continue
+        report.update(
+            command=command,
+            date=date,
+            host=f"{platform.node()} ({os.cpu_count()} CPUs, shared), compiling for {gpus} x {report['device_kind']}",
+        )
+        suffix = f"{target}x{gpus}" if gpus > 1 else target
+        path = out / f"plan-{name}-{suffix}-{date}.json"
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(planner.describe(report), flush=True)
+        print(f"  wrote {path.relative_to(ROOT)}", flush=True)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "update_readme.py")], check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 1 and 8 H100s (fsdp=8) and on one H200, from this CPU-only machine (XLA deviceless compilation).
 
     JAX_PLATFORMS=cpu python scripts/record_plans.py            # all records, then the README table
-    JAX_PLATFORMS=cpu python scripts/record_plans.py gpt2       # only gpt2_small's
+    JAX_PLATFORMS=cpu python scripts/record_plans.py gpt2       # only gpt2_small's (or: others)
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date. Memory, FLOPs, bytes and kernels
@@ -40,7 +40,7 @@ def records(which: str) -> list[tuple[str, list[str], str, int]]:
     if which == "gpt2":
         return GPT2
     others = [(name, [], "h100", 1) for name in config.list_experiments() if name != "gpt2_small"]
-    return GPT2 + others
+    return others if which == "others" else GPT2 + others
 
 
 def main(argv: list[str]) -> int:

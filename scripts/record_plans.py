@@ -33,7 +33,7 @@ from jaxnet.data import Dataset  # noqa: E402
 from jaxnet.errors import UserError  # noqa: E402
 
 GPT2 = [
-    ("gpt2_small", [], "h100", 1),
+    ("gpt2_small", ["--max-batch"], "h100", 1),
     ("gpt2_small", ["mesh.fsdp=8"], "h100", 8),
     ("gpt2_small", [], "h200", 1),
 ]
@@ -54,6 +54,8 @@ PLACEHOLDERS = {"resnet_cifar10": cifar10_shaped}
 def records(which: str) -> list[tuple[str, list[str], str, int]]:
     if which == "gpt2":
         return GPT2
+    if which == "gpt2-max-batch":
+        return GPT2[:1]
     if which in config.list_experiments():
         return [(which, [], "h100", 1)]
     others = [(name, [], "h100", 1) for name in config.list_experiments() if name != "gpt2_small"]
@@ -65,10 +67,13 @@ def main(argv: list[str]) -> int:
     out = ROOT / "benchmarks" / "results"
     for name, overrides, target, gpus in records(argv[0] if argv else "all"):
         command = shlex.join(["jaxnet", "plan", name, *overrides, "--target", target, "--gpus", str(gpus)])
+        command = command.replace(" --max-batch", "") + (" --max-batch" if "--max-batch" in overrides else "")
         print(command, flush=True)
+        max_batch = "--max-batch" in overrides
+        overrides = [o for o in overrides if o != "--max-batch"]
         cfg = config.load_experiment(name, overrides)
         try:
-            report = planner.plan(cfg, target, gpus)
+            report = planner.plan(cfg, target, gpus, max_batch=max_batch)
         except UserError as e:
             if name not in PLACEHOLDERS:
                 raise

@@ -347,6 +347,17 @@ def render_sweep() -> str:
     return "\n".join(body).rstrip() or "No sweep recorded yet."
 
 
+def largest(r: dict) -> str:
+    """The --max-batch result of a plan record: the size that fits and the next that does not."""
+    b = r.get("max_batch_size")
+    if not b:
+        return "-"
+    return (
+        f"{b['batch_size']} ({b['memory_at'] / 2**30:.1f} GiB); {b['next_size']} does not "
+        f"({b['memory_at_next'] / 2**30:.1f} GiB), {b['compiles']} compiles"
+    )
+
+
 def render_plan() -> str:
     """The plans compiled for GPUs on a CPU-only machine (benchmarks/results/plan-*.json): per
     device memory and verdict from the compiled program, FLOPs from XLA's cost analysis, and the
@@ -359,8 +370,8 @@ def render_plan() -> str:
     lines = [
         "| command | GPUs | batch | fits | memory per device (args + temp) | GFLOP/step per device | "
         "**predicted** step (bound) | **predicted** MFU bound | cuDNN attention | matmuls | collectives | compile "
-        "| file |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| largest batch that fits (`--max-batch`) | file |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         m, p, k = r["memory"], r["prediction"], r["kernels"]
@@ -376,7 +387,7 @@ def render_plan() -> str:
             f"| {r['flops_per_step']['per_device'] / 1e9:,.1f} "
             f"| {1e3 * p['predicted_step_s']:.2f} ms ({p['bound']}) | {mfu} "
             f"| {attention['forward']} fwd + {attention['backward']} bwd | {matmuls} | {collectives} "
-            f"| {r['compile_s']:.0f} s | [{Path(r['_file']).name}]({r['_file']}) |"
+            f"| {r['compile_s']:.0f} s | {largest(r)} | [{Path(r['_file']).name}]({r['_file']}) |"
         )
     v = rows[0]["versions"]
     lines.append("")

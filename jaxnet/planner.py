@@ -647,7 +647,7 @@ def describe(report: dict[str, Any]) -> str:
         "jaxnet.flops "
         + (f"{f['jaxnet_flops_py'] / 1e9:.3f} G for all devices" if f["jaxnet_flops_py"] else "n/a")
         + f"; bytes per device {report['bytes_per_step']['per_device'] / 1e9:.3f} GB",
-        f"  PREDICTED step {1e3 * p['predicted_step_s']:.3f} ms ({p['bound']}-bound roofline, peak "
+        f"  PREDICTED step {1e3 * p['predicted_step_s']:.3g} ms ({p['bound']}-bound roofline, peak "
         f"{(p['peak_flops'] or 0) / 1e12:.0f} TFLOP/s {p['peak_dtype']}, {p['memory_bandwidth'] / 1e12:.2f} TB/s)"
         + (f", {p['tokens_per_s']:,.0f} tokens/s" if p["tokens_per_s"] else f", {p['examples_per_s']:,.0f} examples/s")
         + (f", MFU at most {100 * p['mfu_bound']:.1f} %" if p["mfu_bound"] else ""),

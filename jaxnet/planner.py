@@ -12,10 +12,10 @@ from the target's peaks), never a measurement.
     >>> cfg = jaxnet.load_experiment("gpt2_small", ["mesh.fsdp=8"])       # doctest: +SKIP
     >>> report = jaxnet.plan(cfg, target="h100", gpus=8)                   # doctest: +SKIP
     >>> report["fits"], report["memory"]["total"]                           # doctest: +SKIP
-    (True, 7123456789)
+    (True, 5960557472)
 
 Targets are the files ``jaxnet/targets/<name>.txt`` (one per GPU kind, from the vendors' data
-sheets); adding a GPU kind is adding a file. Needs the CUDA plugin wheels: ``pip install -e
+sheets); adding a GPU kind is adding a file. Needs the CUDA plugin wheels: ``pip install -c constraints.txt -e
 '.[plan]'`` (see README), and JAX must not have started on another backend first (the command sets
 ``JAX_PLATFORMS=cpu`` itself).
 """

@@ -157,3 +157,30 @@ def test_plugin_missing_is_one_line_and_exit_2(monkeypatch, capsys):
     assert err.splitlines() == [
         f"jaxnet: error: jaxnet plan needs the CUDA plugin wheels (jax-cuda12-plugin is missing): {planner.INSTALL}"
     ]
+
+
+def test_a_users_own_model_data_and_task_plan_too():
+    """jaxnet.plan with a Flax module, arrays and a regression task of one's own: 64 x 16 inputs
+    through Dense(32) and Dense(1): XLA counts at least the products of the forward pass and of both
+    weight gradients, 2 x 2 x 64 x (16 x 32 + 32 x 1) FLOPs, plus the second layer's input gradient
+    (the first's is not needed), 2 x 64 x 32; the parameters are 16 x 32 + 32 + 32 + 1 float32s."""
+    import flax.linen as nn
+    import numpy as np
+
+    import jaxnet
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x, train=False):
+            return nn.Dense(1)(nn.relu(nn.Dense(32)(x)))[..., 0]
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 16)).astype(np.float32)
+    data = jaxnet.data.arrays(train={"x": x, "y": np.zeros(256, np.float32)})
+    cfg = jaxnet.apply_overrides(jaxnet.Config(), ["train.batch_size=64", "data.name=arrays"])
+    p = jaxnet.plan(cfg, "a100", model=MLP(), dataset=data, task=jaxnet.tasks.regression(inputs="x", target="y"))
+    assert p["fits"] and p["device_kind"] == "NVIDIA A100-SXM4-80GB" and p["model"] == "MLP"
+    assert p["memory"]["params"] == 4 * (16 * 32 + 32 + 32 + 1)
+    products = 2 * 2 * 64 * (16 * 32 + 32) + 2 * 64 * 32
+    assert products <= p["flops_per_step"]["xla_cost_analysis"] < 1.3 * products
+    assert p["flops_per_step"]["jaxnet_flops_py"] is None  # not a built-in family: no analytic count

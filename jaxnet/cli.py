@@ -248,6 +248,32 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     raise AssertionError(args.command)
 
 
+# The command again, in a Python whose path starts with the plan's wheels: JAX binds the CUDA plugin
+# when it is imported, which this process has done without it. The plugin's "no CUDA driver" log
+# lines (it is loaded at import and at the first backend use) are not shown: no GPU is expected.
+_WITH_PLUGIN = """import os, sys
+saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+os.dup2(null, 2)
+try:
+    import jax._src.xla_bridge
+    jax._src.xla_bridge._discover_and_register_pjrt_plugins()
+finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(null)
+from jaxnet.cli import main
+sys.exit(main())
+"""
+
+
+def _replan_with_plugin(plan_dir: str) -> None:
+    path = os.pathsep.join(p for p in (plan_dir, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, JAX_PLATFORMS="cpu")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-P", "-c", _WITH_PLUGIN, *sys.argv[1:]], env)
+
+
 def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
     # JAX itself stays on the CPU: the CUDA plugin compiles for the target without starting a GPU.
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -262,6 +288,13 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
     missing = planner.plugin_missing()
     if missing:
         raise UserError(f"jaxnet plan needs the CUDA plugin wheels ({missing} is missing): {planner.INSTALL}")
+    if argv is None and not planner.jax_has_plugin() and str(planner.plan_dir()) not in sys.path:
+        _replan_with_plugin(str(planner.plan_dir()))
+    # An executable compiled without a GPU goes into JAX's persistent cache (JAX_COMPILATION_CACHE_DIR)
+    # but cannot be read back without one: the next plan would warn and compile again anyway.
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
     report = planner.plan(cfg, args.target, args.gpus, max_batch=args.max_batch, say=print)
     report["command"] = shlex.join(["jaxnet", *(sys.argv[1:] if argv is None else argv)])
     print(planner.describe(report))

@@ -15,20 +15,25 @@ from the target's peaks), never a measurement.
     (True, 5960557472)
 
 Targets are the files ``jaxnet/targets/<name>.txt`` (one per GPU kind, from the vendors' data
-sheets); adding a GPU kind is adding a file. Needs the CUDA plugin wheels: ``pip install -c constraints.txt -e
-'.[plan]'`` (see README), and JAX must not have started on another backend first (the command sets
-``JAX_PLATFORMS=cpu`` itself).
+sheets); adding a GPU kind is adding a file. Needs the CUDA plugin wheels, best in a directory of their own
+(:func:`plan_dir`, see README) so that no other JAX process loads them: the ``jaxnet plan`` command puts
+that directory on the path itself; from Python, start with ``PYTHONPATH=<plan_dir> JAX_PLATFORMS=cpu``
+(JAX binds the plugin when it is imported). Installed beside jaxnet (``pip install '.[plan]'``) they work
+too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.machinery
 import importlib.metadata
 import importlib.resources
-import importlib.util
 import math
+import os
 import re
+import shlex
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,10 +50,16 @@ from jaxnet.config import Config
 from jaxnet.errors import UserError
 from jaxnet.train.loop import Run
 
-INSTALL = (
-    "pip install -c constraints.txt -e '.[plan]' (or: pip install --no-deps -c constraints.txt -r "
-    "requirements-plan.txt)"
-)
+
+def plan_dir() -> Path:
+    """Where the plan's wheels live apart from every other JAX process: ``$JAXNET_PLAN_DIR``, else
+    ``jaxnet-plan`` in this Python's environment (``.venv/jaxnet-plan``). On a machine without a GPU,
+    the CUDA plugin on the path makes each JAX process log to stderr, so it is not installed beside
+    jaxnet; tests/conftest.py repeats this rule (it runs before JAX, hence before jaxnet, is imported)."""
+    return Path(os.environ.get("JAXNET_PLAN_DIR") or Path(sys.prefix) / "jaxnet-plan")
+
+
+INSTALL = f"pip install --no-deps --target {shlex.quote(str(plan_dir()))} -c constraints.txt -r requirements-plan.txt"
 HEADROOM = 0.10  # a plan fits when it leaves this fraction of the device's memory free
 JAX_DEFAULT_POOL = 0.75  # JAX preallocates this fraction of a GPU's memory unless told otherwise
 
@@ -182,15 +193,23 @@ def load_target(name: str) -> Target:
 
 
 def plugin_missing() -> str | None:
-    """What of the plan's CUDA wheels is not installed (None when all are)."""
-    for module, wheel in (("jax_cuda12_plugin", "jax-cuda12-plugin"), ("nvidia.cudnn", "nvidia-cudnn-cu12")):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
+    """What of the plan's CUDA wheels is neither on the path nor in :func:`plan_dir` (None when all are)."""
+    search = [*sys.path, str(plan_dir())]
+    for package, wheel in (("jax_cuda12_plugin", "jax-cuda12-plugin"), ("nvidia", "nvidia-cudnn-cu12")):
+        spec = importlib.machinery.PathFinder.find_spec(package, search)
+        if spec is None or (
+            package == "nvidia" and not any((Path(d) / "cudnn").is_dir() for d in spec.submodule_search_locations or ())
+        ):
             return wheel
     return None
+
+
+def jax_has_plugin() -> bool:
+    """Whether JAX found the CUDA plugin when it was imported (it binds the plugin's modules then,
+    cuDNN's version among them: a plugin put on the path later compiles no cuDNN attention)."""
+    from jax._src import lib
+
+    return lib.cuda_versions is not None
 
 
 @functools.cache
@@ -217,6 +236,12 @@ def topology(target: str, gpus: int) -> Any:
     missing = plugin_missing()
     if missing:
         raise UserError(f"jaxnet plan needs the CUDA plugin wheels ({missing} is missing); install them: {INSTALL}")
+    if not jax_has_plugin():
+        where = plan_dir()
+        raise UserError(
+            f"JAX was imported without the CUDA plugin wheels on its path; start Python with "
+            f"PYTHONPATH={shlex.quote(str(where))} JAX_PLATFORMS=cpu (or use the jaxnet plan command)"
+        )
     _use_cpu_for_jax()
     from jax.experimental import topologies
 

@@ -1,16 +1,19 @@
 """``jaxnet plan``: the real train step compiled for GPUs on this CPU-only machine (deviceless).
 
-Needs the CUDA plugin wheels (``pip install --no-deps -r requirements-plan.txt``); without them
-every test here is skipped with that reason.
+Needs the CUDA plugin wheels (``planner.INSTALL``; scripts/test installs them into .venv/jaxnet-plan,
+which tests/conftest.py puts on this process's path); without them every test here is skipped with
+that reason.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_fashion_mnist
+from conftest import cpu_env, needs_fashion_mnist
 
 from jaxnet import cli, config, planner
 from jaxnet.bench import roofline
@@ -184,3 +187,44 @@ def test_a_users_own_model_data_and_task_plan_too():
     products = 2 * 2 * 64 * (16 * 32 + 32) + 2 * 64 * 32
     assert products <= p["flops_per_step"]["xla_cost_analysis"] < 1.3 * products
     assert p["flops_per_step"]["jaxnet_flops_py"] is None  # not a built-in family: no analytic count
+
+
+in_plan_dir = pytest.mark.skipif(
+    not (planner.plan_dir() / "jax_cuda12_plugin").is_dir(),
+    reason=f"the plan wheels are not in their own directory {planner.plan_dir()} (installed beside jaxnet?)",
+)
+
+
+@in_plan_dir
+def test_the_command_plans_with_the_wheels_of_its_own_directory_and_logs_nothing(tmp_path):
+    """A `jaxnet plan` process starts without the plugin (as every jaxnet process does) and plans
+    with the wheels of planner.plan_dir(): cuDNN attention compiled, cuDNN's version recorded, and
+    not one line on stderr."""
+    out = tmp_path / "t.json"
+    command = [sys.executable, "-m", "jaxnet", "plan", "transformer_shakespeare:smoke", "--target", "h100"]
+    done = subprocess.run([*command, "--out", str(out)], env=cpu_env(), capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stderr) == (0, "")
+    report = json.loads(out.read_text())
+    assert report["kernels"]["cudnn_attention"] == {"forward": 2, "backward": 2}
+    assert report["versions"]["nvidia-cudnn-cu12"] == "9.28.0.42"
+
+
+@in_plan_dir
+def test_other_jax_processes_do_not_load_the_plugin_and_plan_says_how_to():
+    """Any other process (here: jax.devices() then jaxnet.plan from Python) runs without the plugin
+    and prints nothing to stderr; jaxnet.plan then says in one line how to start Python."""
+    script = (
+        "import jax, jaxnet\n"
+        "print(jax.devices())\n"
+        "try:\n"
+        "    jaxnet.plan(jaxnet.load_experiment('transformer_shakespeare:smoke'), 'h100')\n"
+        "except jaxnet.UserError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [
+        "[CpuDevice(id=0)]",
+        f"JAX was imported without the CUDA plugin wheels on its path; start Python with "
+        f"PYTHONPATH={planner.plan_dir()} JAX_PLATFORMS=cpu (or use the jaxnet plan command)",
+    ]

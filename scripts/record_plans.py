@@ -7,7 +7,8 @@
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date. Memory, FLOPs, bytes and kernels
 come from the compiled program; the step time is a PREDICTION (a roofline bound), not measured.
-Needs the CUDA plugin wheels: pip install --no-deps -r requirements-plan.txt.
+Needs the CUDA plugin wheels in jaxnet.planner.plan_dir() (scripts/test installs them; see README), or
+installed beside jaxnet.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# The plan wheels' own directory (the rule of jaxnet.planner.plan_dir), before JAX is imported: JAX
+# binds the CUDA plugin at import.
+sys.path.insert(0, os.environ.get("JAXNET_PLAN_DIR") or os.path.join(sys.prefix, "jaxnet-plan"))
 
 import numpy as np  # noqa: E402
 

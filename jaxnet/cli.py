@@ -119,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Compiles the experiment's train and eval steps for N GPUs of the target kind without a GPU "
         "(XLA deviceless compilation) and reports memory per device, whether it fits, FLOPs, the kernels and "
         "collectives of the compiled program and a PREDICTED step time (a roofline bound, not a measurement). "
-        "Needs the CUDA plugin wheels: pip install -e '.[plan]'.",
+        "Needs the CUDA plugin wheels, in a directory of their own (.venv/jaxnet-plan or $JAXNET_PLAN_DIR): "
+        "pip install --no-deps --target .venv/jaxnet-plan -c constraints.txt -r requirements-plan.txt.",
     )
     plan.add_argument("experiment", help="name under experiments/ or path to a .py file, optionally :VARIANT")
     plan.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. mesh.fsdp=8")

@@ -19,6 +19,7 @@ from jaxnet.config import Config, ModelConfig, apply_overrides, load_experiment
 from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
 from jaxnet.models.adapters import Model
+from jaxnet.planner import plan
 from jaxnet.sample import generate, sample
 from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
@@ -46,6 +47,7 @@ __all__ = [
     "load_experiment",
     "load_params",
     "models",
+    "plan",
     "sample",
     "sweep",
     "tasks",

@@ -13,6 +13,7 @@
     jaxnet study devices [--results DIR] [--workdir DIR]
     jaxnet study async EXPERIMENT staleness=K1,K2,... [workers=W] [--comm-ms MS] [--jitter S] [--smoke]
                  [--workdir DIR] [key=value ...]
+    jaxnet plan EXPERIMENT[:VARIANT] [key=value ...] --target h100|h200|a100 [--gpus N] [--max-batch] [--out FILE]
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import traceback
@@ -111,6 +113,22 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare-devices", action="store_true", help="the CPU-versus-GPU table (needs a GPU)")
     bench.add_argument("--roofline", action="store_true", help="only the roofline: FLOPs, bytes, intensity per family")
 
+    plan = commands.add_parser(
+        "plan",
+        help="compile the train step for GPUs on this machine (no GPU needed): memory, kernels, predicted speed",
+        description="Compiles the experiment's train and eval steps for N GPUs of the target kind without a GPU "
+        "(XLA deviceless compilation) and reports memory per device, whether it fits, FLOPs, the kernels and "
+        "collectives of the compiled program and a PREDICTED step time (a roofline bound, not a measurement). "
+        "Needs the CUDA plugin wheels, in a directory of their own (.venv/jaxnet-plan or $JAXNET_PLAN_DIR): "
+        "pip install --no-deps --target .venv/jaxnet-plan -c constraints.txt -r requirements-plan.txt.",
+    )
+    plan.add_argument("experiment", help="name under experiments/ or path to a .py file, optionally :VARIANT")
+    plan.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. mesh.fsdp=8")
+    plan.add_argument("--target", required=True, help="GPU kind: a file under jaxnet/targets (h100, h200, a100)")
+    plan.add_argument("--gpus", type=int, help="number of GPUs (default: the mesh's size, or 1)")
+    plan.add_argument("--max-batch", action="store_true", help="also find the largest train.batch_size that fits")
+    plan.add_argument("--out", help="write the plan as JSON to this file")
+
     _study_parser(commands)
     commands.add_parser("list", help="list the experiments that can be trained")
     return parser
@@ -162,6 +180,8 @@ def _study_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    if args.command == "plan":
+        return _plan(args, argv)
     from jaxnet import config
 
     if args.command == "list":
@@ -227,6 +247,67 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(text)
         return 0
     raise AssertionError(args.command)
+
+
+# The command again, in a Python whose path starts with the plan's wheels: JAX binds the CUDA plugin
+# when it is imported, which this process has done without it. The plugin's "no CUDA driver" log
+# lines (it is loaded at import and at the first backend use) are not shown: no GPU is expected.
+_WITH_PLUGIN = """import os, sys
+saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+os.dup2(null, 2)
+try:
+    import jax._src.xla_bridge
+    jax._src.xla_bridge._discover_and_register_pjrt_plugins()
+finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(null)
+from jaxnet.cli import main
+sys.exit(main())
+"""
+
+
+def _replan_with_plugin(plan_dir: str) -> None:
+    path = os.pathsep.join(p for p in (plan_dir, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, JAX_PLATFORMS="cpu")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-P", "-c", _WITH_PLUGIN, *sys.argv[1:]], env)
+
+
+def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
+    # JAX itself stays on the CPU: the CUDA plugin compiles for the target without starting a GPU.
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    from jaxnet import config, planner
+
+    if args.gpus is not None and args.gpus < 1:
+        raise UserError(f"--gpus {args.gpus}: give a number of GPUs of at least 1")
+    planner.load_target(args.target)
+    cfg = config.load_experiment(args.experiment, args.overrides)
+    planner.gpus_for(cfg, args.gpus)
+    missing = planner.plugin_missing()
+    if missing:
+        raise UserError(f"jaxnet plan needs the CUDA plugin wheels ({missing} is missing): {planner.INSTALL}")
+    if argv is None and not planner.jax_has_plugin() and str(planner.plan_dir()) not in sys.path:
+        _replan_with_plugin(str(planner.plan_dir()))
+    # An executable compiled without a GPU goes into JAX's persistent cache (JAX_COMPILATION_CACHE_DIR)
+    # but cannot be read back without one: the next plan would warn and compile again anyway.
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    report = planner.plan(cfg, args.target, args.gpus, max_batch=args.max_batch, say=print)
+    report["command"] = shlex.join(["jaxnet", *(sys.argv[1:] if argv is None else argv)])
+    print(planner.describe(report))
+    if args.out:
+        try:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+                f.write("\n")
+        except OSError as e:
+            raise UserError(f"cannot write --out {args.out}: {e.strerror}") from None
+        print(f"wrote {args.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

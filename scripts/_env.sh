@@ -33,6 +33,24 @@ ensure_env() {
       || die "pip could not install the text datasets in requirements-data.txt (see above); fix that and rerun"
     echo "$want" > "$VENV/.jaxnet-installed"
   fi
+  # JAXNET_PLAN=1 (scripts/test sets it unless told JAXNET_PLAN=0): also the CUDA plugin and cuDNN
+  # wheels `jaxnet plan` compiles with (1.6 GB, ~20 s from a warm pip cache), in a directory of their
+  # own: on a machine without a GPU the plugin on the path makes every JAX process log to stderr, so
+  # only `jaxnet plan` and the tests put it there (jaxnet.planner.plan_dir). Whole or not at all.
+  local plan_dir="${JAXNET_PLAN_DIR:-$VENV/jaxnet-plan}"
+  want=$(cat "$ROOT/constraints.txt" "$ROOT/requirements-plan.txt" | sha256sum | cut -d' ' -f1)
+  if [ "${JAXNET_PLAN:-0}" = 1 ] && [ "$(cat "$plan_dir/.jaxnet-installed" 2>/dev/null)" != "$want" ]; then
+    echo "installing the plan wheels (requirements-plan.txt, 1.6 GB) into $plan_dir"
+    rm -rf "$plan_dir.partial"
+    if "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$plan_dir.partial" \
+        -c "$ROOT/constraints.txt" -r "$ROOT/requirements-plan.txt"; then
+      echo "$want" > "$plan_dir.partial/.jaxnet-installed"
+      rm -rf "$plan_dir" && mv "$plan_dir.partial" "$plan_dir"
+    else
+      rm -rf "$plan_dir.partial"
+      warn "pip could not install requirements-plan.txt (see above): the GPU compile tests (tests/test_plan.py) will be skipped"
+    fi
+  fi
 }
 
 # Fashion-MNIST comes from Debian's dataset-fashion-mnist package: installed system-wide when we

@@ -459,6 +459,62 @@ def render_cpu() -> str:
     return "\n".join(body)
 
 
+def largest(r: dict) -> str:
+    """The --max-batch result of a plan record: the size that fits and the next that does not."""
+    b = r.get("max_batch_size")
+    if not b:
+        return "-"
+    return (
+        f"{b['batch_size']} ({b['memory_at'] / 2**30:.1f} GiB); {b['next_size']} does not "
+        f"({b['memory_at_next'] / 2**30:.1f} GiB), {b['compiles']} compiles"
+    )
+
+
+def render_plan() -> str:
+    """The plans compiled for GPUs on a CPU-only machine (benchmarks/results/plan-*.json): per
+    device memory and verdict from the compiled program, FLOPs from XLA's cost analysis, and the
+    step time and MFU as the PREDICTED roofline bound they are."""
+    files = sorted((ROOT / "benchmarks" / "results").glob("plan-*.json"))
+    if not files:
+        return "No plan records yet: `python scripts/record_plans.py` writes them."
+    rows = [json.loads(f.read_text()) | {"_file": f"benchmarks/results/{f.name}"} for f in files]
+    rows.sort(key=lambda r: (r["experiment"] != "gpt2_small", r["experiment"], r["target"], r["gpus"]))
+    lines = [
+        "| command | GPUs | batch | fits | memory per device (args + temp) | GFLOP/step per device | "
+        "**predicted** step (bound) | **predicted** MFU bound | cuDNN attention | matmuls | collectives | compile "
+        "| largest batch that fits (`--max-batch`) | file |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m, p, k = r["memory"], r["prediction"], r["kernels"]
+        attention = k["cudnn_attention"]
+        collectives = ", ".join(f"{n} {c['count']}" for n, c in k["collectives"].items()) or "-"
+        matmuls = ", ".join(f"{d} {n}" for d, n in k["matmul_dtypes"].items()) or "-"
+        mfu = f"{100 * p['mfu_bound']:.0f} %" if p.get("mfu_bound") else "-"
+        lines.append(
+            f"| `{r['command']}` | {r['gpus']} x {r['target'].upper()} | {r['batch_size']} "
+            f"| {'yes' if r['fits'] else '**no**'} "
+            f"| {m['total'] / 2**30:.2f} GiB of {m['device'] / 2**30:.1f} ({m['arguments'] / 2**30:.2f} + "
+            f"{m['temp'] / 2**30:.2f}) "
+            f"| {r['flops_per_step']['per_device'] / 1e9:,.1f} "
+            f"| {1e3 * p['predicted_step_s']:.2f} ms ({p['bound']}) | {mfu} "
+            f"| {attention['forward']} fwd + {attention['backward']} bwd | {matmuls} | {collectives} "
+            f"| {r['compile_s']:.0f} s | {largest(r)} | [{Path(r['_file']).name}]({r['_file']}) |"
+        )
+    v = rows[0]["versions"]
+    lines.append("")
+    lines.append(
+        f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}, "
+        f"cuDNN {v['nvidia-cudnn-cu12']}; {rows[0]['date']}). Memory, FLOPs, kernels and collectives are read "
+        "from the compiled program; the step time and MFU are **predictions** (a roofline bound from the "
+        "data-sheet peaks in jaxnet/targets and XLA's bytes accessed), not measurements. Not known without a "
+        "GPU: autotuned gemm tiles, cuDNN workspaces (memory is a lower bound), measured step time and "
+        "compute/communication overlap. The LSTMs are planned on their lax.scan path (the cuDNN LSTM cannot be "
+        "traced without a GPU). Compile times are this CPU's, under load."
+    )
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "results": render,
     "memory": render_memory,
@@ -466,6 +522,7 @@ BLOCKS = {
     "roofline": render_roofline,
     "cpu": render_cpu,
     "sweep": render_sweep,
+    "plan": render_plan,
 }
 
 

@@ -120,6 +120,13 @@ BAD_INPUT = [
     bad(["train"], "the following arguments are required: experiment"),
     bad(["fly"], "invalid choice: 'fly'"),
     bad(["train", SMOKE, "--bogus"], "unrecognized arguments: --bogus"),
+    bad(["plan", SMOKE, "--target", "h900"], "unknown --target 'h900'; known GPU kinds: a100, h100, h200"),
+    bad(["plan", SMOKE, "--target", "h100", "--gpus", "0"], "--gpus 0: give a number of GPUs of at least 1"),
+    bad(
+        ["plan", SMOKE, "--target", "h100", "--gpus", "8", "mesh.data=2", "mesh.fsdp=2"],
+        "the mesh data=2 x fsdp=2 x tensor=1 uses 4 GPUs but --gpus is 8",
+    ),
+    bad(["plan", SMOKE], "the following arguments are required: --target"),
     # config keys and values
     bad(
         ["train", SMOKE, "optim.learning_rate=0.1"], "unknown config key 'optim.learning_rate'; did you mean optim.lr?"

@@ -113,6 +113,10 @@ class Run:
     ``model(cfg)``, ``data(cfg)`` and ``task(cfg)``) would give. Building a ``Run`` reads and
     checks all user input, tracing the model and the task once on abstract values, but writes
     nothing, so bad input fails before any file in the workdir is touched.
+
+    ``devices`` (default: ``jax.devices()``) are the devices the mesh is laid out on and
+    ``backend`` (default: JAX's) the one ``auto`` model settings resolve for: ``jaxnet plan``
+    builds the run for the GPUs of a topology that is not attached (:mod:`jaxnet.plan`).
     """
 
     def __init__(
@@ -122,6 +126,8 @@ class Run:
         model: Any = None,
         dataset: Any = None,
         task: tasks.Task | None = None,
+        devices: list | None = None,
+        backend: str | None = None,
     ):
         self.cfg = cfg
         self.hooks = experiment_hooks(cfg)
@@ -134,7 +140,7 @@ class Run:
                 "or a jaxnet Dataset / TextDataset"
             )
         self.text = isinstance(self.dataset, text_lib.TextDataset)
-        self.mesh: Mesh = parallel.make_mesh(cfg.mesh)
+        self.mesh: Mesh = parallel.make_mesh(cfg.mesh, devices)
         accum = cfg.optim.grad_accum
         parallel.check_batch(
             cfg.train.batch_size // accum,
@@ -159,7 +165,7 @@ class Run:
             # Per-device replicas see only their rows: BatchNorm averages its statistics across them.
             batch_axis = parallel.REPLICA_AXIS if self.replicas else None
             outputs = self.dataset.num_classes + self.task.extra_inputs
-            model = models.build(cfg.model, outputs, cfg.data.seq_len, batch_axis=batch_axis)
+            model = models.build(cfg.model, outputs, cfg.data.seq_len, batch_axis=batch_axis, backend=backend)
         self.model = adapters.adapt(model)
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel

@@ -13,10 +13,11 @@ reported and the next one runs, and the summary is rewritten after every part:
   ``tests/test_cuda_export.py``) with ``JAX_PLATFORMS=cuda``;
 - ``smokes``: every experiment's smoke variant with the default fast path, checking that it
   resolved to bf16 with cuDNN attention and LSTM (and that its program calls cuDNN);
-- ``plan``: ``jaxnet plan``'s predicted memory and step time against the ones measured here
-  (:func:`part_plan`), written to ``plan-vs-measured-<device>-<date>.json``;
 - ``bench``: ``jaxnet bench`` for every family (GPT-2-small shape first) with ``--compare-devices``
-  and PyTorch peers, merged into one results file with its roofline plot.
+  and PyTorch peers, merged into one results file with its roofline plot;
+- ``plan``: ``jaxnet plan``'s predicted memory and step time against the ones measured here
+  (:func:`part_plan`), written to ``plan-vs-measured-<device>-<date>.json``; after the bench it
+  rarely has time left: on a GPU it is a call of its own (``--only plan``), as is ``sweep``.
 
 ``--dry-run`` practises all of it on the CPU (``JAX_PLATFORMS=cpu``): the same parts and files,
 with CPU expectations (float32, XLA attention, scan LSTM), the GPU tests skipped, and the bench in
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("setup", "facts", "tests", "smokes", "plan", "bench", "sweep")
+PARTS = ("setup", "facts", "tests", "smokes", "bench", "plan", "sweep")
 # GPU-first order: the GPT-2-small shape (the MFU target), then the families with PyTorch cuDNN peers
 BENCH_FAMILIES = ("gpt2", "lstm", "resnet", "transformer", "cnn")
 FASHION_FILES = (
@@ -702,8 +703,8 @@ def part_plan(check: Check) -> None:
         if why:
             results[name]["no_prediction"] = why
             notes.append(f"{name}: no prediction ({why[:120]})")
-            if not check.dry:
-                status = "failed" if status == "passed" else status
+    if not check.dry and status == "passed" and not any("predicted" in r for r in results.values()):
+        status = "failed"  # on a GPU at least one config must be compared (the H100 and H200 records)
     files = []
     if results and device_kind:
         slug = re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-")
@@ -1022,8 +1023,8 @@ def main(argv: list[str]) -> int:
         "facts": part_facts,
         "tests": part_tests,
         "smokes": part_smokes,
-        "plan": part_plan,
         "bench": part_bench,
+        "plan": part_plan,
         "sweep": part_sweep,
     }
     try:

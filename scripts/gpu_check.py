@@ -14,15 +14,19 @@ reported and the next one runs, and the summary is rewritten after every part:
 - ``smokes``: every experiment's smoke variant with the default fast path, checking that it
   resolved to bf16 with cuDNN attention and LSTM (and that its program calls cuDNN);
 - ``bench``: ``jaxnet bench`` for every family (GPT-2-small shape first) with ``--compare-devices``
-  and PyTorch peers, merged into one results file with its roofline plot.
+  and PyTorch peers, merged into one results file with its roofline plot;
+- ``plan``: ``jaxnet plan``'s predicted memory and step time against the ones measured here
+  (:func:`part_plan`), written to ``plan-vs-measured-<device>-<date>.json``; after the bench it
+  rarely has time left: on a GPU it is a call of its own (``--only plan``), as is ``sweep``.
 
 ``--dry-run`` practises all of it on the CPU (``JAX_PLATFORMS=cpu``): the same parts and files,
 with CPU expectations (float32, XLA attention, scan LSTM), the GPU tests skipped, and the bench in
-its smoke mode without ``--compare-devices``.
+its smoke mode without ``--compare-devices``, and the plan comparison on a smoke config.
 
 Files written under OUT (at most 8, as the device tool returns them): ``summary.json``,
 ``summary.md``, ``gpu_check.log`` (every part's output), ``tests.xml`` (JUnit), and from the bench
-``<device>-<date>.json`` and ``roofline-<device>-<date>.png``.
+``<device>-<date>.json`` and ``roofline-<device>-<date>.png``, from the plan part
+``plan-vs-measured-<device>-<date>.json``.
 
 Exit status: 0 when every part passed, 1 when one failed or ran out of time, 2 on bad input.
 """
@@ -47,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("setup", "facts", "tests", "smokes", "bench", "sweep")
+PARTS = ("setup", "facts", "tests", "smokes", "bench", "plan", "sweep")
 # GPU-first order: the GPT-2-small shape (the MFU target), then the families with PyTorch cuDNN peers
 BENCH_FAMILIES = ("gpt2", "lstm", "resnet", "transformer", "cnn")
 FASHION_FILES = (
@@ -63,8 +67,8 @@ CARRY_LIMIT = 64 << 20  # what the device tool carries: the working tree and the
 WHEELS = ("tensorboardX==2.6.5",)
 # Each part's longest run (seconds) when the budget allows, on the GPU and in a dry run on a small
 # CPU; the bench takes what is left
-PART_LIMITS = {"setup": 90, "facts": 60, "tests": 240, "smokes": 240, "smoke": 100, "sweep": 540}
-DRY_LIMITS = {"setup": 120, "facts": 120, "tests": 600, "smokes": 900, "smoke": 240, "sweep": 300}
+PART_LIMITS = {"setup": 90, "facts": 60, "tests": 240, "smokes": 240, "smoke": 100, "plan": 300, "sweep": 540}
+DRY_LIMITS = {"setup": 120, "facts": 120, "tests": 600, "smokes": 900, "smoke": 240, "plan": 300, "sweep": 300}
 BUDGET, DRY_BUDGET = 570, 2400  # the device tool stops a command at 600 s
 RESERVE = 15  # kept back at the end for the bench merge and the summary
 
@@ -263,7 +267,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         detail = p.get("note") or ""
         lines.append(f"| {name} | {p['status']} | {p['seconds']} | {detail} |")
     for name, p in s["parts"].items():
-        for key in ("tests", "smokes", "families"):
+        for key in ("tests", "smokes", "plans", "families"):
             rows = p.get(key)
             if rows:
                 lines += ["", f"## {name}", ""]
@@ -591,6 +595,210 @@ def smoke(name: str, workdir: str, expect: str, overrides: list[str]) -> int:
     return 0 if not problems else 1
 
 
+# --- plan
+
+# On the GPU the full configs (their committed plan records are the predictions); in a dry run a
+# smoke config, planned live when the plan's wheels are here
+PLAN_CONFIGS = ("transformer_shakespeare", "gpt2_small")
+DRY_PLAN_CONFIGS = ("transformer_shakespeare:smoke",)
+PLAN_STEPS, DRY_PLAN_STEPS = 30, 5
+
+
+def plan_target(device_kind: str) -> str | None:
+    """The plan target of a JAX device kind ("NVIDIA H100 80GB HBM3" -> "h100"); None for a CPU."""
+    for name in ("h200", "h100", "a100"):
+        if name in device_kind.lower():
+            return name
+    return None
+
+
+def plan_record(name: str, target: str, batch_size: int, directory: Path | None = None) -> dict[str, Any] | None:
+    """The newest committed ``jaxnet plan`` record of ``name`` on one ``target`` GPU at ``batch_size``
+    (``benchmarks/results/plan-<name>-<target>-<date>.json``), or None."""
+    directory = directory or ROOT / "benchmarks" / "results"
+    for path in sorted(directory.glob(f"plan-{name}-{target}-*.json"), reverse=True):
+        record = json.loads(path.read_text())
+        if record.get("gpus") == 1 and record.get("batch_size") == batch_size:
+            return {**record, "file": path.relative_to(directory.parents[1]).as_posix()}
+    return None
+
+
+def _ratio(measured: float | None, predicted: float | None) -> float | None:
+    return round(measured / predicted, 3) if measured and predicted else None
+
+
+def compare_plan(predicted: dict[str, Any] | None, measured: dict[str, Any]) -> dict[str, Any]:
+    """Predicted (a ``jaxnet plan`` report) against measured (:func:`plan_measure`): each figure with
+    the ratio measured / predicted (above 1: the GPU used more memory or time than predicted)."""
+    out: dict[str, Any] = {"measured": measured}
+    if predicted is None:
+        return out
+    memory, prediction = predicted["memory"], predicted["prediction"]
+    out["predicted"] = {
+        "source": predicted.get("file") or predicted.get("command"),
+        "made_with": {k: predicted.get("versions", {}).get(k) for k in ("jax", "jax-cuda12-plugin")},
+        "device_kind": predicted.get("device_kind"),
+        "batch_size": predicted.get("batch_size"),
+        "memory_total": memory["total"],
+        "memory_temp": memory["temp"],
+        "memory_arguments": memory["arguments"],
+        "step_s": prediction["predicted_step_s"],
+        "bound": prediction["bound"],
+        "label": prediction.get("label"),
+    }
+    analysis = measured.get("memory_analysis") or {}
+    out["ratio_measured_to_predicted"] = {
+        "memory_analysis_total": _ratio(analysis.get("total"), memory["total"]),
+        "memory_analysis_temp": _ratio(analysis.get("temp"), memory["temp"]),
+        "peak_bytes_in_use": _ratio(measured.get("peak_bytes_in_use"), memory["total"]),
+        "median_step_s": _ratio(measured.get("median_step_s"), prediction["predicted_step_s"]),
+    }
+    if predicted.get("batch_size") != measured.get("batch_size"):
+        out["warning"] = "different batch sizes: the ratios compare different programs"
+    return out
+
+
+def part_plan(check: Check) -> None:
+    """``jaxnet plan``'s prediction against a measurement of the same config on this machine's device.
+
+    Measured (in a child, :func:`plan_measure`): the compiled train step's ``memory_analysis()``,
+    the device's peak bytes in use (``memory_stats()``, a GPU only) and the median time of the
+    runner's jitted train step. Predicted: on a GPU, the committed plan record for the local device
+    kind (made on a CPU-only machine by deviceless compilation: the GPU machine's JAX has the CUDA
+    13 plugin, not the CUDA 12 wheels the plan compiles with, and a plan cannot start beside a live
+    CUDA backend); failing that, or in a dry run, a live ``jaxnet plan`` in a child with
+    ``JAX_PLATFORMS=cpu`` (it needs the plan's wheels: without them the prediction is left out with
+    jaxnet plan's one-line reason). In a dry run the measurement is the CPU's, the prediction an
+    H100's: the part checks the path, its ratios mean nothing. Whether the ratios are sane can only
+    be seen on a GPU.
+    """
+    start = time.monotonic()
+    names = DRY_PLAN_CONFIGS if check.dry else PLAN_CONFIGS
+    steps = DRY_PLAN_STEPS if check.dry else PLAN_STEPS
+    names = [n for n in names if (ROOT / "experiments" / f"{n.split(':')[0]}.py").is_file()]
+    results: dict[str, Any] = {}
+    status, notes = "passed", []
+    device_kind = None
+    for name in names:
+        limit = check.limit("plan") - (time.monotonic() - start)
+        if limit < 20:
+            results[name] = {"error": "not run: out of time"}
+            status = "timeout"
+            continue
+        command = [check.python, str(Path(__file__)), "plan-measure", name, "--steps", str(steps)]
+        result = check.run(f"plan: measure {name}", command, limit)
+        line = next((x for x in reversed(result["tail"].splitlines()) if x.startswith("PLANMEASURE ")), None)
+        if line is None:
+            results[name] = {"error": "timed out" if result["timed_out"] else result["tail"][-400:]}
+            status = "failed"
+            continue
+        measured = json.loads(line[len("PLANMEASURE ") :])
+        device_kind = measured["device_kind"]
+        target = plan_target(device_kind) or "h100"  # a CPU (dry run): the path is planned for an H100
+        predicted = None if check.dry else plan_record(name, target, measured["batch_size"])
+        why = None
+        if predicted is None:
+            predicted, why = live_plan(check, name, target, check.limit("plan") - (time.monotonic() - start))
+        results[name] = {"target": target, **compare_plan(predicted, measured)}
+        if why:
+            results[name]["no_prediction"] = why
+            notes.append(f"{name}: no prediction ({why[:120]})")
+    if not check.dry and status == "passed" and not any("predicted" in r for r in results.values()):
+        status = "failed"  # on a GPU at least one config must be compared (the H100 and H200 records)
+    files = []
+    if results and device_kind:
+        slug = re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-")
+        date = datetime.date.today().isoformat()
+        record = {
+            "kind": "plan-vs-measured",
+            "mode": check.summary["mode"],
+            "device_kind": device_kind,
+            "date": date,
+            "command": f"bash scripts/gpu_check.sh{' --dry-run' if check.dry else ''} --only plan",
+            "steps_timed": steps,
+            "note": "predicted = jaxnet plan (deviceless compile, roofline step time); measured = this device. "
+            "ratio = measured / predicted"
+            + (". DRY RUN: measured on a CPU against an H100 plan, the ratios mean nothing" if check.dry else ""),
+            "facts": check.summary.get("facts"),
+            "configs": results,
+        }
+        path = check.out / f"plan-vs-measured-{slug}-{date}.json"
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        files.append(path.name)
+    summary = {n: r.get("ratio_measured_to_predicted") or r.get("error") or "measured only" for n, r in results.items()}
+    check.record("plan", status, time.monotonic() - start, note="; ".join(notes)[:500], plans=summary, files=files)
+
+
+def live_plan(check: Check, name: str, target: str, limit: float) -> tuple[dict[str, Any] | None, str | None]:
+    """``jaxnet plan NAME --target TARGET`` in a child on the CPU: (report, None) or (None, why not)."""
+    if not (ROOT / "jaxnet" / "planner.py").is_file():
+        return None, "this jaxnet has no jaxnet plan"
+    if limit < 20:
+        return None, "out of time"
+    out = check.work / f"plan-{name.replace(':', '-')}-{target}.json"
+    command = [check.python, "-m", "jaxnet", "plan", name, "--target", target, "--out", str(out)]
+    env = {**check.env, "JAX_PLATFORMS": "cpu"}  # the plan compiles deviceless, beside no CUDA backend
+    result = check.run(f"plan: jaxnet plan {name} --target {target}", command, limit, env)
+    if result["rc"] == 0 and out.is_file():
+        return {**json.loads(out.read_text()), "command": " ".join(["jaxnet plan", *command[4:-2]])}, None
+    lines = [x for x in result["tail"].splitlines() if x.strip()]
+    return None, "timed out" if result["timed_out"] else (lines[-1] if lines else f"exit {result['rc']}")
+
+
+def plan_measure(name: str, steps: int) -> int:
+    """(child) Compile ``name``'s train step on this machine's first device, read its memory, time it."""
+    import statistics
+
+    import jax
+
+    from jaxnet.config import load_experiment
+    from jaxnet.train.loop import Run
+
+    cfg = load_experiment(name, ["train.progress=false"])
+    run = Run(cfg)
+    device = jax.devices()[0]
+    batch = run.put_batch(next(iter(run.train_batches(0))))
+    state = run.init_state()
+    begin = time.perf_counter()
+    compiled = run.train_step.lower(state, batch).compile()
+    compile_s = time.perf_counter() - begin
+    stats = compiled.memory_analysis()
+    analysis = None
+    if stats is not None:
+        analysis = {
+            "arguments": int(stats.argument_size_in_bytes),
+            "outputs": int(stats.output_size_in_bytes),
+            "aliased": int(stats.alias_size_in_bytes),
+            "temp": int(stats.temp_size_in_bytes),
+        }
+        analysis["total"] = analysis["arguments"] + analysis["outputs"] - analysis["aliased"] + analysis["temp"]
+    times = []
+    for i in range(steps + 2):  # the first two warm up (the second donates into the first's buffers)
+        begin = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready((state, metrics))
+        if i >= 2:
+            times.append(time.perf_counter() - begin)
+    memory = device.memory_stats() or {}
+    out = {
+        "experiment": name,
+        "device_kind": device.device_kind,
+        "platform": device.platform,
+        "batch_size": cfg.train.batch_size,
+        "compile_s": round(compile_s, 2),
+        "memory_analysis": analysis,
+        "peak_bytes_in_use": memory.get("peak_bytes_in_use"),
+        "bytes_limit": memory.get("bytes_limit"),
+        "median_step_s": statistics.median(times),
+        "min_step_s": min(times),
+        "steps_timed": len(times),
+        "timing": "the runner's jitted train step, one call per step on one device-resident batch, "
+        "block_until_ready after each (no input pipeline)",
+    }
+    print("PLANMEASURE " + json.dumps(out), flush=True)
+    return 0
+
+
 # --- bench
 
 
@@ -797,6 +1005,8 @@ def main(argv: list[str]) -> int:
         workdir, expect = rest[rest.index("--workdir") + 1], rest[rest.index("--expect") + 1]
         overrides = [a for a in rest if "=" in a and not a.startswith("-")]
         return smoke(name, workdir, expect, overrides)
+    if argv[:1] == ["plan-measure"]:
+        return plan_measure(argv[1], int(argv[argv.index("--steps") + 1]))
     if argv[:1] == ["write-bench"]:
         return write_bench(argv[1], argv[2])
     try:
@@ -814,6 +1024,7 @@ def main(argv: list[str]) -> int:
         "tests": part_tests,
         "smokes": part_smokes,
         "bench": part_bench,
+        "plan": part_plan,
         "sweep": part_sweep,
     }
     try:

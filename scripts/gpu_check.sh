@@ -12,9 +12,11 @@
 #   run(command="bash scripts/gpu_check.sh --only bench", carry=[".gpu_carry"], timeout_s=600)
 # The sweep's speed (8 and 32 members batched against one by one) has a call of its own:
 #   run(command="bash scripts/gpu_check.sh --only sweep", carry=[".gpu_carry"], timeout_s=600)
+# So does jaxnet plan's predicted memory and step time against the measured ones:
+#   run(command="bash scripts/gpu_check.sh --only plan", carry=[".gpu_carry"], timeout_s=600)
 #
 # Options: --dry-run, --out DIR (default $OUT, else runs/gpu-check), --carry DIR (default .gpu_carry),
-# --budget SECONDS, --only setup,facts,tests,smokes,bench,sweep. Exit status 0: every part passed;
+# --budget SECONDS, --only setup,facts,tests,smokes,plan,bench,sweep. Exit status 0: every part passed;
 # 1: a part failed or ran out of time (the others still ran and wrote); 2: bad input.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -115,6 +115,87 @@ def test_per_family_bench_records_merge_into_one():
     assert "compare_devices" not in alone and "cpu_record" not in alone and "gpu_facts" not in alone
 
 
+def plan_report(batch_size: int = 32, total: int = 100, temp: int = 80, step_s: float = 0.002, gpus: int = 1) -> dict:
+    """The parts of a ``jaxnet plan`` record the comparison reads."""
+    return {
+        "experiment": "transformer_shakespeare",
+        "device_kind": "NVIDIA H100 80GB HBM3",
+        "gpus": gpus,
+        "batch_size": batch_size,
+        "memory": {"total": total, "temp": temp, "arguments": 15},
+        "prediction": {"predicted_step_s": step_s, "bound": "memory", "label": "PREDICTED"},
+        "versions": {"jax": "0.10.2", "jax-cuda12-plugin": "0.10.2"},
+    }
+
+
+def test_plan_targets_records_and_ratios(tmp_path):
+    assert gpu_check.plan_target("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_check.plan_target("NVIDIA H200") == "h200" and gpu_check.plan_target("cpu") is None
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    for date, report in [
+        ("2026-11-20", plan_report(total=1)),
+        ("2026-11-23", plan_report(total=2)),
+        ("2026-11-24", plan_report(batch_size=64, total=3)),  # another batch: not this run's program
+    ]:
+        (results / f"plan-transformer_shakespeare-h100-{date}.json").write_text(json.dumps(report))
+    (results / "plan-transformer_shakespeare-h100x8-2026-11-25.json").write_text(json.dumps(plan_report(gpus=8)))
+    found = gpu_check.plan_record("transformer_shakespeare", "h100", 32, results)
+    assert found["memory"]["total"] == 2  # the newest at that batch size on one GPU
+    assert found["file"] == "benchmarks/results/plan-transformer_shakespeare-h100-2026-11-23.json"
+    assert gpu_check.plan_record("transformer_shakespeare", "h200", 32, results) is None
+
+    measured = {
+        "batch_size": 32,
+        "memory_analysis": {"total": 150, "temp": 100},
+        "peak_bytes_in_use": 300,
+        "median_step_s": 0.005,
+    }
+    compared = gpu_check.compare_plan({**plan_report(), "file": "plan.json"}, measured)
+    assert compared["ratio_measured_to_predicted"] == {
+        "memory_analysis_total": 1.5,
+        "memory_analysis_temp": 1.25,
+        "peak_bytes_in_use": 3.0,
+        "median_step_s": 2.5,
+    }
+    assert compared["predicted"]["source"] == "plan.json" and compared["predicted"]["label"] == "PREDICTED"
+    assert compared["measured"] is measured and "warning" not in compared
+    other = gpu_check.compare_plan(plan_report(batch_size=64), {**measured, "peak_bytes_in_use": None})
+    assert "different batch sizes" in other["warning"]
+    assert other["ratio_measured_to_predicted"]["peak_bytes_in_use"] is None  # a CPU has no memory_stats
+    assert gpu_check.compare_plan(None, measured) == {"measured": measured}
+
+
+def test_dry_run_of_the_plan_part_measures_and_compares(tmp_path):
+    """The plan part on the CPU: the smoke Transformer measured here; its H100 plan when jaxnet plan can run."""
+    from jaxnet.config import load_experiment
+
+    out = tmp_path / "out"
+    result = gpu_check_sh("--dry-run", "--only", "plan", "--out", str(out), "--carry", str(tmp_path / "none"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    part = summary["parts"]["plan"]
+    assert part["status"] == "passed" and part["files"] == [f"plan-vs-measured-cpu-{summary['started'][:10]}.json"]
+    record = json.loads((out / part["files"][0]).read_text())
+    assert record["kind"] == "plan-vs-measured" and "DRY RUN" in record["note"]
+    (name,) = record["configs"]
+    assert name == "transformer_shakespeare:smoke"
+    config = record["configs"][name]
+    measured, memory = config["measured"], config["measured"]["memory_analysis"]
+    assert measured["device_kind"] == "cpu" and measured["steps_timed"] == gpu_check.DRY_PLAN_STEPS
+    assert measured["batch_size"] == load_experiment(name).train.batch_size
+    assert memory["total"] == memory["arguments"] + memory["outputs"] - memory["aliased"] + memory["temp"] > 0
+    assert 0 < measured["min_step_s"] <= measured["median_step_s"] < 5
+    if (ROOT / "jaxnet" / "planner.py").is_file() and "predicted" in config:
+        assert config["predicted"]["device_kind"] == "NVIDIA H100 80GB HBM3"
+        assert config["ratio_measured_to_predicted"]["median_step_s"] > 0
+    elif (ROOT / "jaxnet" / "planner.py").is_file():  # without the plan's wheels: jaxnet plan's one line
+        assert "install" in config["no_prediction"]
+    else:
+        assert config["no_prediction"] == "this jaxnet has no jaxnet plan"
+    assert "| plan |" in (out / "summary.md").read_text()
+
+
 @pytest.mark.slow
 def test_prepare_then_a_whole_dry_run(tmp_path):
     """--prepare (needs the network for tensorboardX's wheel), then every part of the check on the CPU."""

@@ -540,7 +540,8 @@ def plan(
     source = "xla + cuDNN attention by formula"
     if analytic and analytic / gpus > flops_device:
         flops_device, source = analytic / gpus, "jaxnet.flops / gpus (above XLA's count: work inside cuDNN calls)"
-    dtype = getattr(run.model, "dtype", None) or getattr(planned.model, "dtype", "float32")
+    # A Linen module's own compute dtype (run.model is the model seam's adapter around it).
+    dtype = getattr(getattr(run.model, "module", None), "dtype", None) or getattr(planned.model, "dtype", "float32")
     dtype = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
     dtype = models.resolve(planned.model, "cuda").dtype if dtype == "auto" else dtype
     peak = tgt.peak_flops(dtype)
@@ -556,7 +557,7 @@ def plan(
         "mesh": dict(run.mesh.shape),
         "batch_size": rows,
         "seq_len": planned.data.seq_len if run.text else None,
-        "model": type(run.model).__name__,
+        "model": run.model.name,
         "compute_dtype": dtype,
         "fits": _fits(memory),
         "memory": memory,

@@ -180,6 +180,7 @@ class MLflow:
         self.artifact_root = (local_dir / "artifacts").as_uri() if self.local else None
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.run_id = ""
+        self.ended = False  # finished with its summary: a later error (a sweep's other member's) leaves it be
         self.logged: dict[str, set[int]] = {}  # metric key -> the steps MLflow has of it
 
     def begin(self, records: list[dict[str, Any]]) -> None:
@@ -267,7 +268,7 @@ class MLflow:
         return {"mlflow": {"tracking_uri": self.tracking_uri, "run_id": self.run_id}}
 
     def finish(self, workdir: Path, summary: dict[str, Any] | None, status: str) -> None:
-        if not self.run_id:
+        if not self.run_id or self.ended:
             return
         if summary is None:  # an error is ending the run: it, not a failure to say so, is what the user sees
             with contextlib.suppress(Exception):
@@ -279,6 +280,7 @@ class MLflow:
             if (Path(workdir) / name).is_file():
                 self.client.log_artifact(self.run_id, str(Path(workdir) / name))
         self.client.set_terminated(self.run_id, status=status)
+        self.ended = True
 
 
 def sweep_parent(cfg: Config, root: Path) -> MLflow | None:

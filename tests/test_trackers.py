@@ -32,6 +32,7 @@ SETTINGS = [
     "train.trackers=tensorboard,mlflow",
 ]
 TIMINGS = ("steps_per_s", "examples_per_s")  # differ between an invocation and its resume
+STORE_SETTINGS = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")  # a developer's own: not for these tests
 
 
 def config(*extra: str) -> jaxnet.Config:
@@ -63,12 +64,15 @@ def resumed(tmp_path_factory):
     def fail_at_30(loop):
         raise RuntimeError("stop here")
 
-    with pytest.raises(RuntimeError, match="stop here"):
-        train(workdir, actions=[jaxnet.every(30, fail_at_30)])
-    first = json.loads((workdir / trackers_lib.MLFLOW_DIR / "run.json").read_text())
-    client = MlflowClient(first["tracking_uri"])
-    status_after_failure = client.get_run(first["run_id"]).info.status
-    summary = train(workdir)
+    with pytest.MonkeyPatch.context() as env:
+        for name in STORE_SETTINGS:
+            env.delenv(name, raising=False)
+        with pytest.raises(RuntimeError, match="stop here"):
+            train(workdir, actions=[jaxnet.every(30, fail_at_30)])
+        first = json.loads((workdir / trackers_lib.MLFLOW_DIR / "run.json").read_text())
+        client = MlflowClient(first["tracking_uri"])
+        status_after_failure = client.get_run(first["run_id"]).info.status
+        summary = train(workdir)
     return workdir, first, status_after_failure, summary, client
 
 
@@ -116,7 +120,9 @@ def test_mlflow_not_installed_is_one_line_before_anything_is_written(tmp_path, m
     assert not (tmp_path / "run").exists()
 
 
-def test_a_sweep_logs_each_member_as_an_mlflow_run_under_one_parent(tmp_path):
+def test_a_sweep_logs_each_member_as_an_mlflow_run_under_one_parent(tmp_path, monkeypatch):
+    for name in STORE_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
     task = jaxnet.tasks.regression(inputs="x", target="y")
     record = jaxnet.sweep(
         config("train.steps=10", "train.eval_every=0", "train.checkpoint_every=0"),
@@ -138,3 +144,21 @@ def test_a_sweep_logs_each_member_as_an_mlflow_run_under_one_parent(tmp_path):
         assert len(loss) == 1 and math.isclose(loss[0], member["test"]["loss"], rel_tol=1e-12)
     parent_artifacts = {a.path for a in client.list_artifacts(parent["run_id"])}
     assert parent_artifacts == {"sweep.json", "sweep.md", "sweep.png"}
+
+
+def test_mlflow_added_midway_gets_the_whole_history_in_the_store_mlflow_tracking_uri_names(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'shared.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team")
+    workdir = tmp_path / "run"
+    train(workdir, "train.trackers=tensorboard", "train.stop_after=20")
+    assert not (workdir / "mlflow").exists()
+    summary = train(workdir)
+    assert summary["mlflow"]["tracking_uri"] == uri and not (workdir / "mlflow" / "mlflow.db").exists()
+    client = MlflowClient(uri)
+    run = client.get_run(summary["mlflow"]["run_id"])
+    assert client.get_experiment(run.info.experiment_id).name == "team"
+    for key in ("train/loss", "val/loss", "test/r2"):
+        logged = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        assert logged == jsonl_history(workdir)[key], key  # steps 10 and 20 from metrics.jsonl, the rest as logged
+    assert [s for s, _ in jsonl_history(workdir)["train/loss"]] == [10, 20, 30, 40]

@@ -150,6 +150,7 @@ def test_mlflow_added_midway_gets_the_whole_history_in_the_store_mlflow_tracking
     uri = f"sqlite:///{tmp_path / 'shared.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team")
+    monkeypatch.chdir(tmp_path)  # MLflow puts a new experiment's artifacts in ./mlruns of a store it is given
     workdir = tmp_path / "run"
     train(workdir, "train.trackers=tensorboard", "train.stop_after=20")
     assert not (workdir / "mlflow").exists()

@@ -1,4 +1,4 @@
-"""What a run tells the outside world: metrics.jsonl, TensorBoard, a progress bar, curves.png.
+"""What a run tells the outside world: metrics.jsonl (and through it the trackers), a progress bar, curves.png.
 
 ``metrics.jsonl`` has one JSON object per line: ``{"step": 500, "split": "val", "loss": ...}``.
 """
@@ -11,10 +11,10 @@ import math
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +22,24 @@ from tqdm.auto import tqdm
 
 
 class MetricsLog:
-    """Appends metrics to ``metrics.jsonl`` and TensorBoard event files under ``tb/``.
+    """Appends metrics to ``metrics.jsonl`` and hands each record to the run's trackers
+    (:mod:`jaxnet.train.trackers`: TensorBoard under ``tb/``, MLflow).
 
     When a run resumes at ``resume_step``, lines the interrupted run wrote after that step are
     dropped, and so are evaluation lines at that step when ``final`` (the resumed run is about
     to evaluate it again). Resumed at a checkpoint that falls on a logging step, the file then
     holds the same lines and values as an uninterrupted run's (timings aside); resumed between
     logging steps, it keeps the
-    stopped run's line at the stop, and the next line averages only the steps since.
+    stopped run's line at the stop, and the next line averages only the steps since. Each
+    tracker's ``begin`` then gets the lines kept.
     """
 
-    def __init__(self, workdir: str | os.PathLike, resume_step: int = 0, final: bool = False, tensorboard: bool = True):
+    def __init__(
+        self, workdir: str | os.PathLike, resume_step: int = 0, final: bool = False, trackers: Sequence[Any] = ()
+    ):
         self.path = Path(workdir) / "metrics.jsonl"
+        kept: list[str] = []
         if resume_step and self.path.exists():
-            kept = []
             for line in self.path.read_text().splitlines():
                 record = _record(line)
                 if record is None or record["step"] > resume_step:
@@ -47,14 +51,10 @@ class MetricsLog:
         elif not resume_step:
             self.path.write_text("")
         self._file = open(self.path, "a")
-        self._tb = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            tb_dir = Path(workdir) / "tb"
-            if not resume_step:  # a restart from scratch: events of the abandoned attempt would mislead
-                shutil.rmtree(tb_dir, ignore_errors=True)
-            self._tb = SummaryWriter(str(tb_dir), purge_step=resume_step or None)
+        self.trackers = list(trackers)
+        records = [r for r in map(_record, kept) if r is not None]
+        for tracker in self.trackers:
+            tracker.begin(records)
 
     def write(self, step: int, split: str, values: dict[str, float]) -> None:
         """Record ``values`` for ``split`` (train, val or test) at ``step``."""
@@ -62,16 +62,14 @@ class MetricsLog:
         values = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in values.items()}
         self._file.write(json.dumps({"step": step, "split": split, **values}) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for name, value in values.items():
-                if value is not None:
-                    self._tb.add_scalar(f"{split}/{name}", value, step)
+        for tracker in self.trackers:
+            tracker.write(step, split, values)
 
     def close(self) -> None:
-        """Flush and close both outputs."""
+        """Flush and close the file and the trackers."""
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def _record(line: str) -> dict[str, Any] | None:

@@ -53,6 +53,7 @@ from jaxnet.models import common as model_common
 from jaxnet.study import common
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import state as state_lib
+from jaxnet.train import trackers as trackers_lib
 from jaxnet.train.loop import Interrupts, Run, default_workdir, run_loop, summary_head
 from jaxnet.train.step import make_train_step
 
@@ -463,14 +464,20 @@ def _at_once_text(pop: Population) -> str:
 
 
 def train_population(
-    pop: Population, dirs: list[Path], environment: dict[str, Any], interrupts: Interrupts, say: Callable
+    pop: Population,
+    dirs: list[Path],
+    environment: dict[str, Any],
+    interrupts: Interrupts,
+    say: Callable,
+    parent: str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) one program's members, each in its run directory; returns the program's
-    timing record."""
+    timing record. ``parent`` is the sweep's MLflow run, which the members' runs go under."""
     cfg, train_cfg = pop.cfg, pop.cfg.train
     started = time.time()
     ckpts = [Checkpoints(d / "checkpoints", keep=train_cfg.keep_checkpoints) for d in dirs]
     logs: list[Any] = []
+    trackers: list[list[Any]] = []
     progress: Any = observe.Quiet()
     try:
         state, start = _restore(pop, ckpts, say)
@@ -478,7 +485,9 @@ def train_population(
             config_lib.save(c, d / "config.json", run=environment)
             if pop.text:
                 observe.write_json(d / "vocab.json", {"tokenizer": pop.dataset.tokenizer, "vocab": pop.dataset.vocab})
-        logs = [observe.MetricsLog(d, resume_step=start, final=start == train_cfg.steps) for d in dirs]
+        for d, c in zip(dirs, pop.cfgs, strict=True):
+            trackers.append(trackers_lib.build(c, d, start, store=d.parent, parent=parent))
+            logs.append(observe.MetricsLog(d, resume_step=start, final=start == train_cfg.steps, trackers=trackers[-1]))
         end = train_cfg.steps if not train_cfg.stop_after else min(train_cfg.steps, start + train_cfg.stop_after)
         progress = observe.Progress(train_cfg.steps, start, enabled=train_cfg.progress)
         num_params = state_lib.param_count(pop.member(state, 0).params)
@@ -526,7 +535,9 @@ def train_population(
             summary["environment"] = environment
             log.close()
             observe.plot_curves(d / "metrics.jsonl", d / "curves.png", f"{cfg.experiment}: {pop.members[i].name}")
+            summary.update(trackers_lib.summary_fields(trackers[i]))
             common.write_json(d / "summary.json", summary)
+            trackers_lib.finish(trackers[i], d, summary, "KILLED" if interrupts.name else "FINISHED")
         logs = []
         return {
             "members": [m.name for m in pop.members],
@@ -537,6 +548,10 @@ def train_population(
             "steps_per_s": round(steps_per_s, 3) if steps_per_s else None,
             "wall_time_s": round(time.time() - started, 2),
         }
+    except BaseException:
+        for member in trackers:
+            trackers_lib.finish(member, dirs[0], None, "FAILED")
+        raise
     finally:
         progress.close()
         for log in logs:
@@ -595,6 +610,7 @@ def sweep(
     members = expand(base, swept, max_members)
     for m in members:
         check_supported(m.cfg)
+    trackers_lib.check(base)
     root = Path(workdir) if workdir is not None else Path("runs") / f"sweep-{default_workdir(base).name}"
     dirs = {m.name: root / m.name for m in members}
     for m in members:
@@ -612,6 +628,7 @@ def sweep(
     metric = common.headline_metric(base)
     environment = observe.environment()
     root.mkdir(parents=True, exist_ok=True)
+    parent = trackers_lib.sweep_parent(base, root)
     say(
         f"sweep of {len(members)} members over {', '.join(swept)}: {len(groups)} program(s) "
         f"({', '.join(str(len(g)) for g in groups)} members), in {root}"
@@ -630,7 +647,9 @@ def sweep(
             timings.append(
                 {
                     "program": number,
-                    **train_population(pop, [dirs[m.name] for m in group], environment, interrupts, say),
+                    **train_population(
+                        pop, [dirs[m.name] for m in group], environment, interrupts, say, parent and parent.run_id
+                    ),
                 }
             )
     record = _record(base, swept, members, dirs, groups, metric, timings, environment, root)
@@ -639,6 +658,8 @@ def sweep(
     common.write_json(root / "sweep.json", record)
     (root / "sweep.md").write_text(report(record) + "\n")
     plot(record, root / "sweep.png")
+    if parent is not None:
+        parent.finish(root, record, "KILLED" if interrupts.name else "FINISHED")
     incomplete = [m for m in record["members"] if not m["complete"]]
     if interrupts.name or incomplete:
         why = f"{interrupts.name} received" if interrupts.name else f"{len(incomplete)} members not finished"

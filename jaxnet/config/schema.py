@@ -107,6 +107,12 @@ class TrainConfig:
     )
     label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
     progress: bool = field(True, "show a progress bar")
+    trackers: tuple[str, ...] = field(
+        ("tensorboard",),
+        "where the log records go besides metrics.jsonl: tensorboard (tb/), mlflow (MLFLOW_TRACKING_URI, else a "
+        "store in the run directory; pip install 'jaxnet[mlflow]'), e.g. tensorboard,mlflow",
+        choices=("tensorboard", "mlflow"),
+    )
     on_nonfinite: str = field(
         "stop",
         "a NaN or Inf loss or gradient: stop the run (naming the step), or skip that update inside the step",
@@ -226,7 +232,11 @@ def describe(cfg: Config | None = None) -> str:
 def check_field(key: str, value: Any, f: dataclasses.Field) -> None:
     """A :class:`UserError` unless ``value`` is one of field ``f``'s choices and within its limits."""
     choices, low, high = f.metadata.get("choices"), f.metadata.get("low"), f.metadata.get("high")
-    if choices and value not in choices:
+    if choices and isinstance(value, tuple):
+        unknown = [v for v in value if v not in choices]
+        if unknown:
+            raise UserError(f"{key}={_show(value)}: {unknown[0]!r} is not one of: {', '.join(choices)}")
+    elif choices and value not in choices:
         raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}")
     every = ": every entry " if isinstance(value, tuple) else " "
     for v in value if isinstance(value, tuple) else (value,):

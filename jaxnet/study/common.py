@@ -22,7 +22,7 @@ from jaxnet import config as config_lib
 from jaxnet.errors import UserError
 
 # Settings that may change between invocations of a study without making a reused run another run.
-_FREE_KEYS = {"train.progress", "train.stop_after", "data.prefetch", "data.dir", "data.path"}
+_FREE_KEYS = {"train.progress", "train.stop_after", "train.trackers", "data.prefetch", "data.dir", "data.path"}
 
 
 def split_arguments(tokens: Sequence[str], names: Sequence[str]) -> tuple[dict[str, str], list[str]]:

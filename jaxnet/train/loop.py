@@ -34,6 +34,7 @@ from jaxnet.models import adapters
 from jaxnet.observe import headline
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import state as state_lib
+from jaxnet.train import trackers as trackers_lib
 from jaxnet.train.step import (
     accumulate,
     make_async_train_step,
@@ -385,6 +386,7 @@ RUN_FILES = {
     "checkpoints",
     "tb",
     "profile",
+    trackers_lib.MLFLOW_DIR,
 }
 
 
@@ -493,6 +495,7 @@ def train(
     started = time.time()
     environment = observe.environment()  # at the start: the commit, versions and command the run was launched with
     config_lib.validate(cfg)
+    trackers_lib.check(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
     run = Run(cfg, model=model, dataset=dataset, task=task)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
@@ -547,8 +550,9 @@ def _train(
         if done_before is not None:
             say(f"already complete: {_result_line(done_before)}")
             return done_before
+    trackers = trackers_lib.build(cfg, workdir, start) if primary else []
     if primary:
-        log = observe.MetricsLog(workdir, resume_step=start, final=start == train_cfg.steps)
+        log = observe.MetricsLog(workdir, resume_step=start, final=start == train_cfg.steps, trackers=trackers)
         config_lib.save(cfg, workdir / "config.json", run=environment)
         if run.text:
             observe.write_json(workdir / "vocab.json", {"tokenizer": run.dataset.tokenizer, "vocab": run.dataset.vocab})
@@ -578,6 +582,9 @@ def _train(
     try:
         compile_seconds = run_loop(run, loop, [*builtin, *extra])
         summary = _summary(run, loop, workdir, num_params, compile_seconds, interrupts, log)
+    except BaseException:
+        trackers_lib.finish(trackers, workdir, None, "FAILED")
+        raise
     finally:
         progress.close()
         log.close()
@@ -585,7 +592,9 @@ def _train(
     summary["environment"] = environment
     if primary:
         observe.plot_curves(workdir / "metrics.jsonl", workdir / "curves.png", cfg.experiment)
+        summary.update(trackers_lib.summary_fields(trackers))
         observe.write_json(workdir / "summary.json", summary)
+        trackers_lib.finish(trackers, workdir, summary, "KILLED" if interrupts.name else "FINISHED")
     end = loop.end
     if interrupts.name:
         say(

@@ -165,3 +165,17 @@ def test_a_source_without_the_checkpoint_asked_for_is_one_line_and_writes_nothin
         assert not (tmp_path / "new").exists()
     with pytest.raises(jaxnet.UserError, match="train.init_skip names parameters to leave fresh, which needs"):
         jaxnet.train(config("train.init_skip=head"), tmp_path / "new", model=Net(3), dataset=dataset(3), task=TASK)
+
+
+def test_a_sweep_refuses_init_from_rather_than_ignoring_it(source, tmp_path):
+    with pytest.raises(jaxnet.UserError, match="jaxnet sweep starts every member fresh; train.init_from is for"):
+        jaxnet.sweep(
+            config(f"train.init_from={source}"),
+            {"optim.lr": [1e-2, 3e-2]},
+            tmp_path / "sweep",
+            model=Net(3),
+            dataset=dataset(3),
+            task=TASK,
+            say=lambda *_: None,
+        )
+    assert not (tmp_path / "sweep").exists()

@@ -619,6 +619,13 @@ def load_params(workdir: str | os.PathLike, step: int | None = None) -> Any:
         params = jaxnet.load_params("runs/mine")
         params["Dense_0"]["kernel"].shape   # (3, 16)
     """
+    return load_state(workdir, step)["params"]
+
+
+def load_state(workdir: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
+    """A run's whole saved train state (``step``, ``params``, ``opt_state``, ``model_state``, ...) as
+    nested dicts of numpy arrays, from checkpoint ``step`` or the newest one: what
+    :func:`load_params` and ``train.init_from`` read."""
     directory = Path(workdir) / "checkpoints"
     if not directory.is_dir():
         raise UserError(f"{workdir} has no checkpoints; pass the run directory of a training run")
@@ -636,4 +643,4 @@ def load_params(workdir: str | os.PathLike, step: int | None = None) -> Any:
         state = ckpts.restore(target, step)
     finally:
         ckpts.close()
-    return jax.tree.map(np.asarray, state["params"])
+    return jax.tree.map(np.asarray, state)

@@ -7,13 +7,18 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax.core import meta
 
 from jaxnet.config import OptimConfig
+from jaxnet.errors import UserError
+from jaxnet.models.adapters.paths import joined
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -74,4 +79,48 @@ def build(
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     if not off(cfg.clip_norm):
         opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt)
+    if cfg.freeze:
+        # Frozen parameters are masked out of the optimizer (no moments kept for them), and their
+        # update is zero, so they stay bitwise what they started as. Clipping sees only the others.
+        opt = optax.partition({"train": opt, "frozen": optax.set_to_zero()}, freeze_labels(cfg.freeze))
     return opt, by_step
+
+
+def param_path(path: tuple) -> str:
+    """A parameter's name as ``optim.freeze`` and ``train.init_skip`` match it: its tree path joined by
+    ``/`` under ``params/`` (``params/Conv_0/kernel``), as :func:`jaxnet.load_params` nests it."""
+    return "/".join(("params", joined(path))) if path else "params"
+
+
+def check_freeze(pattern: str, params: Any) -> None:
+    """A :class:`UserError` if ``optim.freeze=pattern`` matches none of ``params`` (a misspelt name
+    would otherwise train everything)."""
+    if not pattern:
+        return
+    rx = re.compile(pattern)
+    names = _names(params)
+    matched = [name for name in names if rx.search(name)]
+    if not matched:
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise UserError(f"optim.freeze={pattern!r} matches no parameter; the parameters are {shown}")
+
+
+def freeze_labels(pattern: str) -> Callable[[Any], Any]:
+    """The labels ``optax.partition`` takes: ``frozen`` for each parameter ``pattern`` matches, else ``train``."""
+    rx = re.compile(pattern)
+
+    def labels(params: Any) -> Any:
+        # A parameter boxed with its logical axis names is one leaf here, named without the box.
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "frozen" if rx.search(param_path(path)) else "train", params, is_leaf=_is_box
+        )
+
+    return labels
+
+
+def _names(params: Any) -> list[str]:
+    return [param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_box)[0]]
+
+
+def _is_box(x: Any) -> bool:
+    return isinstance(x, meta.AxisMetadata)

@@ -217,6 +217,8 @@ def check_supported(cfg: Config) -> None:
             f"jaxnet sweep runs one step per call; drop train.steps_per_call={cfg.train.steps_per_call} "
             "(it is for jaxnet train)"
         )
+    if cfg.train.init_from:
+        raise UserError("jaxnet sweep starts every member fresh; train.init_from is for jaxnet train")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -202,6 +202,14 @@ BAD_INPUT = [
         "params/Dense_0/bias has shape (256,) there but (128,) here",
     ),
     bad(["train", SMOKE, "optim.name=sgd", "train.steps=90", "--workdir", "{run}"], "it has no opt_state"),
+    # fine-tuning from another run: checked before the new workdir is made
+    bad(
+        ["train", SMOKE, "train.init_from={run}", "model.hidden=128", "--workdir", "new"],
+        "train.init_from=",
+        "shapes differ: params/Dense_0/bias (256,) there, (128,) here",
+    ),
+    bad(["train", SMOKE, "train.init_from={foreign}", "--workdir", "new"], "notes has no checkpoints"),
+    bad(["train", SMOKE, "optim.freeze=Conv_9", "--workdir", "new"], "optim.freeze='Conv_9' matches no parameter"),
     bad(["train", SMOKE, "--workdir", "{bad_config}"], "cannot read config", "config.json"),
     bad(["train", SMOKE, "--workdir", "{checkpoints_file}"], "checkpoints: it is a file, not a directory"),
     bad(

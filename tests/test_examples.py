@@ -139,3 +139,38 @@ def test_readme_library_section_shows_the_example_files_the_tests_run():
     assert set(blocks) == {"examples/regression_diabetes.py", "examples/custom_experiment.py"}
     for name, text in blocks.items():
         assert text == (ROOT / name).read_text(), f"README's copy of {name} differs from the file"
+
+
+FINETUNE = "examples/finetune_fashion_mnist.py"
+FROZEN, SCRATCH = "init_from, convolutions frozen", "scratch"
+
+
+@pytest.mark.slow
+def test_finetuning_example_keeps_the_convolutions_and_beats_scratch_on_few_labels(tmp_path):
+    from conftest import FASHION_MNIST
+
+    if FASHION_MNIST is None:
+        pytest.skip("Fashion-MNIST not installed (scripts/test installs it)")
+    args = ["--workdir", "runs", "--labels", "10,100", "--seeds", "0", "--results", "r.json"]
+    result = python(str(ROOT / FINETUNE), *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    means = json.loads((tmp_path / "r.json").read_text())["mean_test_accuracy"]
+    assert means["10"][FROZEN] > means["10"][SCRATCH] and means["100"][FROZEN] > means["100"][SCRATCH]
+    import jaxnet
+
+    source = jaxnet.load_params(tmp_path / "runs" / "source")
+    frozen = jaxnet.load_params(tmp_path / "runs" / "init_from-convolutions_frozen-100-seed0")
+    for layer in ("Conv_0", "Conv_1"):
+        np.testing.assert_array_equal(frozen[layer]["kernel"], source[layer]["kernel"])
+    assert not np.array_equal(frozen["Dense_0"]["kernel"], source["Dense_0"]["kernel"])
+
+
+def test_readme_finetuning_figures_are_those_of_the_newest_committed_results():
+    newest = sorted((ROOT / "benchmarks" / "results").glob("finetune-fashion_mnist-*.json"))[-1]
+    figures = json.loads(newest.read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert newest.name in readme
+    for labels, means in figures["mean_test_accuracy"].items():
+        for name, mean in means.items():
+            seeds = ", ".join(f"{a:.3f}" for a in figures["test_accuracy"][labels][name].values())
+            assert f"| {labels} | {name} | {mean:.3f} | {seeds} |" in readme, (labels, name)

@@ -14,6 +14,7 @@ so the ``model.*`` keys are those of the family ``cfg.model`` is.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,11 @@ class OptimConfig:
     )
     clip_norm: float = field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
     grad_accum: int = field(1, "split each batch into this many micro-batches and average their gradients", low=1)
+    freeze: str = field(
+        "",
+        "regex: parameters whose path (e.g. params/Conv_0/kernel, searched anywhere in it) matches get no update "
+        "and no optimizer state ('' = train all)",
+    )
 
 
 @dataclass
@@ -99,6 +105,14 @@ class TrainConfig:
     checkpoint_every: int = field(500, "steps between checkpoints (0 = only at the end)", low=0)
     keep_checkpoints: int = field(3, "checkpoints kept on disk (the newest ones)", low=1)
     stop_after: int = field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
+    init_from: str = field(
+        "",
+        "RUN_DIR[@STEP]: start from that run's parameters and model state (its newest checkpoint, or STEP), "
+        "matched by path such as params/Conv_0/kernel; a resume continues from this run's own checkpoints",
+    )
+    init_skip: str = field(
+        "", "regex: with train.init_from, paths it matches (searched anywhere) keep their fresh initialisation"
+    )
     steps_per_call: int = field(
         1,
         "steps run by one compiled call (a lax.scan over that many batches): one dispatch and host round trip per "
@@ -312,6 +326,18 @@ def validate(cfg: Config) -> None:
             f"mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.tensor={cfg.mesh.tensor})"
         )
     _check_sgd(cfg)
+    _check_fine_tuning(cfg)
+
+
+def _check_fine_tuning(cfg: Config) -> None:
+    """The regexes of ``optim.freeze`` and ``train.init_skip`` compile; ``init_skip`` has something to skip."""
+    for key, value in (("optim.freeze", cfg.optim.freeze), ("train.init_skip", cfg.train.init_skip)):
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise UserError(f"{key}={value!r} is not a regular expression ({e}); e.g. {key}=Dense_1") from None
+    if cfg.train.init_skip and not cfg.train.init_from:
+        raise UserError("train.init_skip names parameters to leave fresh, which needs train.init_from=RUN_DIR")
 
 
 def _check_steps_per_call(cfg: Config) -> None:

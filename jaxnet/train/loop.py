@@ -33,6 +33,7 @@ from jaxnet.errors import UserError
 from jaxnet.models import adapters
 from jaxnet.observe import headline
 from jaxnet.train import actions as actions_lib
+from jaxnet.train import init_from
 from jaxnet.train import state as state_lib
 from jaxnet.train import trackers as trackers_lib
 from jaxnet.train.step import (
@@ -172,10 +173,10 @@ class Run:
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
         self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step)
+        boxed = self._check_model_and_task()
+        optim.check_freeze(cfg.optim.freeze, boxed.params)
         # Where every leaf of the train state lives, from the parameters' logical axis names.
-        self.state_shardings = parallel.state_shardings(
-            self._check_model_and_task(), self.mesh, split_carry=self.replicas
-        )
+        self.state_shardings = parallel.state_shardings(boxed, self.mesh, split_carry=self.replicas)
         step = self._make_step()
         if self.replicas:
             step = parallel.replicas(step, self.mesh, self.state_shardings)
@@ -254,14 +255,17 @@ class Run:
             **common,
         )
 
-    def _create_state(self, unbox: bool = True, seed: Any = None) -> state_lib.TrainState:
+    def _create_state(self, unbox: bool = True, seed: Any = None, init: dict | None = None) -> state_lib.TrainState:
         inputs = tuple(jnp.asarray(x) for x in self.task.model_inputs(self.sample))
         seed = self.cfg.seed if seed is None else seed
-        return state_lib.create(self.model, self.tx, inputs, seed, unbox=unbox, **workers_of(self.cfg))
+        return state_lib.create(self.model, self.tx, inputs, seed, unbox=unbox, init=init, **workers_of(self.cfg))
 
-    def init_state(self) -> state_lib.TrainState:
-        """A fresh train state, created directly in place on the mesh."""
+    def init_state(self, init: dict | None = None) -> state_lib.TrainState:
+        """A fresh train state, created directly in place on the mesh; ``init`` (from
+        :func:`jaxnet.train.init_from.load`) replaces the variables it names."""
         # The output shardings place every leaf; the models' activation marks are not needed here.
+        if init:  # an argument, not a constant folded into the program
+            return jax.jit(lambda values: self._create_state(init=values), out_shardings=self.state_shardings)(init)
         return jax.jit(self._create_state, out_shardings=self.state_shardings)()
 
     def abstract_state(self) -> Any:
@@ -510,13 +514,14 @@ def train(
             )
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
         environment["experiment_file"] = str(Path(config_lib.experiment_module(cfg.experiment).__file__).resolve())
+    start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
     previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         with Interrupts() as interrupts:
-            return _train(run, workdir, ckpts, previous, started, environment, interrupts, stop_when, extra)
+            return _train(run, workdir, ckpts, previous, started, environment, interrupts, stop_when, extra, start_from)
     finally:
         ckpts.close()
 
@@ -531,12 +536,13 @@ def _train(
     interrupts: Interrupts,
     stop_when: Callable[[int, dict[str, float]], bool] | None,
     extra: list[actions_lib.Action],
+    start_from: dict | None = None,
 ) -> dict[str, Any]:
     cfg, train_cfg = run.cfg, run.cfg.train
     primary = parallel.is_primary()  # with several processes, only process 0 writes and prints
     say = print if primary else lambda *_: None
     if ckpts.latest_step() is None:
-        state, start = run.init_state(), 0
+        state, start = run.init_state(start_from), 0
     else:
         state = ckpts.restore(run.abstract_state(), say=say)
         start = int(state.step)

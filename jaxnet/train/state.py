@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxnet.models.adapters.paths import joined
+
 
 class TrainState(flax.struct.PyTreeNode):
     """Step counter, parameters, optimizer state, non-trainable model state and the base RNG.
@@ -40,6 +42,7 @@ def create(
     sgd: str = "sync",
     workers: int = 1,
     staleness: int = 0,
+    init: dict[str, Any] | None = None,
 ) -> TrainState:
     """Initialise the model on ``sample_input`` (a batch of shape (1, ...), or a tuple of such
     batches for a model called on several inputs) and the optimizer.
@@ -48,12 +51,16 @@ def create(
     ``unbox=False`` the parameters and the optimizer moments keep their logical-axis boxes
     (for :func:`jaxnet.parallel.state_shardings`). ``sgd`` = ``async`` adds ``staleness + 1``
     copies of the initial parameters (the versions asynchronous workers read), ``local`` one
-    copy of the parameters and optimizer state per worker.
+    copy of the parameters and optimizer state per worker. ``init`` (``train.init_from``) maps
+    variable paths (``params/Conv_0/kernel``, ``batch_stats/...``) to values that replace the
+    fresh ones, before the optimizer state and the workers' copies are made from them.
     """
     init_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
     inputs = sample_input if isinstance(sample_input, tuple) else (sample_input,)
     variables = model.init({"params": init_rng, "dropout": init_rng}, *inputs, train=False)
     variables = dict(nn.unbox(variables) if unbox else variables)
+    if init:
+        variables = _replaced(variables, init)
     params = variables.pop("params")
     plain = nn.unbox(params)
     copies = lambda tree, n: jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), tree)
@@ -71,6 +78,13 @@ def create(
         rng=run_rng,
         workers=extra,
     )
+
+
+def _replaced(variables: dict, init: dict[str, Any]) -> dict:
+    """``variables`` with each leaf whose path ``init`` names replaced by that value (in the leaf's dtype)."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(variables)
+    leaves = [jnp.asarray(init[joined(p)], x.dtype) if joined(p) in init else x for p, x in flat]
+    return dict(jax.tree_util.tree_unflatten(treedef, leaves))
 
 
 def param_count(params: Any) -> int:

@@ -10,8 +10,16 @@ import jax
 
 def names(tree: Any) -> list[tuple[str, ...]]:
     """Each leaf's path in ``tree`` as names (dict keys and list indices as strings), in leaf order."""
-    key = lambda k: str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
-    return [tuple(key(k) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return [tuple(_key(k) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def joined(path: tuple) -> str:
+    """A key path (of ``jax.tree_util``) as one ``/``-joined name: ``params/Conv_0/kernel``."""
+    return "/".join(_key(k) for k in path)
+
+
+def _key(k: Any) -> str:
+    return str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
 
 
 def nested(names: list[tuple[str, ...]], leaves: list) -> dict:

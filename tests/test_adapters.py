@@ -335,3 +335,126 @@ def test_nnx_partitioning_metadata_places_parameters_on_the_mesh_axes_and_unname
     run = Run(config(), model=Sharded(), dataset=DATA, task=TASK)
     specs = jax.tree.map(lambda s: tuple(s.spec), run.state_shardings.params)
     assert specs == {"hidden": {"kernel": ("fsdp", "tensor"), "bias": ()}, "out": {"kernel": (), "bias": ()}}
+
+
+def test_jaxnet_eval_on_the_command_line_prints_the_summary_metrics_of_an_experiment_file_model(tmp_path, capsys):
+    from jaxnet import cli
+
+    path = tmp_path / "mine.py"
+    path.write_text(EXPERIMENT)
+    summary = jaxnet.train(jaxnet.load_experiment(str(path)), tmp_path / "run")
+    capsys.readouterr()
+    assert cli.main(["eval", "--workdir", str(tmp_path / "run")]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["step"] == 4
+    assert printed["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
+    assert printed["accuracy"] == summary["test"]["accuracy"]
+
+
+# A small ConvNet (3x3 conv to 4 channels, 2x2 mean pooling, dense to 10 classes) on 8x8x1 images.
+CONV_CHANNELS = 4
+
+
+def images(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8, 8, 1)).astype(np.float32)
+    return {"x": x, "y": (np.abs(x[:, :4, :4, 0].sum((1, 2))) * 2).astype(np.int32) % 10}
+
+
+IMAGES = jaxnet.data.arrays(train=images(32, 0), val=images(8, 1), test=images(16, 2))
+
+
+def pool(h):
+    """2x2 mean pooling of channel-last maps, with or without a batch axis."""
+    *batch, height, width, channels = h.shape
+    return h.reshape(*batch, height // 2, 2, width // 2, 2, channels).mean((-4, -2))
+
+
+class LinenConv(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        h = pool(nn.relu(nn.Conv(CONV_CHANNELS, (3, 3), padding="SAME", name="conv")(x)))
+        return nn.Dense(10, name="out")(h.reshape(h.shape[0], -1))
+
+
+def linen_conv_params() -> dict:
+    init_rng, _ = jax.random.split(jax.random.PRNGKey(0))
+    return LinenConv().init({"params": init_rng, "dropout": init_rng}, jnp.zeros((1, 8, 8, 1)))["params"]
+
+
+class NNXConv(nnx.Module):
+    def __init__(self, params: dict):
+        rngs = nnx.Rngs(0)
+        self.conv = nnx.Conv(1, CONV_CHANNELS, kernel_size=(3, 3), padding="SAME", rngs=rngs)
+        self.out = nnx.Linear(16 * CONV_CHANNELS, 10, rngs=rngs)
+        for name in ("conv", "out"):
+            getattr(self, name).kernel.value = params[name]["kernel"]
+            getattr(self, name).bias.value = params[name]["bias"]
+
+    def __call__(self, x):
+        h = pool(nnx.relu(self.conv(x)))
+        return self.out(h.reshape(h.shape[0], -1))
+
+
+class EqxConv(eqx.Module):
+    conv: eqx.nn.Conv2d
+    out: eqx.nn.Linear
+
+    def __init__(self, params: dict):
+        keys = jax.random.split(jax.random.PRNGKey(0))
+        conv = eqx.nn.Conv2d(1, CONV_CHANNELS, 3, padding=1, key=keys[0])
+        out = eqx.nn.Linear(16 * CONV_CHANNELS, 10, key=keys[1])
+        # Equinox is channel-first: its kernel is (out, in, h, w), Linen's (h, w, in, out).
+        kernel, bias = params["conv"]["kernel"].transpose(3, 2, 0, 1), params["conv"]["bias"][:, None, None]
+        self.conv = eqx.tree_at(lambda m: (m.weight, m.bias), conv, (kernel, bias))
+        self.out = eqx.tree_at(lambda m: (m.weight, m.bias), out, (params["out"]["kernel"].T, params["out"]["bias"]))
+
+    def __call__(self, x, key=None):
+        assert x.shape == (8, 8, 1), "called on one example"
+        h = jax.nn.relu(self.conv(x.transpose(2, 0, 1))).transpose(1, 2, 0)  # HWC -> CHW -> HWC
+        return self.out(pool(h).reshape(-1))  # flattened in Linen's (h, w, c) order
+
+
+def functions_conv(params: dict) -> jaxnet.Model:
+    def init(rng, x):
+        return jax.tree.map(jnp.asarray, params)
+
+    def apply(p, x, train, rng):
+        h = jax.lax.conv_general_dilated(
+            x, p["conv"]["kernel"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        h = pool(jax.nn.relu(h + p["conv"]["bias"]))
+        return h.reshape(h.shape[0], -1) @ p["out"]["kernel"] + p["out"]["bias"]
+
+    return jaxnet.Model(init=init, apply=apply)
+
+
+CONV_KINDS = {"nnx": NNXConv, "equinox": EqxConv, "functions": functions_conv}
+
+
+@pytest.fixture(scope="module")
+def linen_conv_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("linen_conv") / "run"
+    summary = jaxnet.train(config(), workdir, model=LinenConv(), dataset=IMAGES, task=TASK)
+    return workdir, summary
+
+
+@pytest.mark.parametrize("kind", sorted(CONV_KINDS))
+def test_a_convnet_with_linen_weights_trains_to_the_same_losses_resumes_exactly_and_evaluates(
+    kind, linen_conv_run, tmp_path
+):
+    linen_dir, linen_summary = linen_conv_run
+    model = CONV_KINDS[kind](linen_conv_params())
+    summary = jaxnet.train(config(), tmp_path / "whole", model=model, dataset=IMAGES, task=TASK)
+    expected = train_losses(linen_dir)
+    assert len(expected) == 6 and expected[-1] < expected[0]
+    np.testing.assert_allclose(train_losses(tmp_path / "whole"), expected, rtol=1e-5)
+    np.testing.assert_allclose(summary["test"]["loss"], linen_summary["test"]["loss"], rtol=1e-5)
+    assert summary["test"]["accuracy"] == linen_summary["test"]["accuracy"]
+
+    jaxnet.train(config("train.stop_after=3"), tmp_path / "resumed", model=model, dataset=IMAGES, task=TASK)
+    jaxnet.train(config(), tmp_path / "resumed", model=model, dataset=IMAGES, task=TASK)
+    assert train_losses(tmp_path / "resumed") == train_losses(tmp_path / "whole")
+    evaluated = jaxnet.evaluate(tmp_path / "resumed", "test", model=model, dataset=IMAGES, task=TASK)
+    assert evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
+    assert evaluated["accuracy"] == summary["test"]["accuracy"]

@@ -706,7 +706,9 @@ def state_shardings(boxed_state: Any, mesh: Mesh, split_carry: bool = False) -> 
 
     ``boxed_state`` is the (abstract) state with Flax's ``LogicallyPartitioned`` boxes still on,
     optimizer moments included (optax keeps the boxes of the parameters it mirrors). Unnamed leaves
-    (step, counters, RNG, BatchNorm statistics, a model's carried state) are replicated; with
+    (step, counters, RNG, BatchNorm statistics, a model's carried state) are replicated, except
+    parameters without names and their optimizer moments, which a mesh with ``fsdp`` > 1 splits
+    along their largest dimension it divides (as the ``embed`` rule splits named ones); with
     ``split_carry`` the carried state (the ``carry`` collection, one row per batch row) is split
     like the batch instead, as per-device replicas need it. (Under ``jit``, a batch-split carry
     made jax 0.10.2's partitioner compute wrong LSTM gradients on a data x fsdp x tensor mesh, so
@@ -734,8 +736,38 @@ def state_shardings(boxed_state: Any, mesh: Mesh, split_carry: bool = False) -> 
         shardings,
         is_leaf=lambda x: isinstance(x, NamedSharding),
     )
+    if mesh.shape["fsdp"] > 1 and not split_carry and hasattr(shardings, "params"):
+        shardings = _unnamed_by_size(nn.get_partition_spec(boxed_state), shapes, shardings, mesh)
     check_divisible(shapes, shardings, mesh)
     return shardings
+
+
+def _unnamed_by_size(names: Any, shapes: Any, shardings: Any, mesh: Mesh) -> Any:
+    """Parameters without axis names (an Equinox model, ``jaxnet.Model``, an unannotated module)
+    and their optimizer moments split over ``fsdp`` along their largest dimension it divides, so
+    such a model's memory still falls with the fsdp size; a leaf no dimension of which ``fsdp``
+    divides stays whole. Named leaves keep their rules, and the rest of the state stays as it is."""
+    fsdp = mesh.shape["fsdp"]
+
+    def by_size(spec: PartitionSpec, leaf: Any, sharding: Any) -> Any:
+        if any(spec) or not getattr(leaf, "shape", ()):
+            return sharding
+        dims = [i for i, size in enumerate(leaf.shape) if size % fsdp == 0]
+        if not dims:
+            return sharding
+        dim = max(dims, key=lambda i: leaf.shape[i])  # the first of the largest
+        return NamedSharding(mesh, PartitionSpec(*("fsdp" if i == dim else None for i in range(len(leaf.shape)))))
+
+    def place(field: str) -> Any:
+        return jax.tree.map(
+            by_size,
+            getattr(names, field),
+            getattr(shapes, field),
+            getattr(shardings, field),
+            is_leaf=lambda x: isinstance(x, PartitionSpec),
+        )
+
+    return shardings.replace(params=place("params"), opt_state=place("opt_state"))
 
 
 def under_rules(fn: Callable, mesh: Mesh) -> Callable:

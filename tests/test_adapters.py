@@ -458,3 +458,44 @@ def test_a_convnet_with_linen_weights_trains_to_the_same_losses_resumes_exactly_
     evaluated = jaxnet.evaluate(tmp_path / "resumed", "test", model=model, dataset=IMAGES, task=TASK)
     assert evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
     assert evaluated["accuracy"] == summary["test"]["accuracy"]
+
+
+UNNAMED_ON_FSDP = """
+import json, pathlib, sys
+sys.path.insert(0, "tests")
+import jax, jaxnet
+import test_adapters as t
+from jaxnet.train.loop import Run
+
+losses = {}
+for fsdp in (1, 4):
+    cfg, workdir = t.config("mesh.data=1", f"mesh.fsdp={fsdp}"), pathlib.Path(sys.argv[1]) / f"fsdp{fsdp}"
+    model = t.EqxMLP(t.linen_params())
+    shardings = Run(cfg, model=model, dataset=t.DATA, task=t.TASK).state_shardings
+    specs = jax.tree.map(lambda s: tuple(s.spec), shardings.params)
+    jaxnet.train(cfg, workdir, model=model, dataset=t.DATA, task=t.TASK)
+    losses[fsdp] = t.train_losses(workdir)
+print(json.dumps({"specs": specs, "losses": losses}))
+"""
+
+
+def test_unnamed_parameters_split_over_fsdp_along_their_largest_divisible_dimension(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import cpu_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", UNNAMED_ON_FSDP, str(tmp_path)],
+        env=cpu_env(4), cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # Equinox weights are (out, in): hidden (8, 4) splits its 8 rows, out (3, 8) its 8 columns; the
+    # biases of 8 split, the bias of 3 (which 4 does not divide) stays whole.
+    assert result["specs"] == {
+        "hidden": {"weight": ["fsdp", None], "bias": ["fsdp"]},
+        "out": {"weight": [None, "fsdp"], "bias": []},
+    }
+    np.testing.assert_allclose(result["losses"]["4"], result["losses"]["1"], rtol=1e-6)

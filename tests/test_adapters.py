@@ -318,7 +318,7 @@ def test_an_experiment_file_model_may_be_an_equinox_module_and_evaluates_from_it
     assert evaluated["step"] == 4 and evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
 
 
-def test_nnx_partitioning_metadata_places_parameters_on_the_mesh_axes_and_unnamed_ones_stay_whole():
+def test_nnx_partitioning_metadata_places_parameters_on_the_mesh_axes_and_on_one_device_unnamed_ones_stay_whole():
     from jaxnet.train.loop import Run
 
     class Sharded(nnx.Module):

@@ -246,6 +246,7 @@ class Population:
         self.cfg, self.mesh, self.model, self.task, self.text = run.cfg, run.mesh, run.model, run.task, run.text
         self.dataset = run.dataset
         self.size = len(members)
+        self.steps_per_call = 1  # the loop's calls: one vmapped step each (sweeps refuse more)
         self._task_given = task
         varying = [k for k in BATCHED if k != "seed" and len({_get(c, k) for c in self.cfgs}) > 1]
         # The members' own numbers, fed to the vmapped step as its third argument.

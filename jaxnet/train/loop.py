@@ -630,7 +630,7 @@ def run_loop(run: Run, loop: actions_lib.Loop, actions: list[actions_lib.Action]
     """The loop core: step from ``loop.step`` to ``loop.end``, one step or ``train.steps_per_call``
     steps per call, calling each action that is due after every call. Returns the seconds spent
     compiling."""
-    steps_per_call = getattr(run, "steps_per_call", 1)  # a sweep's population steps one at a time
+    steps_per_call = run.steps_per_call
     if steps_per_call > 1:
         source = pipeline.prefetch(run.call_batches(loop.start, loop.end), run.cfg.data.prefetch, run.put_call)
         batches = source

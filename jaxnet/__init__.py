@@ -9,6 +9,7 @@ Your own work: any JAX model (a Flax Linen or NNX module, an Equinox module, or
 :mod:`jaxnet.tasks`) and periodic actions (:func:`jaxnet.every`)::
 
     summary = jaxnet.train(cfg, "runs/mine", model=MLP(), dataset=data, task=jaxnet.tasks.regression())
+    y = jaxnet.load("runs/mine", model=MLP()).predict(x)     # a trained run's predictions (:func:`jaxnet.load`)
 """
 
 # First: the jaxnet command re-executes itself with its malloc settings before JAX loads.
@@ -20,6 +21,7 @@ from jaxnet.data import Dataset, TextDataset
 from jaxnet.errors import UserError
 from jaxnet.models.adapters import Model
 from jaxnet.planner import plan
+from jaxnet.predict import Trained, load
 from jaxnet.sample import generate, sample
 from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
@@ -38,12 +40,14 @@ __all__ = [
     "ModelConfig",
     "Task",
     "TextDataset",
+    "Trained",
     "UserError",
     "apply_overrides",
     "data",
     "evaluate",
     "every",
     "generate",
+    "load",
     "load_experiment",
     "load_params",
     "models",

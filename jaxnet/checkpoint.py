@@ -52,6 +52,15 @@ MANIFEST = "jaxnet_manifest.json"
 DAMAGED = "damaged"
 """Subdirectory of the checkpoint directory that damaged checkpoints are moved into."""
 
+READ_ONLY_MISFIT = (
+    "it was trained with another model (your own, from Python?) or config: pass that model, e.g. "
+    "jaxnet.evaluate(workdir, model=..., dataset=..., task=...), or the key=value overrides it trained with"
+)
+"""The advice when a run being read (not trained) does not fit the model rebuilt for it."""
+
+BEST = "best.json"
+"""File in the checkpoint directory naming the best checkpoint's step (``train.keep_best``): ``{"step": N, ...}``."""
+
 _ORBAX_TMP = ".orbax-checkpoint-tmp"  # orbax's mark on a directory being written (a suffix, maybe + timestamp)
 _DELETING = ".deleting-"  # prefix of a checkpoint being deleted: renamed first, so never half a checkpoint
 _MANIFEST_FORMAT = "jaxnet-checkpoint-manifest/1"
@@ -293,19 +302,20 @@ class Checkpoints:
         wanted_shapes = {_names(path): leaf.shape for path, leaf in _flat(target)}
         where = f"checkpoint step {step} in {self.directory} does not fit this run"
         guess = lambda name: "parallel.sgd or parallel.workers" if name[0] == "workers" else "model or optimizer"
+        # Training would write into the workdir; reading a run (evaluation) needs the model it trained.
+        fix = READ_ONLY_MISFIT if self.read_only else "use a fresh --workdir"
         for name, shape in wanted_shapes.items():
             if name not in saved_shapes:
-                raise UserError(f"{where}: it has no {'/'.join(name)} (another {guess(name)}?); use a fresh --workdir")
+                raise UserError(f"{where}: it has no {'/'.join(name)} (another {guess(name)}?); {fix}")
             if saved_shapes[name] is not None and tuple(saved_shapes[name]) != tuple(shape):
                 raise UserError(
                     f"{where}: {'/'.join(name)} has shape {tuple(saved_shapes[name])} there but {tuple(shape)} "
-                    "here; use a fresh --workdir"
+                    f"here; {fix}"
                 )
         extra = sorted(set(saved_shapes) - set(wanted_shapes))
         if extra:
             raise UserError(
-                f"{where}: it has {'/'.join(extra[0])}, which this run does not (another {guess(extra[0])}?); "
-                "use a fresh --workdir"
+                f"{where}: it has {'/'.join(extra[0])}, which this run does not (another {guess(extra[0])}?); {fix}"
             )
 
     # -- saving ----------------------------------------------------------------------------------
@@ -611,9 +621,10 @@ def _names(path: tuple) -> tuple[str, ...]:
     return tuple(names)
 
 
-def load_params(workdir: str | os.PathLike, step: int | None = None) -> Any:
+def load_params(workdir: str | os.PathLike, step: int | str | None = None) -> Any:
     """A run's parameters, as a nested dict of numpy arrays named as in the checkpoint: those of
-    checkpoint ``step``, or of the newest intact one. Needs neither the model nor its library
+    checkpoint ``step`` (a number, or ``"best"``: see :func:`resolve_step`), or of the newest
+    intact one. Needs neither the model nor its library
     (the shapes come from the checkpoint itself), so the weights of any run can be read anywhere::
 
         params = jaxnet.load_params("runs/mine")
@@ -622,13 +633,40 @@ def load_params(workdir: str | os.PathLike, step: int | None = None) -> Any:
     return load_state(workdir, step)["params"]
 
 
-def load_state(workdir: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
+def resolve_step(workdir: str | os.PathLike, step: int | str | None) -> int | None:
+    """``step`` as a checkpoint step: a number (or its digits) as it is, None (the newest) as it is,
+    and ``"best"`` the step that ``checkpoints/best.json`` names (``{"step": N, ...}``, kept by
+    ``train.keep_best``). A run without that file is a one-line :class:`UserError`."""
+    if step is None or (isinstance(step, int) and not isinstance(step, bool)):
+        return step
+    if isinstance(step, str) and step.isdigit():
+        return int(step)
+    if step != "best":
+        raise UserError(f"step {step!r}: expected a checkpoint step (a number), 'best', or none for the newest")
+    path = Path(workdir) / "checkpoints" / BEST
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(
+            f"{workdir} has no best checkpoint: train with train.keep_best=METRIC (e.g. val/loss)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {_os_reason(e) if isinstance(e, OSError) else e}") from None
+    best = saved.get("step") if isinstance(saved, dict) else None
+    if not isinstance(best, int) or isinstance(best, bool):
+        raise UserError(f"{path} is malformed: it names no checkpoint step")
+    return best
+
+
+def load_state(workdir: str | os.PathLike, step: int | str | None = None) -> dict[str, Any]:
     """A run's whole saved train state (``step``, ``params``, ``opt_state``, ``model_state``, ...) as
-    nested dicts of numpy arrays, from checkpoint ``step`` or the newest one: what
-    :func:`load_params` and ``train.init_from`` read."""
+    nested dicts of numpy arrays, from checkpoint ``step`` (a number or ``"best"``, see
+    :func:`resolve_step`) or the newest one: what :func:`load_params`, :func:`jaxnet.load` and
+    ``train.init_from`` read."""
     directory = Path(workdir) / "checkpoints"
     if not directory.is_dir():
         raise UserError(f"{workdir} has no checkpoints; pass the run directory of a training run")
+    step = resolve_step(workdir, step)
     ckpts = Checkpoints(directory, read_only=True)
     try:
         steps = ckpts.all_steps()

@@ -52,6 +52,7 @@ from jaxnet.errors import UserError
 from jaxnet.models import common as model_common
 from jaxnet.study import common
 from jaxnet.train import actions as actions_lib
+from jaxnet.train import record as run_record
 from jaxnet.train import state as state_lib
 from jaxnet.train import trackers as trackers_lib
 from jaxnet.train.loop import Interrupts, Run, default_workdir, run_loop, summary_head
@@ -486,6 +487,7 @@ def train_population(
         state, start = _restore(pop, ckpts, say)
         for d, c in zip(dirs, pop.cfgs, strict=True):
             config_lib.save(c, d / "config.json", run=environment)
+            observe.write_json(d / run_record.INPUTS, run_record.inputs(pop.run))  # what jaxnet.load needs to predict
             if pop.text:
                 observe.write_json(d / "vocab.json", {"tokenizer": pop.dataset.tokenizer, "vocab": pop.dataset.vocab})
         for d, c in zip(dirs, pop.cfgs, strict=True):

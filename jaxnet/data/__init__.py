@@ -138,6 +138,11 @@ def load(cfg: DataConfig) -> Dataset | TextDataset:
     """
     if cfg.name in TEXT_LOADERS:
         return TEXT_LOADERS[cfg.name](cfg)
+    if cfg.name not in LOADERS:  # data.name=arrays: data given from Python, which no file holds
+        raise UserError(
+            f"data.name={cfg.name} is data given from Python or an experiment file's data(cfg), which jaxnet cannot "
+            "load by name; pass it again: dataset=jaxnet.data.arrays(...) to jaxnet.train or jaxnet.evaluate"
+        )
     splits = LOADERS[cfg.name](cfg.dir)
     x, y = splits["train"]
     if cfg.val_size >= len(x):

@@ -33,7 +33,7 @@ from jaxnet.errors import UserError
 from jaxnet.models import adapters
 from jaxnet.observe import headline
 from jaxnet.train import actions as actions_lib
-from jaxnet.train import init_from
+from jaxnet.train import init_from, record
 from jaxnet.train import state as state_lib
 from jaxnet.train import trackers as trackers_lib
 from jaxnet.train.step import (
@@ -382,6 +382,7 @@ def abstract_state(create: Any, mesh: Mesh, shardings: Any = None) -> Any:
 # What a run directory may contain; a directory holding anything else is not ours to write into.
 RUN_FILES = {
     "config.json",
+    record.INPUTS,
     "vocab.json",
     "metrics.jsonl",
     "summary.json",
@@ -512,6 +513,7 @@ def train(
                 f"action {name} runs every {action.every} steps, which is not a multiple of "
                 f"train.steps_per_call={per_call}; give it an every that is, or set train.steps_per_call=1"
             )
+    environment["trained"] = record.trained(run, model=model, dataset=dataset, task=task)
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
         environment["experiment_file"] = str(Path(config_lib.experiment_module(cfg.experiment).__file__).resolve())
     start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
@@ -560,6 +562,7 @@ def _train(
     if primary:
         log = observe.MetricsLog(workdir, resume_step=start, final=start == train_cfg.steps, trackers=trackers)
         config_lib.save(cfg, workdir / "config.json", run=environment)
+        observe.write_json(workdir / record.INPUTS, record.inputs(run))
         if run.text:
             observe.write_json(workdir / "vocab.json", {"tokenizer": run.dataset.tokenizer, "vocab": run.dataset.vocab})
     else:
@@ -766,7 +769,8 @@ def evaluate(
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
     if not (workdir / "checkpoints").exists():  # a file there is named by Checkpoints below
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
-    _load_experiment_file(workdir / "config.json")
+    check_rebuildable(workdir, model=model, dataset=dataset, task=task)
+    load_experiment_file(workdir / "config.json")
     cfg = config_lib.apply_overrides(
         config_lib.load(workdir / "config.json"), ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])]
     )
@@ -782,7 +786,19 @@ def evaluate(
     return result
 
 
-def _load_experiment_file(config_path: Path) -> None:
+def check_rebuildable(workdir: Path, *, model: Any = None, dataset: Any = None, task: Any = None) -> None:
+    """Refuse in one line a run trained from Python with a model, data or task that is not given
+    again: jaxnet cannot rebuild them from the run directory. Says what to call instead."""
+    missing = record.from_python(workdir / "config.json", model=model, dataset=dataset, task=task)
+    if missing:
+        raise UserError(
+            f"{workdir} was trained from Python with your own {' and '.join(missing)}, which jaxnet cannot rebuild "
+            "from the run directory; evaluate it from Python with jaxnet.evaluate(workdir, model=..., dataset=..., "
+            "task=...) (predict with jaxnet.load(workdir, model=...))"
+        )
+
+
+def load_experiment_file(config_path: Path) -> None:
     """Load the experiment file a run's config came from, if it has one of its own (its models
     register, and its model, data and task functions become the run's again)."""
     try:

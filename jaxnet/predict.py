@@ -1,0 +1,351 @@
+"""Predict with a trained run: :func:`load` turns a run directory into a :class:`Trained` model.
+
+The model is rebuilt from the run's ``config.json`` (or is the one you pass), its variables come
+from a checkpoint (through :func:`jaxnet.checkpoint.load_state`, as :func:`jaxnet.load_params`
+reads them), and raw inputs become model inputs as in training, from the run's ``inputs.json``
+(:mod:`jaxnet.train.record`): images are normalised with the training images' mean and std, so
+nothing reloads the training set. Prediction runs in evaluation mode (no dropout, BatchNorm's
+running statistics), jit-compiled, in batches::
+
+    trained = jaxnet.load("runs/cnn_fashion_mnist")
+    logits = trained.predict(images)            # uint8 (N, 28, 28, 1) -> float32 (N, 10)
+
+On the command line: ``jaxnet predict --workdir RUN --input x.npy --out logits.npy``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnet import checkpoint, models
+from jaxnet import config as config_lib
+from jaxnet.config import Config
+from jaxnet.data import pipeline
+from jaxnet.errors import UserError
+from jaxnet.models import adapters
+from jaxnet.models.adapters.paths import joined
+from jaxnet.train import init_from, record
+from jaxnet.train import loop as loop_lib
+
+CARRIED = init_from.CARRIED  # an LSTM's state between batches: fresh zeros for every batch predicted
+
+
+class Trained:
+    """A trained model with its run's preprocessing, made by :func:`load`.
+
+    ``config`` is the run's :class:`jaxnet.Config`, ``params`` and ``model_state`` (e.g.
+    BatchNorm's ``batch_stats``) its variables as nested dicts of arrays, ``step`` the checkpoint's
+    step, ``model`` the model behind jaxnet's seam (``model.apply(variables, *inputs, train=False)``)
+    and ``inputs`` what the model takes (the run's ``inputs.json``)::
+
+        trained = jaxnet.load("runs/mine", model=MLP())
+        y = trained.predict({"x": x})               # or trained.predict(x): the model takes one input
+        trained.export("mlp.jax")                    # runs without jaxnet (see export)
+    """
+
+    def __init__(
+        self,
+        *,
+        workdir: Path,
+        config: Config,
+        model: Any,
+        params: Any,
+        model_state: dict[str, Any],
+        step: int,
+        inputs: dict[str, Any],
+    ):
+        self.workdir, self.config, self.model, self.step, self.inputs = workdir, config, model, step, inputs
+        self.params = jax.device_put(params)  # on the device once, not with every batch
+        self.model_state = jax.device_put(model_state)
+        self._forward = jax.jit(self.forward)
+
+    def __repr__(self) -> str:
+        keys = ", ".join(s["key"] for s in self.inputs["inputs"])
+        return f"Trained({self.model.name} from {self.workdir} at step {self.step}, inputs: {keys})"
+
+    def forward(self, params: Any, model_state: dict[str, Any], *inputs: Any) -> Any:
+        """The model's outputs for model inputs (already preprocessed), in evaluation mode: pure, jit-able."""
+        variables = {"params": params, **model_state}
+        if CARRIED in model_state:
+            return self.model.apply(variables, *inputs, train=False, mutable=[CARRIED])[0]
+        return self.model.apply(variables, *inputs, train=False)
+
+    def preprocess(self, inputs: Any) -> tuple[np.ndarray, ...]:
+        """``inputs`` as the model takes them in training: checked against the run's record (shape of
+        an example, dtype), cast as training cast them, and images normalised with the training
+        images' statistics (:func:`jaxnet.data.pipeline.normalize`). ``inputs`` is an array (a
+        model of one input), a tuple of arrays in the model's order, or a dict by batch key."""
+        specs = self.inputs["inputs"]
+        keys = [s["key"] for s in specs]
+        if isinstance(inputs, Mapping):
+            absent = [k for k in keys if k not in inputs]
+            if absent:
+                raise UserError(f"the inputs have no {absent[0]!r}; the model takes {', '.join(keys)}")
+            given = [inputs[k] for k in keys]
+        elif isinstance(inputs, (tuple, list)) and len(specs) > 1:
+            given = list(inputs)
+        else:
+            given = [inputs]
+        if len(given) != len(specs):
+            raise UserError(f"the model takes {len(specs)} inputs ({', '.join(keys)}); got {len(given)}")
+        prepared = []
+        for spec, value in zip(specs, given, strict=True):
+            x = _checked(np.asarray(value), spec)
+            norm = self.inputs["normalize"]
+            if norm is not None and norm["key"] == spec["key"]:
+                x = pipeline.normalize(x, np.asarray(norm["mean"], np.float32), np.asarray(norm["std"], np.float32))
+            prepared.append(x)
+        lengths = {len(x) for x in prepared}
+        if len(lengths) > 1:
+            raise UserError(f"the inputs have different numbers of examples ({', '.join(map(str, lengths))})")
+        return tuple(prepared)
+
+    def predict(self, inputs: Any, batch_size: int | None = None) -> Any:
+        """The model's outputs (for a classifier, logits) for every example of ``inputs`` (see
+        :meth:`preprocess`), as numpy arrays, computed ``batch_size`` examples at a time (default:
+        the run's ``train.eval_batch_size``); the last batch is padded, so one program serves all."""
+        xs = self.preprocess(inputs)
+        n = len(xs[0])
+        if n == 0:
+            raise UserError("the inputs hold no examples; give at least one")
+        if batch_size is not None and batch_size < 1:
+            raise UserError(f"batch_size={batch_size}: give a number of examples of at least 1")
+        size = min(batch_size or self.config.train.eval_batch_size, n)
+        state = self._state_for(size)
+        pieces = []
+        for start in range(0, n, size):
+            batch = [x[start : start + size] for x in xs]
+            real = len(batch[0])
+            if real < size:
+                batch = [np.concatenate([b, np.zeros((size - real, *b.shape[1:]), b.dtype)]) for b in batch]
+            out = self._forward(self.params, state, *batch)
+            pieces.append(jax.tree.map(lambda o, real=real: np.asarray(o)[:real], out))
+        return jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
+
+    def export(self, path: str | os.PathLike, *, platforms: tuple[str, ...] | None = None) -> Path:
+        """Write the whole inference function, from raw inputs (as :meth:`predict` takes them) to
+        outputs, with the weights inside, as serialized StableHLO (:mod:`jax.export`), for any
+        batch size. It runs with JAX alone, without jaxnet or the model's code::
+
+            from jax import export
+            with open("model.jax", "rb") as f:
+                exported = export.deserialize(bytearray(f.read()))
+            logits = exported.call(images)     # uint8 (N, 28, 28, 1), any N
+
+        ``platforms`` (default: this machine's, e.g. ``("cpu",)``) are those it can run on.
+        """
+        from jax import export as jax_export
+
+        specs, norm = self.inputs["inputs"], self.inputs["normalize"]
+        batch = jax_export.symbolic_shape("batch")[0]
+        args = []
+        for i, spec in enumerate(specs):
+            dims = [
+                d if d is not None else jax_export.symbolic_shape(f"d{i}_{j}")[0] for j, d in enumerate(spec["shape"])
+            ]
+            args.append(jax.ShapeDtypeStruct((batch, *dims), np.dtype(spec["dtype"])))
+        params, model_state = self.params, self.model_state
+
+        def infer(*raw: jnp.ndarray) -> Any:
+            xs = list(raw)
+            for i, spec in enumerate(specs):
+                if norm is not None and norm["key"] == spec["key"]:  # pipeline.normalize, traced
+                    mean, std = jnp.asarray(norm["mean"], jnp.float32), jnp.asarray(norm["std"], jnp.float32)
+                    xs[i] = (xs[i].astype(jnp.float32) / 255.0 - mean) / std
+            rows = xs[0].shape[0]
+            state = _with_carry(model_state, rows, jnp.zeros)
+            return self.forward(params, state, *xs)
+
+        try:
+            exported = jax_export.export(jax.jit(infer), platforms=platforms)(*args)
+        except Exception as e:  # a model whose shapes need a fixed batch size, an unknown platform, ...
+            message = (str(e).strip().splitlines() or [""])[0]
+            raise UserError(f"cannot export {self.model.name}: {type(e).__name__}: {message[:300]}") from None
+        path = Path(path)
+        try:
+            path.write_bytes(exported.serialize())
+        except OSError as e:
+            raise UserError(f"cannot write {path}: {e.strerror}") from None
+        return path
+
+    def _state_for(self, rows: int) -> dict[str, Any]:
+        """The model state for batches of ``rows`` examples: a carried state is fresh zeros of that many rows."""
+        return _with_carry(self.model_state, rows, lambda shape, dtype: jax.device_put(np.zeros(shape, dtype)))
+
+
+def _with_carry(model_state: dict[str, Any], rows: int, zeros: Any) -> dict[str, Any]:
+    if CARRIED not in model_state:
+        return model_state
+    carry = jax.tree.map(lambda c: zeros((rows, *c.shape[1:]), c.dtype), model_state[CARRIED])
+    return {**model_state, CARRIED: carry}
+
+
+def _checked(x: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
+    """``x`` (a batch of one input) checked against its record and cast to the dtype the model was trained on."""
+    key, shape, dtype = spec["key"], tuple(spec["shape"]), np.dtype(spec["dtype"])
+    wanted = "(N, " + ", ".join("any" if d is None else str(d) for d in shape) + ")"
+    if x.ndim != len(shape) + 1 or any(d is not None and d != got for d, got in zip(shape, x.shape[1:], strict=True)):
+        raise UserError(f"input {key!r} has shape {x.shape}; the run was trained on {dtype} {wanted}")
+    if x.dtype == dtype:
+        return x
+    if x.dtype.kind not in "biuf" or (dtype.kind in "biu" and x.dtype.kind == "f"):
+        raise UserError(f"input {key!r} is {x.dtype}; the run was trained on {dtype} {wanted}")
+    if dtype.kind in "iu" and x.size:
+        info = np.iinfo(dtype)
+        low, high = x.min(), x.max()
+        if low < info.min or high > info.max:
+            raise UserError(
+                f"input {key!r} holds values {low}..{high}, outside {dtype}'s {info.min}..{info.max} it was trained on"
+            )
+    return x.astype(dtype)
+
+
+def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: Any = None) -> Trained:
+    """A trained run, ready to predict: the newest checkpoint of ``workdir`` (or checkpoint ``step``,
+    or ``"best"``, the one ``train.keep_best`` kept), its config and its preprocessing.
+
+    The model is rebuilt from the run's config (a built-in model, or an experiment file's
+    ``model(cfg)``); a run of your own model from Python needs ``model`` again (any model
+    :func:`jaxnet.train` takes: Flax Linen or NNX, Equinox, :class:`jaxnet.Model`)::
+
+        trained = jaxnet.load("runs/cnn_fashion_mnist", step="best")
+        labels = trained.predict(images).argmax(-1)
+    """
+    workdir = Path(workdir)
+    config_path = workdir / "config.json"
+    if not config_path.is_file():
+        raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
+    if model is None:
+        # Only the model matters here: prediction needs neither the data nor the task.
+        missing = record.from_python(config_path, model=None, dataset=False, task=False)
+        if missing:
+            raise UserError(
+                f"{workdir} was trained from Python with your own {missing[0]}, which jaxnet cannot rebuild from "
+                "the run directory; pass it: jaxnet.load(workdir, model=...)"
+            )
+    inputs = record.read_inputs(workdir)
+    loop_lib.load_experiment_file(config_path)
+    cfg = config_lib.load(config_path)
+    if model is None:
+        hooks = loop_lib.experiment_hooks(cfg)
+        model = (
+            hooks["model"](cfg) if "model" in hooks else models.build(cfg.model, inputs["outputs"], cfg.data.seq_len)
+        )
+    adapted = adapters.adapt(model)
+    saved = checkpoint.load_state(workdir, step)
+    variables = _variables(workdir, adapted, inputs, saved)
+    params = variables.pop("params")
+    return Trained(
+        workdir=workdir,
+        config=cfg,
+        model=adapted,
+        params=params,
+        model_state=variables,
+        step=int(saved["step"]),
+        inputs=inputs,
+    )
+
+
+def _variables(workdir: Path, model: Any, inputs: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """The model's variables, in the structure its ``init`` makes, filled from a saved state by path."""
+    sample = []
+    for spec in inputs["inputs"]:
+        x = np.zeros((1, *[1 if d is None else d for d in spec["shape"]]), spec["dtype"])
+        norm = inputs["normalize"]
+        sample.append(x.astype(np.float32) if norm is not None and norm["key"] == spec["key"] else x)
+    key = jax.random.PRNGKey(0)
+    try:
+        template = nn.unbox(jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, *sample, train=False)))
+    except Exception as e:
+        message = (str(e).strip().splitlines() or [""])[0]
+        raise UserError(
+            f"model {model.name} failed on the inputs {workdir} was trained on: {type(e).__name__}: {message[:300]}; "
+            "pass the model the run trained"
+        ) from None
+    found = init_from.variables(saved)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(dict(template))
+    leaves, lacks, wrong = [], [], []
+    for path, leaf in flat:
+        name = joined(path)
+        if name.split("/")[0] == CARRIED:
+            leaves.append(np.zeros(leaf.shape, leaf.dtype))
+        elif name not in found:
+            lacks.append(name)
+        elif tuple(found[name].shape) != tuple(leaf.shape):
+            wrong.append(f"{name} {tuple(found[name].shape)} there, {tuple(leaf.shape)} here")
+        else:
+            leaves.append(np.asarray(found[name], leaf.dtype))
+    extra = sorted(set(found) - {joined(p) for p, _ in flat})
+    problems = [f"the checkpoint lacks {lacks[0]}"] if lacks else []
+    problems += [f"shapes differ: {wrong[0]}"] if wrong else []
+    problems += [f"the model lacks {extra[0]}"] if extra else []
+    if problems:
+        raise UserError(
+            f"the checkpoint of {workdir} does not fit model {model.name}: {'; '.join(problems)}; "
+            "pass the model the run trained, e.g. jaxnet.load(workdir, model=...)"
+        )
+    return dict(jax.tree_util.tree_unflatten(treedef, leaves))
+
+
+OUTPUTS = ("logits", "probs", "argmax")
+"""What ``jaxnet predict`` writes: the model's outputs, their softmax, or the index of the largest."""
+
+
+def predict_file(
+    workdir: str | os.PathLike,
+    input_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    step: int | str | None = None,
+    batch_size: int | None = None,
+    output: str = "logits",
+) -> str:
+    """``jaxnet predict``: the model's outputs for the array in the ``.npy`` file ``input_path``
+    (raw inputs, as the training data held them), written to ``out_path`` as ``.npy``. Every
+    input is checked before anything is computed. Returns the line to print."""
+    if output not in OUTPUTS:
+        raise AssertionError(output)
+    input_path, out_path = Path(input_path), Path(out_path)
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size {batch_size}: give a number of examples of at least 1")
+    if not input_path.is_file():
+        what = "is a directory" if input_path.is_dir() else "does not exist"
+        raise UserError(f"--input {input_path} {what}; give a .npy file (numpy.save) of the inputs")
+    try:
+        x = np.load(input_path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        message = (str(e).strip().splitlines() or [""])[0]
+        raise UserError(f"cannot read --input {input_path} as a .npy array: {message[:200]}") from None
+    if not isinstance(x, np.ndarray):
+        raise UserError(f"--input {input_path} is an .npz archive; give one array in a .npy file (numpy.save)")
+    if out_path.is_dir():
+        raise UserError(f"--out {out_path} is a directory; give a file name such as {out_path / 'outputs.npy'}")
+    if not out_path.parent.is_dir():
+        raise UserError(f"--out {out_path}: directory {out_path.parent} does not exist")
+    trained = load(workdir, step)
+    outputs = trained.predict(x, batch_size)
+    if not isinstance(outputs, (np.ndarray, jax.Array)):
+        raise UserError(f"model {trained.model.name} returns {type(outputs).__name__}, not one array; use jaxnet.load")
+    if output == "probs":
+        outputs = np.asarray(jax.nn.softmax(jnp.asarray(outputs, jnp.float32), axis=-1))
+    elif output == "argmax":
+        outputs = np.asarray(outputs).argmax(-1).astype(np.int32)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}.npy")
+    try:
+        np.save(tmp, outputs)
+        os.replace(tmp, out_path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write --out {out_path}: {e.strerror}") from None
+    return json.dumps(
+        {"step": trained.step, "examples": len(x), "output": output, "shape": list(outputs.shape), "out": str(out_path)}
+    )

@@ -1,0 +1,131 @@
+"""What a run directory records about what it trained, so that it can be used without the training data.
+
+Two records, written at the start of training:
+
+* ``inputs.json``: what the model is called on and how raw inputs become model inputs, so that
+  :func:`jaxnet.load` predicts without reloading the training set. For each model input (in the
+  order the model takes them) its batch key, the shape of one example (``null`` for a dimension
+  of any size, such as a text's length) and the dtype given to the model; for images the
+  per-channel ``mean`` and ``std`` of the training images that :func:`jaxnet.data.pipeline.normalize`
+  applies (``(x / 255 - mean) / std``); and ``outputs``, the output count a built-in model was
+  built with. A text run's vocabulary is in ``vocab.json``.
+* ``trained`` under ``_run`` in ``config.json``: where the model, data and task came from (the
+  config, an experiment file, or Python arguments), the model's class and module, the task's name
+  and the data's kind (``built-in``, ``arrays`` or ``dataset``), so that ``jaxnet eval`` and
+  ``jaxnet predict`` can say what they cannot rebuild and what to call instead.
+
+>>> record = read_inputs(Path("runs/cnn_fashion_mnist"))   # doctest: +SKIP
+>>> record["inputs"][0]                                      # doctest: +SKIP
+{'key': 'image', 'shape': [28, 28, 1], 'dtype': 'uint8'}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxnet import data as data_lib
+from jaxnet.config import RUN_KEY
+from jaxnet.data import text as text_lib
+from jaxnet.errors import UserError
+
+INPUTS = "inputs.json"
+"""The file of a run directory that says what the model takes (see the module's docstring)."""
+
+FORMAT = "jaxnet-inputs/1"
+
+PYTHON, EXPERIMENT_FILE, CONFIG = "python", "experiment file", "config"
+"""Where a run's model, data or task came from."""
+
+
+def inputs(run: Any) -> dict[str, Any]:
+    """The ``inputs.json`` record of a :class:`~jaxnet.train.loop.Run` (see the module's docstring)."""
+    dataset, keys = run.dataset, run.task.inputs
+    record: dict[str, Any] = {"format": FORMAT, "inputs": [], "normalize": None}
+    for key in keys:
+        value = np.asarray(run.sample[key])
+        if isinstance(dataset, data_lib.Dataset) and key == "image":
+            # The images as the data holds them; predict normalises them as training did.
+            spec = {"shape": list(dataset.train[0].shape[1:]), "dtype": str(dataset.train[0].dtype)}
+            record["normalize"] = {"key": key, "mean": dataset.mean.tolist(), "std": dataset.std.tolist()}
+        elif isinstance(dataset, text_lib.TextDataset):
+            spec = {"shape": [None] * (value.ndim - 1), "dtype": str(value.dtype)}  # any length of text
+        else:
+            spec = {"shape": list(value.shape[1:]), "dtype": str(value.dtype)}
+        record["inputs"].append({"key": key, **spec})
+    record["outputs"] = int(getattr(dataset, "num_classes", 0) or 0) + run.task.extra_inputs
+    return record
+
+
+def read_inputs(workdir: Path) -> dict[str, Any]:
+    """A run's ``inputs.json``, checked; a one-line :class:`UserError` if it is missing or malformed."""
+    path = Path(workdir) / INPUTS
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(
+            f"{workdir} has no {INPUTS}: it was trained by a jaxnet that did not record its inputs; "
+            "train it again with this version"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    try:
+        assert record["format"] == FORMAT
+        for spec in record["inputs"]:
+            assert isinstance(spec["key"], str) and isinstance(spec["shape"], list)
+            np.dtype(spec["dtype"])
+        if record["normalize"] is not None:
+            assert len(record["normalize"]["mean"]) == len(record["normalize"]["std"])
+    except (AssertionError, KeyError, TypeError, ValueError):
+        raise UserError(f"{path} is malformed; train the run again to rewrite it") from None
+    return record
+
+
+def trained(run: Any, *, model: Any = None, dataset: Any = None, task: Any = None) -> dict[str, Any]:
+    """Where the model, data and task of ``run`` came from, for ``config.json`` (see the module's
+    docstring); ``model``, ``dataset`` and ``task`` are what was passed to :func:`jaxnet.train`."""
+
+    def source(given: Any, hook: str) -> str:
+        return PYTHON if given is not None else EXPERIMENT_FILE if hook in run.hooks else CONFIG
+
+    made = model if model is not None else getattr(run.model, "module", run.model)
+    if isinstance(run.dataset, data_lib.ArrayDataset):
+        kind = "arrays"
+    elif dataset is None and "data" not in run.hooks:
+        kind = "built-in"
+    else:
+        kind = "dataset"
+    return {
+        "model": {
+            "class": run.model.name if made is run.model else type(made).__name__,
+            "module": type(made).__module__,
+            "from": source(model, "model"),
+        },
+        "data": {
+            "kind": kind,
+            "name": getattr(run.dataset, "name", type(run.dataset).__name__),
+            "from": source(dataset, "data"),
+        },
+        "task": {"name": run.task.name, "from": source(task, "task")},
+    }
+
+
+def from_python(config_path: Path, *, model: Any = None, dataset: Any = None, task: Any = None) -> list[str]:
+    """What the run of ``config_path`` was given from Python that is not given again here: e.g.
+    ``["model MLP (module train_mlp)", "data (arrays)"]``; empty for a run jaxnet can rebuild."""
+    try:
+        record = json.loads(Path(config_path).read_text())[RUN_KEY]["trained"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # a run from before the record: nothing known
+    missing = []
+    if model is None and record.get("model", {}).get("from") == PYTHON:
+        m = record["model"]
+        missing.append(f"model {m.get('class')} (module {m.get('module')})")
+    if dataset is None and record.get("data", {}).get("from") == PYTHON:
+        missing.append(f"data ({record['data'].get('kind')})")
+    if task is None and record.get("task", {}).get("from") == PYTHON:
+        missing.append(f"task {record['task'].get('name')}")
+    return missing

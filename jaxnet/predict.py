@@ -170,9 +170,13 @@ class Trained:
         except Exception as e:  # a model whose shapes need a fixed batch size, an unknown platform, ...
             message = (str(e).strip().splitlines() or [""])[0]
             raise UserError(f"cannot export {self.model.name}: {type(e).__name__}: {message[:300]}") from None
+        try:
+            blob = exported.serialize()
+        except ImportError:  # jax serializes with flatbuffers, which it does not require
+            raise UserError("exporting needs the flatbuffers package: pip install 'jaxnet[export]'") from None
         path = Path(path)
         try:
-            path.write_bytes(exported.serialize())
+            path.write_bytes(blob)
         except OSError as e:
             raise UserError(f"cannot write {path}: {e.strerror}") from None
         return path

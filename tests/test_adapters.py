@@ -138,6 +138,12 @@ def test_same_weights_train_to_the_same_losses_as_linen_and_resume_exactly(kind,
     evaluated = jaxnet.evaluate(tmp_path / "whole", "test", model=model, dataset=DATA, task=TASK)
     assert evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
 
+    # jaxnet.load rebuilds the model's variables from the checkpoint: it predicts what the Linen run does.
+    x = DATA.splits["test"].columns["x"]
+    logits = jaxnet.load(tmp_path / "whole", model=KINDS[kind](linen_params())).predict(x, batch_size=16)
+    linen_logits = jaxnet.load(linen_dir, model=LinenMLP()).predict(x)
+    np.testing.assert_allclose(logits, linen_logits, rtol=1e-5, atol=1e-6)
+
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_vmapped_two_member_sweep_trains_each_member_as_its_own_linen_run(kind, linen_run, tmp_path):

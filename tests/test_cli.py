@@ -95,6 +95,30 @@ def test_rerunning_a_finished_run_resumes_instead_of_retraining(smoke_run, tmp_p
     assert snapshot(workdir) == snapshot(smoke_run)
 
 
+@needs_fashion_mnist
+def test_predict_reproduces_the_test_accuracy_from_a_npy_of_the_test_images(smoke_run, tmp_path, capsys):
+    """`jaxnet predict` on the default experiment's run: raw test images in, logits out, and the
+    run's own test accuracy (and loss) again, with no training data read (the statistics are in the run)."""
+    import numpy as np
+
+    from jaxnet.data import images
+
+    x, y = images.load_idx_dataset(FASHION_MNIST)["test"]
+    np.save(tmp_path / "test_images.npy", x)
+    out = tmp_path / "logits.npy"
+    argv = ["predict", "--workdir", str(smoke_run), "--input", str(tmp_path / "test_images.npy"), "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["shape"] == [10000, 10]
+    logits = np.load(out)
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    assert (logits.argmax(-1) == y).mean() == summary["test"]["accuracy"]  # every example, as evaluation had it
+    shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    loss = np.mean(np.log(np.exp(shifted).sum(-1)) - shifted[np.arange(len(y)), y])
+    assert loss == pytest.approx(summary["test"]["loss"], rel=1e-5)
+    assert cli.main([*argv[:-1], str(tmp_path / "labels.npy"), "--argmax", "--batch-size", "333"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "labels.npy"), logits.argmax(-1))
+
+
 def bad(args: list[str], *message: str, devices: int = 1, marks: Any = ()) -> Any:
     """One row of a bad-input table: a command, the words its one-line error must contain, and how
     many (host-platform CPU) devices it runs on. ``{name}`` in an argument is one of the paths that
@@ -226,6 +250,43 @@ BAD_INPUT = [
     bad(["eval", "--workdir", "{foreign}"], "not a run directory"),
     bad(["eval", "--workdir", "{run}", "data.dir=/no/such/dir"], "does not exist"),
     bad(["sample", "--workdir", "{run}"], "trained a convnet, not a language model"),
+    bad(
+        ["eval", "--workdir", "{run}", "model.hidden=128"],
+        "does not fit this run",
+        "pass that model, e.g. jaxnet.evaluate",
+    ),
+    bad(
+        ["eval", "--workdir", "{own_model_run}"],
+        "trained from Python with your own model MyCNN (module mine)",
+        "jaxnet.evaluate(workdir, model=..., dataset=..., task=...)",
+    ),
+    # jaxnet predict: the run, the input file, where the outputs go
+    bad(["predict", "--workdir", "{foreign}", "--input", "{images}", "--out", "o.npy"], "not a run directory"),
+    bad(["predict", "--workdir", "{run}", "--input", "no.npy", "--out", "o.npy"], "--input no.npy does not exist"),
+    bad(["predict", "--workdir", "{run}", "--input", "{a_file}", "--out", "o.npy"], "cannot read --input", ".npy"),
+    bad(
+        ["predict", "--workdir", "{run}", "--input", "{images_2d}", "--out", "o.npy"],
+        "input 'image' has shape (3, 28, 28); the run was trained on uint8 (N, 28, 28, 1)",
+    ),
+    bad(
+        ["predict", "--workdir", "{run}", "--input", "{images_float}", "--out", "o.npy"],
+        "input 'image' is float32; the run was trained on uint8",
+    ),
+    bad(["predict", "--workdir", "{run}", "--input", "{images}", "--out", "no/o.npy"], "directory no does not exist"),
+    bad(
+        ["predict", "--workdir", "{run}", "--input", "{images}", "--out", "o.npy", "--step", "7"],
+        "no checkpoint step 7",
+    ),
+    bad(
+        ["predict", "--workdir", "{run}", "--input", "{images}", "--out", "o.npy", "--step", "best"],
+        "has no best checkpoint: train with train.keep_best=METRIC",
+    ),
+    bad(
+        ["predict", "--workdir", "{own_model_run}", "--input", "{images}", "--out", "o.npy"],
+        "your own model MyCNN (module mine)",
+        "jaxnet.load(workdir, model=...)",
+    ),
+    bad(["predict", "--workdir", "{run}", "--input", "{images}"], "the following arguments are required: --out"),
     # a user's own model, data and task (tests/test_library.py has the same through the Python API)
     bad(["train", SMOKE, "task=nope"], "unknown task 'nope'", "define task(cfg) in the experiment file"),
     bad(["train", SMOKE, "task=lm"], "task=lm does not fit image data", "use task=classification"),
@@ -390,6 +451,17 @@ def make_places(tmp_path: Path, run: Path, names: set[str]) -> dict[str, Path]:
         (directory / "checkpoints").write_text("not a directory\n")
         return directory
 
+    def own_model_run() -> Path:  # as a run of a user's CNN trained from Python on the built-in data records itself
+        directory = copy_of_run("own_model_run")
+        saved = json.loads((directory / "config.json").read_text())
+        saved["_run"]["trained"]["model"] = {"class": "MyCNN", "module": "mine", "from": "python"}
+        (directory / "config.json").write_text(json.dumps(saved))
+        return directory
+
+    def npy(name: str, array: Any) -> Path:
+        np.save(tmp_path / f"{name}.npy", array)
+        return tmp_path / f"{name}.npy"
+
     def checkpoints_locked() -> Path:  # the test takes the permissions away once it has read every file
         return copy_of_run("checkpoints_locked")
 
@@ -413,6 +485,10 @@ def make_places(tmp_path: Path, run: Path, names: set[str]) -> dict[str, Path]:
         },
         checkpoints_file=checkpoints_file,
         checkpoints_locked=checkpoints_locked,
+        own_model_run=own_model_run,
+        images=lambda: npy("images", np.zeros((3, 28, 28, 1), np.uint8)),
+        images_2d=lambda: npy("images_2d", np.zeros((3, 28, 28), np.uint8)),
+        images_float=lambda: npy("images_float", np.zeros((3, 28, 28, 1), np.float32)),
     )
     return {"run": run, **{name: makers[name]() for name in names if name in makers}}
 

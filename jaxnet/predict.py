@@ -199,6 +199,10 @@ def _checked(x: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
     wanted = "(N, " + ", ".join("any" if d is None else str(d) for d in shape) + ")"
     if x.ndim != len(shape) + 1 or any(d is not None and d != got for d, got in zip(shape, x.shape[1:], strict=True)):
         raise UserError(f"input {key!r} has shape {x.shape}; the run was trained on {dtype} {wanted}")
+    if "ids" in spec and x.size and (x.min() < 0 or x.max() >= spec["ids"]):
+        raise UserError(
+            f"input {key!r} holds ids {x.min()}..{x.max()}; the run's vocabulary has ids 0..{spec['ids'] - 1}"
+        )
     if x.dtype == dtype:
         return x
     if x.dtype.kind not in "biuf" or (dtype.kind in "biu" and x.dtype.kind == "f"):

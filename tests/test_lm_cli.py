@@ -98,6 +98,30 @@ def test_eval_of_a_text_run_reproduces_the_final_test_loss(shakespeare_run):
     assert evaluated["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-6)
 
 
+@needs_shakespeare
+def test_predicted_next_token_logits_reproduce_the_test_loss(shakespeare_run):
+    """jaxnet.load on a text run: token ids in, next-token logits out; their cross-entropy over the
+    test windows (as evaluation cuts them) is the run's test loss."""
+    import numpy as np
+
+    import jaxnet
+    from jaxnet.data import text
+
+    trained = jaxnet.load(shakespeare_run)
+    seq_len = trained.config.data.seq_len
+    total = count = 0.0
+    for batch in text.eval_batches(text.load_shakespeare().test, batch_size=2048, seq_len=seq_len, mode="windows"):
+        logits = trained.predict(batch["tokens"], batch_size=512).astype(np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+        target = np.take_along_axis(shifted, batch["targets"][..., None], -1)[..., 0]
+        losses = np.log(np.exp(shifted).sum(-1)) - target
+        total, count = total + (losses * batch["mask"]).sum(), count + batch["mask"].sum()
+    summary = json.loads((shakespeare_run / "summary.json").read_text())
+    assert total / count == pytest.approx(summary["test"]["loss"], rel=1e-5)
+    with pytest.raises(jaxnet.UserError, match=r"holds ids 0..84; the run's vocabulary has ids 0..83"):
+        trained.predict(np.array([[0, 84]], np.int32))
+
+
 @pytest.mark.parametrize(
     "experiment, metric",
     [

@@ -5,10 +5,11 @@ Two records, written at the start of training:
 * ``inputs.json``: what the model is called on and how raw inputs become model inputs, so that
   :func:`jaxnet.load` predicts without reloading the training set. For each model input (in the
   order the model takes them) its batch key, the shape of one example (``null`` for a dimension
-  of any size, such as a text's length) and the dtype given to the model; for images the
-  per-channel ``mean`` and ``std`` of the training images that :func:`jaxnet.data.pipeline.normalize`
-  applies (``(x / 255 - mean) / std``); and ``outputs``, the output count a built-in model was
-  built with. A text run's vocabulary is in ``vocab.json``.
+  of any size, such as a text's length) and the dtype given to the model (for token ids also
+  ``ids``, how many there are); for images the per-channel ``mean`` and ``std`` of the training
+  images that :func:`jaxnet.data.pipeline.normalize` applies (``(x / 255 - mean) / std``); and
+  ``outputs``, the output count a built-in model was built with. A text run's vocabulary is in
+  ``vocab.json``.
 * ``trained`` under ``_run`` in ``config.json``: where the model, data and task came from (the
   config, an experiment file, or Python arguments), the model's class and module, the task's name
   and the data's kind (``built-in``, ``arrays`` or ``dataset``), so that ``jaxnet eval`` and
@@ -52,7 +53,9 @@ def inputs(run: Any) -> dict[str, Any]:
             spec = {"shape": list(dataset.train[0].shape[1:]), "dtype": str(dataset.train[0].dtype)}
             record["normalize"] = {"key": key, "mean": dataset.mean.tolist(), "std": dataset.std.tolist()}
         elif isinstance(dataset, text_lib.TextDataset):
-            spec = {"shape": [None] * (value.ndim - 1), "dtype": str(value.dtype)}  # any length of text
+            # Any length of text; ids below the vocabulary's size (and a task's extra ids, such as a mask token).
+            spec = {"shape": [None] * (value.ndim - 1), "dtype": str(value.dtype)}
+            spec["ids"] = dataset.num_classes + run.task.extra_inputs
         else:
             spec = {"shape": list(value.shape[1:]), "dtype": str(value.dtype)}
         record["inputs"].append({"key": key, **spec})

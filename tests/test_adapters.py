@@ -162,6 +162,10 @@ def test_a_vmapped_two_member_sweep_trains_each_member_as_its_own_linen_run(kind
     same_lr = tmp_path / "sweep" / "optim.lr=0.03"  # the Linen run's learning rate
     np.testing.assert_allclose(train_losses(same_lr), train_losses(linen_dir), rtol=1e-5)
     assert train_losses(tmp_path / "sweep" / "optim.lr=0.01") != train_losses(same_lr)
+    if kind == "functions":  # a member's run directory loads like any run's (inputs.json is written there too)
+        x = DATA.splits["test"].columns["x"]
+        member = jaxnet.load(same_lr, model=KINDS[kind](linen_params())).predict(x)
+        np.testing.assert_allclose(member, jaxnet.load(linen_dir, model=LinenMLP()).predict(x), rtol=1e-5, atol=1e-6)
 
 
 class NNXNormed(nnx.Module):

@@ -118,13 +118,34 @@ def test_images_are_normalised_with_the_training_statistics_numpy_computes(image
     assert correct == round(summary["test"]["accuracy"] * len(y))
 
 
+# The README's lines that run an exported model, in a Python that never imports jaxnet.
+RUN_EXPORTED = """
+import sys
+import numpy as np
+from jax import export
+with open("model.jax", "rb") as f:
+    exported = export.deserialize(bytearray(f.read()))
+np.save("outputs.npy", np.asarray(exported.call(np.load("images.npy"))))
+assert not any(name.startswith("jaxnet") for name in sys.modules)
+"""
+
+
 def test_an_exported_model_runs_with_jax_alone(image_run, quadrants, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import cpu_env
+
     workdir, _ = image_run
     trained = jaxnet.load(workdir)
-    path = trained.export(tmp_path / "model.jax")
-    exported = jax.export.deserialize(bytearray(path.read_bytes()))
-    x = quadrants.test[0][:37]  # any batch size
-    np.testing.assert_allclose(exported.call(x), trained.predict(x), rtol=1e-5, atol=1e-5)
+    trained.export(tmp_path / "model.jax")
+    x = quadrants.test[0][:37]  # any batch size, raw uint8 images: the normalisation is inside
+    np.save(tmp_path / "images.npy", x)
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_EXPORTED], cwd=tmp_path, env=cpu_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "outputs.npy"), trained.predict(x), rtol=1e-5, atol=1e-5)
 
 
 def test_step_best_reads_the_best_checkpoint_the_run_names(mlp_run, tmp_path):

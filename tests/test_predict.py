@@ -72,7 +72,7 @@ def test_a_python_trained_run_records_what_it_trained_and_eval_names_jaxnet_eval
     assert cli.main(["eval", "--workdir", str(workdir)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert "trained from Python with your own model MLP (module conftest) and data (arrays) and task regression" in err
+    assert "trained from Python with your own model MLP (module conftest) and data (arrays), which" in err
     assert "jaxnet.evaluate(workdir, model=..., dataset=..., task=...)" in err
     with pytest.raises(jaxnet.UserError, match=r"your own model MLP .*jaxnet.load\(workdir, model=\.\.\.\)"):
         jaxnet.load(workdir)

@@ -32,6 +32,7 @@ from jaxnet import data as data_lib
 from jaxnet.config import RUN_KEY
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
+from jaxnet.tasks import BUILT_IN
 
 INPUTS = "inputs.json"
 """The file of a run directory that says what the model takes (see the module's docstring)."""
@@ -129,6 +130,7 @@ def from_python(config_path: Path, *, model: Any = None, dataset: Any = None, ta
         missing.append(f"model {m.get('class')} (module {m.get('module')})")
     if dataset is None and record.get("data", {}).get("from") == PYTHON:
         missing.append(f"data ({record['data'].get('kind')})")
-    if task is None and record.get("task", {}).get("from") == PYTHON:
+    # A built-in task given from Python is rebuilt by name (on built-in data its batch keys are fixed).
+    if task is None and record.get("task", {}).get("from") == PYTHON and record["task"].get("name") not in BUILT_IN:
         missing.append(f"task {record['task'].get('name')}")
     return missing

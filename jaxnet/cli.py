@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--out", required=True, metavar="FILE.npy", help="where the outputs go (logits by default)")
     predict.add_argument("--step", default=None, metavar="N|best", help="checkpoint step, or best (default: newest)")
     predict.add_argument(
-        "--batch-size", type=int, default=None, help="examples per batch (default: train.eval_batch_size)"
+        "--batch-size", type=int, default=None, metavar="B", help="examples per batch (default: train.eval_batch_size)"
     )
     which = predict.add_mutually_exclusive_group()
     which.add_argument(

@@ -21,6 +21,9 @@ of that:
   aside into ``checkpoints/damaged/<step>``.
 * **Failed writes.** A full disk (or any other failed write) while saving is a :class:`UserError`
   naming the step and the newest intact checkpoint; the partial step is removed.
+* **The best checkpoint.** :meth:`Checkpoints.set_best` names one checkpoint the best (``train.keep_best``,
+  :func:`jaxnet.early_stop`); it is recorded in ``best.json`` once sealed and never deleted by the
+  rotation, until another takes its place. :func:`best_step` reads it.
 """
 
 from __future__ import annotations
@@ -52,9 +55,13 @@ MANIFEST = "jaxnet_manifest.json"
 DAMAGED = "damaged"
 """Subdirectory of the checkpoint directory that damaged checkpoints are moved into."""
 
+BEST = "best.json"
+"""File in the checkpoint directory naming the best checkpoint; see :func:`best_step` for its format."""
+
 _ORBAX_TMP = ".orbax-checkpoint-tmp"  # orbax's mark on a directory being written (a suffix, maybe + timestamp)
 _DELETING = ".deleting-"  # prefix of a checkpoint being deleted: renamed first, so never half a checkpoint
 _MANIFEST_FORMAT = "jaxnet-checkpoint-manifest/1"
+_BEST_FORMAT = "jaxnet-best-checkpoint/1"
 _SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 _SPACE_TEXTS = tuple(os.strerror(code) for code in sorted(_SPACE_ERRNOS))
@@ -78,6 +85,8 @@ class Checkpoints:
         self.keep = keep
         self.read_only = read_only
         self._pending: list[int] = []  # saves started and not yet sealed
+        self._best = read_best(self.directory)  # the checkpoint the rotation keeps, whatever its age
+        self._best_pending: dict[str, Any] | None = None  # a best whose checkpoint is not sealed yet
         self._primary = jax.process_index() == 0  # with several processes, process 0 alone changes the directory
         if self.directory.exists() and not self.directory.is_dir():
             raise UserError(
@@ -139,6 +148,31 @@ class Checkpoints:
             self._save_failed(step, e)
             raise
         self._pending.append(step)
+
+    def best(self) -> dict[str, Any] | None:
+        """The best checkpoint's record (see :func:`best_step`) as last recorded, or None."""
+        return self._best
+
+    def set_best(self, step: int, record: dict[str, Any]) -> None:
+        """Name checkpoint ``step`` the best, with ``record`` (``metric``, ``mode``, ``value``) beside it.
+
+        The step must be saved already, or saving (:meth:`save`): ``best.json`` is written once it is
+        sealed, so it never names a checkpoint that is not on disk, and the rotation keeps that
+        checkpoint from then on (the previous best becomes an ordinary one).
+        """
+        self._best_pending = {"format": _BEST_FORMAT, **record, "step": int(step)}
+        if step not in self._pending:
+            self._record_best()
+            if not self.read_only and self._primary:
+                self._prune()
+
+    def _record_best(self) -> None:
+        best, self._best_pending = self._best_pending, None
+        if best is None:
+            return
+        if not self.read_only and self._primary:
+            _write_atomically(self.directory / BEST, best)
+        self._best = best
 
     def wait(self) -> None:
         """Block until every pending save is on disk, then seal it and delete checkpoints no longer kept."""
@@ -320,7 +354,10 @@ class Checkpoints:
         except Exception as e:
             self._save_failed(pending[-1], e)
             raise
+        best_saved = self._best_pending is not None and self._best_pending["step"] in pending
         if self.read_only or not self._primary:
+            if best_saved:
+                self._record_best()
             return
         for step in pending:
             try:
@@ -328,6 +365,8 @@ class Checkpoints:
             except OSError as e:
                 self._save_failed(step, e)
                 raise
+        if best_saved:
+            self._record_best()
         self._prune()
 
     def _seal(self, step: int) -> None:
@@ -342,14 +381,15 @@ class Checkpoints:
         _write_atomically(path / MANIFEST, {"format": _MANIFEST_FORMAT, "step": step, "files": files})
 
     def _prune(self) -> None:
-        """Delete every checkpoint older than the ``keep`` newest sealed ones."""
+        """Delete every checkpoint older than the ``keep`` newest sealed ones, but the best."""
         if self.keep is None:
             return
         steps = self._list_steps()
         sealed = [s for s in steps if (self.directory / str(s) / MANIFEST).is_file()]
         if len(sealed) < self.keep:
             return
-        doomed = [s for s in steps if s < sealed[-self.keep]]
+        best = self._best["step"] if self._best is not None else None
+        doomed = [s for s in steps if s < sealed[-self.keep] and s != best]
         for step in doomed:
             try:
                 _delete(self.directory / str(step))
@@ -609,6 +649,37 @@ def _names(path: tuple) -> tuple[str, ...]:
                 names.append(str(getattr(key, attr)))
                 break
     return tuple(names)
+
+
+def read_best(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The record in ``directory/best.json`` (a checkpoint directory), or None if there is none or it
+    cannot be read (a damaged record is rewritten at the next best)."""
+    try:
+        record = json.loads((Path(directory) / BEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != _BEST_FORMAT or type(record.get("step")) is not int:
+        return None
+    return record
+
+
+def best_step(workdir: str | os.PathLike) -> int | None:
+    """The step of a run's best checkpoint, as ``train.keep_best`` or :func:`jaxnet.early_stop` chose
+    it, or None if the run recorded none.
+
+    The record is ``<workdir>/checkpoints/best.json``, written atomically once the checkpoint it names
+    is sealed on disk::
+
+        {"format": "jaxnet-best-checkpoint/1", "metric": "val/loss", "mode": "min", "step": 100, "value": 0.1234}
+
+    ``metric`` is the validation metric compared, ``mode`` whether lower (``min``) or higher
+    (``max``) is better, ``value`` its value at ``step``. The newest-N rotation never deletes that
+    checkpoint::
+
+        params = jaxnet.load_params("runs/mine", step=jaxnet.checkpoint.best_step("runs/mine"))
+    """
+    record = read_best(Path(workdir) / "checkpoints")
+    return record["step"] if record is not None else None
 
 
 def load_params(workdir: str | os.PathLike, step: int | None = None) -> Any:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -135,13 +137,24 @@ def test_rerunning_a_run_that_stopped_early_trains_no_further(stopped, tmp_path)
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
 
 
-def test_a_resumed_run_keeps_its_best_so_far(stopped, tmp_path):
+def ctrl_c_at(step: int) -> jaxnet.Action:
+    """An action that sends this process SIGINT (Ctrl-C) after update ``step``."""
+    return jaxnet.every(step, lambda loop: os.kill(os.getpid(), signal.SIGINT) if loop.step == step else None)
+
+
+@pytest.mark.parametrize("how", ["stop_after", "ctrl_c"])
+def test_a_resumed_run_keeps_its_best_so_far(stopped, tmp_path, how):
     """Interrupted after its best (step 20) and before the stop, the run resumes comparing with that
     best, stops where the uninterrupted run stopped, and reports the same numbers."""
     workdir, summary, _ = stopped
-    first, printed = train(tmp_path / "run", "train.stop_after=25")
-    assert first["complete"] is False and "run the same command again" in printed
-    assert steps_on_disk(tmp_path / "run") == [20, 25]
+    if how == "stop_after":
+        first, printed = train(tmp_path / "run", "train.stop_after=25")
+        interrupted_at, kept = 25, [20, 25]
+    else:  # the signal arrives after step 25's actions: the run stops after the next step
+        first, printed = train(tmp_path / "run", actions=[ctrl_c_at(25)])
+        interrupted_at, kept = 26, [20, 25, 26]  # the two newest, and the best
+    assert first["complete"] is False and first["step"] == interrupted_at and "run the same command again" in printed
+    assert steps_on_disk(tmp_path / "run") == kept
     assert best_step(tmp_path / "run") == 20
     resumed, _ = train(tmp_path / "run")
     for key in ("step", "complete", "best", "stopped_early", "evaluated_step"):

@@ -491,7 +491,9 @@ def train(
     :mod:`jaxnet.models.adapters`; ``dataset`` your data
     (:func:`jaxnet.data.arrays`, or a built-in ``Dataset`` / ``TextDataset``); ``task`` what
     to minimise and report (:class:`jaxnet.Task`, or one of :mod:`jaxnet.tasks`); ``actions``
-    periodic actions (:func:`jaxnet.every`) run after the built-in ones. ``adopt`` resumes a
+    periodic actions (:func:`jaxnet.every`) run after the built-in ones; :func:`jaxnet.early_stop`
+    among them ends the run complete, evaluated on its best checkpoint (``train.keep_best`` keeps
+    that checkpoint without stopping; :mod:`jaxnet.train.best`). ``adopt`` resumes a
     workdir that holds a run of another experiment (its checkpoints must fit this model).
     ``stop_when(step, val_metrics)``, called after each validation pass of the loop, ends the
     run there when it returns True, with a checkpoint, as ``train.stop_after`` does

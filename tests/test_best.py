@@ -276,3 +276,30 @@ def test_bad_keep_best_and_early_stop_are_one_line_before_anything_is_written(tm
         jaxnet.train(cfg, tmp_path / "run", model=MLP(), dataset=jaxnet.data.arrays(**data), task=task, actions=actions)
     assert words in str(error.value) and "\n" not in str(error.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_metric_unknown_until_the_first_validation_pass_is_named_there(tmp_path):
+    """A task whose derived metrics cannot be found before evaluating (its finalize divides by the
+    target's variance, zero on stand-in values) has the metric checked at the first pass."""
+
+    def ratio(means):
+        return {"ratio": means["mse"] / (means["_y2"] - means["_y"] ** 2)}
+
+    task = jaxnet.Task(
+        inputs="x",
+        loss=lambda out, b: jnp.mean((out - b["y"]) ** 2),
+        metrics={
+            "mse": lambda out, b: jnp.mean((out - b["y"]) ** 2),
+            "_y": lambda out, b: jnp.mean(b["y"]),
+            "_y2": lambda out, b: jnp.mean(b["y"] ** 2),
+        },
+        finalize=ratio,
+    )
+    cfg = jaxnet.apply_overrides(jaxnet.Config(experiment="best"), [*SETTINGS, "train.keep_best=min:val/rato"])
+    with pytest.raises(jaxnet.UserError) as error, contextlib.redirect_stdout(io.StringIO()):
+        jaxnet.train(cfg, tmp_path / "run", model=MLP(), dataset=jaxnet.data.arrays(**DATA), task=task)
+    assert str(error.value) == (
+        "train.keep_best: 'min:val/rato' is not a validation metric; did you mean val/ratio? the validation metrics "
+        "are val/loss, val/mse, val/ratio (min: or max: before a name says which way is better)"
+    )
+    assert list(val_losses(tmp_path / "run")) == [5]  # it stopped at the first pass

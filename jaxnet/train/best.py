@@ -171,8 +171,9 @@ def early_stop(metric: str, patience: int, min_delta: float = 0.0, mode: str | N
 class Plan:
     """What a run keeps and stops on: the watched metric, and the early-stop action, if any."""
 
-    def __init__(self, watch: Watch, stop: EarlyStop | None, eval_every: int, where: str):
-        self.watch, self.stop, self.eval_every, self.where = watch, stop, eval_every, where
+    def __init__(self, watch: Watch, stop: EarlyStop | None, eval_every: int, where: str, spec: str):
+        self.watch, self.stop, self.eval_every = watch, stop, eval_every
+        self.where, self.spec = where, spec  # the setting and the metric as written, for errors
 
 
 def plan(cfg: Any, run: Any, actions: list[Action]) -> Plan | None:
@@ -187,7 +188,7 @@ def plan(cfg: Any, run: Any, actions: list[Action]) -> Plan | None:
         return None
     names = val_metric_names(run.task)
     watch = parse(cfg.train.keep_best, None, "train.keep_best", names) if cfg.train.keep_best else None
-    where = "train.keep_best" if watch is not None else stop.name
+    where, spec = ("train.keep_best", cfg.train.keep_best) if watch is not None else (stop.name, stop.metric)
     if stop is not None:
         stop_watch = parse(stop.metric, stop.mode, stop.name, names)
         if watch is not None and stop_watch != watch:
@@ -204,7 +205,7 @@ def plan(cfg: Any, run: Any, actions: list[Action]) -> Plan | None:
         )
     if not run.dataset.size("val"):
         raise UserError(f"{where} watches {watch.metric}, but the data has no validation split; give it one")
-    return Plan(watch, stop, cfg.train.eval_every, where)
+    return Plan(watch, stop, cfg.train.eval_every, where, spec)
 
 
 class Best:
@@ -212,7 +213,7 @@ class Best:
     :class:`jaxnet.checkpoint.Checkpoints` (so a resumed run compares with the same best)."""
 
     def __init__(self, plan: Plan, ckpts: Any, start: int):
-        self.watch, self.ckpts, self.every, self.where = plan.watch, ckpts, plan.eval_every, plan.where
+        self.watch, self.ckpts, self.every, self.plan = plan.watch, ckpts, plan.eval_every, plan
         self.min_delta = plan.stop.min_delta if plan.stop is not None else 0.0
         self.use_best = plan.stop is not None  # early stopping evaluates the best checkpoint at the end
         self.step: int | None = None
@@ -249,7 +250,7 @@ class Best:
         """Compare the validation metrics at ``step`` with the best; True if they are the new best
         (whose checkpoint the caller saves, if it has not)."""
         if self.watch.name not in val:
-            raise unknown_metric(self.watch.metric, self.where, list(val))
+            raise unknown_metric(self.plan.spec, self.plan.where, list(val))
         self.checked = step
         value = float(val[self.watch.name])
         if not self.improves(value):

@@ -214,6 +214,7 @@ class Best:
 
     def __init__(self, plan: Plan, ckpts: Any, start: int):
         self.watch, self.ckpts, self.every, self.plan = plan.watch, ckpts, plan.eval_every, plan
+        self.stop = plan.stop
         self.min_delta = plan.stop.min_delta if plan.stop is not None else 0.0
         self.use_best = plan.stop is not None  # early stopping evaluates the best checkpoint at the end
         self.step: int | None = None
@@ -231,6 +232,13 @@ class Best:
             and record["step"] in ckpts.all_steps()
         ):
             self.step, self.value = record["step"], float(record["value"])
+        if self.stop is not None:
+            self.stop.bind(self)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether early stopping ended the run."""
+        return self.stop is not None and self.stop.stopped_at is not None
 
     def improves(self, value: float) -> bool:
         """Whether ``value`` beats the best so far by more than ``min_delta`` (a NaN never does)."""
@@ -284,7 +292,7 @@ class KeepBest(Action):
             self.best.save()
 
 
-def final_metrics(best: Best, stop: EarlyStop | None, run: Any, loop: Loop, log: Any) -> dict[str, Any]:
+def final_metrics(best: Best, run: Any, loop: Loop, log: Any) -> dict[str, Any]:
     """The summary fields of a run that keeps its best checkpoint, at its end (its last step or
     an early stop): val and test metrics, ``best``, and ``stopped_early`` with the step it stopped.
 
@@ -292,8 +300,8 @@ def final_metrics(best: Best, stop: EarlyStop | None, run: Any, loop: Loop, log:
     stopping the val and test metrics are those of the best checkpoint (``evaluated_step``);
     otherwise those of the final state, as in any run.
     """
-    end, steps = loop.end, run.cfg.train.steps
-    stopped = stop is not None and stop.stopped_at is not None and end < steps
+    end, stop = loop.end, best.stop
+    stopped = best.stopped_early and end < run.cfg.train.steps
     val: dict[str, float] = {}
     if not stopped:
         val = run.evaluate(loop.state, "val")

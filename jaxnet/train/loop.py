@@ -601,11 +601,9 @@ def _train(
     best = best_lib.Best(keep, ckpts, start) if keep is not None else None
     if best is not None:
         builtin.insert(-1, best_lib.KeepBest(best, validate, checkpoint))  # before the checkpoint of its step
-        if keep.stop is not None:
-            keep.stop.bind(best)
     try:
         compile_seconds = run_loop(run, loop, [*builtin, *extra])
-        summary = _summary(run, loop, workdir, num_params, compile_seconds, interrupts, log, best, keep)
+        summary = _summary(run, loop, workdir, num_params, compile_seconds, interrupts, log, best)
     except BaseException:
         trackers_lib.finish(trackers, workdir, None, "FAILED")
         raise
@@ -742,7 +740,6 @@ def _summary(
     interrupts: Interrupts,
     log: Any,
     best: best_lib.Best | None = None,
-    keep: best_lib.Plan | None = None,
 ) -> dict[str, Any]:
     """summary.json: where the run ended, its speed, and at the last step (or an early stop) the val
     and test metrics."""
@@ -760,9 +757,8 @@ def _summary(
         summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
         if run.text:
             summary["tokens_per_s"] = round(train_cfg.batch_size * cfg.data.seq_len / step_seconds, 1)
-    stop = keep.stop if keep is not None else None
-    if best is not None and (end == train_cfg.steps or (stop is not None and stop.stopped_at is not None)):
-        summary.update(best_lib.final_metrics(best, stop, run, loop, log))
+    if best is not None and (end == train_cfg.steps or best.stopped_early):
+        summary.update(best_lib.final_metrics(best, run, loop, log))
     elif end == train_cfg.steps:
         for split in ("val", "test"):
             metrics = run.evaluate(loop.state, split)

@@ -303,3 +303,17 @@ def test_a_metric_unknown_until_the_first_validation_pass_is_named_there(tmp_pat
         "are val/loss, val/mse, val/ratio (min: or max: before a name says which way is better)"
     )
     assert list(val_losses(tmp_path / "run")) == [5]  # it stopped at the first pass
+
+
+def test_a_run_stopped_early_before_its_summary_was_written_is_over_on_rerun(stopped, tmp_path):
+    """Killed after the stop's checkpoint but before summary.json: the rerun takes no step, finds
+    the patience spent, and writes the summary the run would have written."""
+    workdir, summary, _ = stopped
+    copy = Path(shutil.copytree(workdir, tmp_path / "again"))
+    (copy / "summary.json").unlink()
+    again, printed = train(copy)
+    assert f"stopped early at step {summary['step']} of 200" in printed
+    for key in ("step", "complete", "best", "stopped_early", "evaluated_step", "val", "test"):
+        assert again[key] == summary[key], key
+    assert "steps_per_s" not in again  # no step was taken
+    assert steps_on_disk(copy) == steps_on_disk(workdir)

@@ -139,7 +139,8 @@ class EarlyStop(Action):
         if self.best is None:
             raise UserError(f"{self.name} is for jaxnet.train and jaxnet train (not a sweep)")
         # A run stopped early whose final evaluation was interrupted: it is over, whatever is rerun.
-        if loop.start and self.best.passes_without_gain(loop.start) >= self.patience:
+        best = self.best
+        if loop.start and best.step is not None and best.passes_without_gain(loop.start) >= self.patience:
             self._stop(loop)
 
     def __call__(self, loop: Loop) -> None:

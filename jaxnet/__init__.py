@@ -27,6 +27,7 @@ from jaxnet.sweep import sweep
 from jaxnet.tasks import Task
 from jaxnet.train import evaluate, train
 from jaxnet.train.actions import Action, every
+from jaxnet.train.best import early_stop
 
 parallel.make_room_for_simulated_devices()  # before anything starts JAX's CPU client
 
@@ -44,6 +45,7 @@ __all__ = [
     "UserError",
     "apply_overrides",
     "data",
+    "early_stop",
     "evaluate",
     "every",
     "generate",

@@ -21,6 +21,9 @@ of that:
   aside into ``checkpoints/damaged/<step>``.
 * **Failed writes.** A full disk (or any other failed write) while saving is a :class:`UserError`
   naming the step and the newest intact checkpoint; the partial step is removed.
+* **The best checkpoint.** :meth:`Checkpoints.set_best` names one checkpoint the best (``train.keep_best``,
+  :func:`jaxnet.early_stop`); it is recorded in ``best.json`` once sealed and never deleted by the
+  rotation, until another takes its place. :func:`best_step` reads it.
 """
 
 from __future__ import annotations
@@ -59,11 +62,12 @@ READ_ONLY_MISFIT = (
 """The advice when a run being read (not trained) does not fit the model rebuilt for it."""
 
 BEST = "best.json"
-"""File in the checkpoint directory naming the best checkpoint's step (``train.keep_best``): ``{"step": N, ...}``."""
+"""File in the checkpoint directory naming the best checkpoint; see :func:`best_step` for its format."""
 
 _ORBAX_TMP = ".orbax-checkpoint-tmp"  # orbax's mark on a directory being written (a suffix, maybe + timestamp)
 _DELETING = ".deleting-"  # prefix of a checkpoint being deleted: renamed first, so never half a checkpoint
 _MANIFEST_FORMAT = "jaxnet-checkpoint-manifest/1"
+_BEST_FORMAT = "jaxnet-best-checkpoint/1"
 _SPACE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 _SPACE_TEXTS = tuple(os.strerror(code) for code in sorted(_SPACE_ERRNOS))
@@ -87,6 +91,8 @@ class Checkpoints:
         self.keep = keep
         self.read_only = read_only
         self._pending: list[int] = []  # saves started and not yet sealed
+        self._best = read_best(self.directory)  # the checkpoint the rotation keeps, whatever its age
+        self._best_pending: dict[str, Any] | None = None  # a best whose checkpoint is not sealed yet
         self._primary = jax.process_index() == 0  # with several processes, process 0 alone changes the directory
         if self.directory.exists() and not self.directory.is_dir():
             raise UserError(
@@ -148,6 +154,31 @@ class Checkpoints:
             self._save_failed(step, e)
             raise
         self._pending.append(step)
+
+    def best(self) -> dict[str, Any] | None:
+        """The best checkpoint's record (see :func:`best_step`) as last recorded, or None."""
+        return self._best
+
+    def set_best(self, step: int, record: dict[str, Any]) -> None:
+        """Name checkpoint ``step`` the best, with ``record`` (``metric``, ``mode``, ``value``) beside it.
+
+        The step must be saved already, or saving (:meth:`save`): ``best.json`` is written once it is
+        sealed, so it never names a checkpoint that is not on disk, and the rotation keeps that
+        checkpoint from then on (the previous best becomes an ordinary one).
+        """
+        self._best_pending = {"format": _BEST_FORMAT, **record, "step": int(step)}
+        if step not in self._pending:
+            self._record_best()
+            if not self.read_only and self._primary:
+                self._prune()
+
+    def _record_best(self) -> None:
+        best, self._best_pending = self._best_pending, None
+        if best is None:
+            return
+        if not self.read_only and self._primary:
+            _write_atomically(self.directory / BEST, best)
+        self._best = best
 
     def wait(self) -> None:
         """Block until every pending save is on disk, then seal it and delete checkpoints no longer kept."""
@@ -330,7 +361,10 @@ class Checkpoints:
         except Exception as e:
             self._save_failed(pending[-1], e)
             raise
+        best_saved = self._best_pending is not None and self._best_pending["step"] in pending
         if self.read_only or not self._primary:
+            if best_saved:
+                self._record_best()
             return
         for step in pending:
             try:
@@ -338,6 +372,8 @@ class Checkpoints:
             except OSError as e:
                 self._save_failed(step, e)
                 raise
+        if best_saved:
+            self._record_best()
         self._prune()
 
     def _seal(self, step: int) -> None:
@@ -352,14 +388,15 @@ class Checkpoints:
         _write_atomically(path / MANIFEST, {"format": _MANIFEST_FORMAT, "step": step, "files": files})
 
     def _prune(self) -> None:
-        """Delete every checkpoint older than the ``keep`` newest sealed ones."""
+        """Delete every checkpoint older than the ``keep`` newest sealed ones, but the best."""
         if self.keep is None:
             return
         steps = self._list_steps()
         sealed = [s for s in steps if (self.directory / str(s) / MANIFEST).is_file()]
         if len(sealed) < self.keep:
             return
-        doomed = [s for s in steps if s < sealed[-self.keep]]
+        best = self._best["step"] if self._best is not None else None
+        doomed = [s for s in steps if s < sealed[-self.keep] and s != best]
         for step in doomed:
             try:
                 _delete(self.directory / str(step))
@@ -621,6 +658,37 @@ def _names(path: tuple) -> tuple[str, ...]:
     return tuple(names)
 
 
+def read_best(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The record in ``directory/best.json`` (a checkpoint directory), or None if there is none or it
+    cannot be read (a damaged record is rewritten at the next best)."""
+    try:
+        record = json.loads((Path(directory) / BEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != _BEST_FORMAT or type(record.get("step")) is not int:
+        return None
+    return record
+
+
+def best_step(workdir: str | os.PathLike) -> int | None:
+    """The step of a run's best checkpoint, as ``train.keep_best`` or :func:`jaxnet.early_stop` chose
+    it, or None if the run recorded none.
+
+    The record is ``<workdir>/checkpoints/best.json``, written atomically once the checkpoint it names
+    is sealed on disk::
+
+        {"format": "jaxnet-best-checkpoint/1", "metric": "val/loss", "mode": "min", "step": 100, "value": 0.1234}
+
+    ``metric`` is the validation metric compared, ``mode`` whether lower (``min``) or higher
+    (``max``) is better, ``value`` its value at ``step``. The newest-N rotation never deletes that
+    checkpoint::
+
+        params = jaxnet.load_params("runs/mine", step=jaxnet.checkpoint.best_step("runs/mine"))
+    """
+    record = read_best(Path(workdir) / "checkpoints")
+    return record["step"] if record is not None else None
+
+
 def load_params(workdir: str | os.PathLike, step: int | str | None = None) -> Any:
     """A run's parameters, as a nested dict of numpy arrays named as in the checkpoint: those of
     checkpoint ``step`` (a number, or ``"best"``: see :func:`resolve_step`), or of the newest
@@ -635,7 +703,7 @@ def load_params(workdir: str | os.PathLike, step: int | str | None = None) -> An
 
 def resolve_step(workdir: str | os.PathLike, step: int | str | None) -> int | None:
     """``step`` as a checkpoint step: a number (or its digits) as it is, None (the newest) as it is,
-    and ``"best"`` the step that ``checkpoints/best.json`` names (``{"step": N, ...}``, kept by
+    and ``"best"`` the step that ``checkpoints/best.json`` names (see :func:`best_step`, kept by
     ``train.keep_best``). A run without that file is a one-line :class:`UserError`."""
     if step is None or (isinstance(step, int) and not isinstance(step, bool)):
         return step
@@ -643,19 +711,13 @@ def resolve_step(workdir: str | os.PathLike, step: int | str | None) -> int | No
         return int(step)
     if step != "best":
         raise UserError(f"step {step!r}: expected a checkpoint step (a number), 'best', or none for the newest")
-    path = Path(workdir) / "checkpoints" / BEST
-    try:
-        saved = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(
-            f"{workdir} has no best checkpoint: train with train.keep_best=METRIC (e.g. val/loss)"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {path}: {_os_reason(e) if isinstance(e, OSError) else e}") from None
-    best = saved.get("step") if isinstance(saved, dict) else None
-    if not isinstance(best, int) or isinstance(best, bool):
-        raise UserError(f"{path} is malformed: it names no checkpoint step")
-    return best
+    directory = Path(workdir) / "checkpoints"
+    record = read_best(directory)
+    if record is None:
+        if (directory / BEST).exists():
+            raise UserError(f"{directory / BEST} cannot be read or names no checkpoint step; train on to rewrite it")
+        raise UserError(f"{workdir} has no best checkpoint: train with train.keep_best=METRIC (e.g. val/loss)")
+    return record["step"]
 
 
 def load_state(workdir: str | os.PathLike, step: int | str | None = None) -> dict[str, Any]:

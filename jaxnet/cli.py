@@ -4,7 +4,7 @@
                  [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxnet sweep EXPERIMENT[:VARIANT] key=v1,v2,... [key=value ...] [--workdir DIR] [--members-per-program N]
                  [--members-at-once K] [--max-members N]
-    jaxnet eval --workdir DIR [--split test|val] [key=value ...]
+    jaxnet eval --workdir DIR [--split test|val] [--step N|best] [key=value ...]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
     evaluate.add_argument("--split", default="test", choices=("test", "val"))
     evaluate.add_argument(
+        "--step", type=_checkpoint_step, default=None, help="checkpoint step N, or best (train.keep_best's)"
+    )
+    evaluate.add_argument(
         "overrides", nargs="*", metavar="key=value", help="change the saved config, e.g. data.dir=DIR"
     )
 
@@ -155,6 +158,12 @@ def _parser() -> argparse.ArgumentParser:
     _study_parser(commands)
     commands.add_parser("list", help="list the experiments that can be trained")
     return parser
+
+
+def _checkpoint_step(text: str) -> int | str:
+    if text == "best" or (text.isdigit() and text.isascii()):
+        return text if text == "best" else int(text)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a checkpoint step: give a step number or best")
 
 
 def _study_parser(commands: argparse._SubParsersAction) -> None:
@@ -239,7 +248,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "eval":
         from jaxnet.train import evaluate
 
-        result = evaluate(args.workdir, args.split, args.overrides)
+        result = evaluate(args.workdir, args.split, args.overrides, step=args.step)
         print(json.dumps(result))
         return 0
     if args.command == "predict":

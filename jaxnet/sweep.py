@@ -220,6 +220,8 @@ def check_supported(cfg: Config) -> None:
         )
     if cfg.train.init_from:
         raise UserError("jaxnet sweep starts every member fresh; train.init_from is for jaxnet train")
+    if cfg.train.keep_best:
+        raise UserError("jaxnet sweep keeps each member's newest checkpoints; train.keep_best is for jaxnet train")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -179,6 +179,11 @@ BAD_INPUT = [
     bad(["train", SMOKE, "model.dropout=1.5"], "model.dropout=1.5 must be <= 0.95"),
     bad(["train", SMOKE, "train.steps=5"], "optim.warmup_steps=10 exceeds train.steps=5; lower optim.warmup_steps"),
     bad(["train", SMOKE, "model.name=resnet"], "one entry per ResNet stage"),
+    bad(
+        ["train", SMOKE, "train.keep_best=nope"],
+        "train.keep_best: 'nope' is not a validation metric; the validation metrics are val/loss, val/accuracy",
+    ),
+    bad(["train", SMOKE, "train.keep_best=val/loss", "train.eval_every=0"], "train.eval_every=0 runs none before"),
     # devices: one here; several in a subprocess with --xla_force_host_platform_device_count
     bad(["train", SMOKE, "mesh.data=64"], "needs 64 devices but 1 device(s) are present"),
     bad(["train", SMOKE, "train.batch_size=30"], "train.batch_size=30 is not divisible by the 4 devices", devices=4),
@@ -249,6 +254,9 @@ BAD_INPUT = [
     bad(["eval", "--workdir", "{run}/tb"], "not a run directory"),
     bad(["eval", "--workdir", "{foreign}"], "not a run directory"),
     bad(["eval", "--workdir", "{run}", "data.dir=/no/such/dir"], "does not exist"),
+    bad(["eval", "--workdir", "{run}", "--step", "best"], "has no best checkpoint: train with train.keep_best"),
+    bad(["eval", "--workdir", "{run}", "--step", "45"], "there is no checkpoint step 45", "(steps there: 30, 60)"),
+    bad(["eval", "--workdir", "{run}", "--step", "bst"], "'bst' is not a checkpoint step: give a step number or best"),
     bad(["sample", "--workdir", "{run}"], "trained a convnet, not a language model"),
     bad(
         ["eval", "--workdir", "{run}", "model.hidden=128"],
@@ -313,6 +321,7 @@ BAD_INPUT = [
     ),
     bad(["sweep", SMOKE, "seed=0,1", "model.hidden=16,0"], "model.hidden=0 must be >= 1"),
     bad(["sweep", SMOKE, "seed=0,1", "parallel.sgd=async"], "jaxnet sweep trains synchronous SGD"),
+    bad(["sweep", SMOKE, "seed=0,1", "train.keep_best=val/loss"], "train.keep_best is for jaxnet train"),
     bad(["sweep", SMOKE, "seed=0,1", "--members-at-once", "-1"], "--members-at-once=-1"),
 ]
 

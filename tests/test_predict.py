@@ -154,7 +154,8 @@ def test_step_best_reads_the_best_checkpoint_the_run_names(mlp_run, tmp_path):
     workdir = shutil.copytree(mlp_run[0], tmp_path / "run")
     with pytest.raises(jaxnet.UserError, match="no best checkpoint: train with train.keep_best=METRIC"):
         jaxnet.load(workdir, "best", model=MLP())
-    (workdir / "checkpoints" / "best.json").write_text(json.dumps({"step": 10, "metric": "val/loss"}))
+    record = {"format": "jaxnet-best-checkpoint/1", "step": 10, "metric": "val/loss", "mode": "min", "value": 0.5}
+    (workdir / "checkpoints" / "best.json").write_text(json.dumps(record))
     best = jaxnet.load(workdir, "best", model=MLP())
     assert best.step == 10
     expected = jaxnet.load_params(workdir, step=10)

@@ -104,6 +104,11 @@ class TrainConfig:
     eval_every: int = field(0, "steps between validation passes (0 = only at the end)", low=0)
     checkpoint_every: int = field(500, "steps between checkpoints (0 = only at the end)", low=0)
     keep_checkpoints: int = field(3, "checkpoints kept on disk (the newest ones)", low=1)
+    keep_best: str = field(
+        "",
+        "[min:|max:]val/METRIC: also keep the checkpoint with the best value of that validation metric (lower or "
+        "higher from its name: losses, errors, perplexity lower; accuracy, f1, r2 higher), in checkpoints/best.json",
+    )
     stop_after: int = field(0, "end this invocation after this many steps; rerun to resume (0 = off)", low=0)
     init_from: str = field(
         "",

@@ -241,12 +241,14 @@ class Validate(Action):
 
     def __init__(self, every: int, steps: int, stop_when: Callable[[int, dict], bool] | None = None):
         self.every, self.steps, self.stop_when = every, steps, stop_when
+        self.last: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest pass, for keep_best
 
     def due(self, loop: Loop) -> bool:
         return super().due(loop) and loop.step != self.steps
 
     def __call__(self, loop: Loop) -> None:
         val = loop.timed(lambda: loop.run.evaluate(loop.state, "val"))
+        self.last = (loop.step, val)
         if val:
             loop.log(val, "val")
             loop.note(f"step {loop.step}: {headline(val, 'val')}")
@@ -262,9 +264,16 @@ class Checkpoint(Action):
         self.every, self.ckpts = every, ckpts
 
     def due(self, loop: Loop) -> bool:
-        return super().due(loop) and loop.step != loop.end  # the last step is saved by finish()
+        # The last step is saved by finish(); a step saved already (the best so far) is not saved twice.
+        return super().due(loop) and loop.step != loop.end and loop.saved_step != loop.step
 
     def __call__(self, loop: Loop) -> None:
+        self.save(loop)
+
+    def save(self, loop: Loop) -> None:
+        """Save the state after this step now, unless it is saved already."""
+        if loop.saved_step == loop.step:
+            return
         loop.totals()  # a NaN among the steps since the last log line stops the run before it is saved
         self._save(loop)
 

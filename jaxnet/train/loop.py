@@ -25,7 +25,7 @@ from jax.sharding import Mesh
 from jaxnet import config as config_lib
 from jaxnet import data as data_lib
 from jaxnet import models, observe, optim, parallel, tasks
-from jaxnet.checkpoint import Checkpoints
+from jaxnet.checkpoint import Checkpoints, resolve_step
 from jaxnet.config import Config
 from jaxnet.data import pipeline
 from jaxnet.data import text as text_lib
@@ -33,6 +33,7 @@ from jaxnet.errors import UserError
 from jaxnet.models import adapters
 from jaxnet.observe import headline
 from jaxnet.train import actions as actions_lib
+from jaxnet.train import best as best_lib
 from jaxnet.train import init_from, record
 from jaxnet.train import state as state_lib
 from jaxnet.train import trackers as trackers_lib
@@ -437,12 +438,16 @@ def _changes(previous: Config | None, cfg: Config) -> str:
     return f" (changed: {'; '.join(changed)})" if changed else ""
 
 
-def _completed_summary(workdir: Path) -> dict[str, Any] | None:
+def _completed_summary(workdir: Path, start: int, steps: int) -> dict[str, Any] | None:
+    """The summary of a run that completed at ``start``: its last step, or where it stopped early."""
     try:
         summary = json.loads((workdir / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return summary if isinstance(summary, dict) and summary.get("complete") else None
+    if not isinstance(summary, dict) or not summary.get("complete"):
+        return None
+    stopped = summary.get("stopped_early")
+    return summary if start == (stopped["step"] if isinstance(stopped, dict) else steps) else None
 
 
 def _result_line(summary: dict[str, Any]) -> str:
@@ -487,7 +492,9 @@ def train(
     :mod:`jaxnet.models.adapters`; ``dataset`` your data
     (:func:`jaxnet.data.arrays`, or a built-in ``Dataset`` / ``TextDataset``); ``task`` what
     to minimise and report (:class:`jaxnet.Task`, or one of :mod:`jaxnet.tasks`); ``actions``
-    periodic actions (:func:`jaxnet.every`) run after the built-in ones. ``adopt`` resumes a
+    periodic actions (:func:`jaxnet.every`) run after the built-in ones; :func:`jaxnet.early_stop`
+    among them ends the run complete, evaluated on its best checkpoint (``train.keep_best`` keeps
+    that checkpoint without stopping; :mod:`jaxnet.train.best`). ``adopt`` resumes a
     workdir that holds a run of another experiment (its checkpoints must fit this model).
     ``stop_when(step, val_metrics)``, called after each validation pass of the loop, ends the
     run there when it returns True, with a checkpoint, as ``train.stop_after`` does
@@ -514,6 +521,7 @@ def train(
                 f"train.steps_per_call={per_call}; give it an every that is, or set train.steps_per_call=1"
             )
     environment["trained"] = record.trained(run, model=model, dataset=dataset, task=task)
+    keep = best_lib.plan(cfg, run, extra)
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
         environment["experiment_file"] = str(Path(config_lib.experiment_module(cfg.experiment).__file__).resolve())
     start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
@@ -523,7 +531,9 @@ def train(
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         with Interrupts() as interrupts:
-            return _train(run, workdir, ckpts, previous, started, environment, interrupts, stop_when, extra, start_from)
+            return _train(
+                run, workdir, ckpts, previous, started, environment, interrupts, stop_when, extra, start_from, keep
+            )
     finally:
         ckpts.close()
 
@@ -539,6 +549,7 @@ def _train(
     stop_when: Callable[[int, dict[str, float]], bool] | None,
     extra: list[actions_lib.Action],
     start_from: dict | None = None,
+    keep: best_lib.Plan | None = None,
 ) -> dict[str, Any]:
     cfg, train_cfg = run.cfg, run.cfg.train
     primary = parallel.is_primary()  # with several processes, only process 0 writes and prints
@@ -554,8 +565,10 @@ def _train(
                 "raise train.steps or use a fresh --workdir"
             )
         say(f"resuming {workdir} from step {start}{_changes(previous, cfg)}")
-        done_before = _completed_summary(workdir) if start == train_cfg.steps else None
+        done_before = _completed_summary(workdir, start, train_cfg.steps)
         if done_before is not None:
+            if done_before.get("stopped_early"):
+                say(best_lib.describe(done_before))
             say(f"already complete: {_result_line(done_before)}")
             return done_before
     trackers = trackers_lib.build(cfg, workdir, start) if primary else []
@@ -585,12 +598,15 @@ def _train(
         actions_lib.LogTrain(
             train_cfg.log_every, run.lr_schedule, train_cfg.batch_size, cfg.data.seq_len if run.text else 0
         ),
-        actions_lib.Validate(train_cfg.eval_every, train_cfg.steps, stop_when),
-        actions_lib.Checkpoint(train_cfg.checkpoint_every, ckpts),
+        validate := actions_lib.Validate(train_cfg.eval_every, train_cfg.steps, stop_when),
+        checkpoint := actions_lib.Checkpoint(train_cfg.checkpoint_every, ckpts),
     ]
+    best = best_lib.Best(keep, ckpts, start) if keep is not None else None
+    if best is not None:
+        builtin.insert(-1, best_lib.KeepBest(best, validate, checkpoint))  # before the checkpoint of its step
     try:
         compile_seconds = run_loop(run, loop, [*builtin, *extra])
-        summary = _summary(run, loop, workdir, num_params, compile_seconds, interrupts, log)
+        summary = _summary(run, loop, workdir, num_params, compile_seconds, interrupts, log, best)
     except BaseException:
         trackers_lib.finish(trackers, workdir, None, "FAILED")
         raise
@@ -610,9 +626,12 @@ def _train(
             f"{interrupts.name} received: stopped at step {end} of {train_cfg.steps} with a checkpoint; "
             f"run the same command again to resume ({workdir})"
         )
-    elif end < train_cfg.steps:
+    elif end < train_cfg.steps and not summary.get("stopped_early"):
         say(f"stopped at step {end} of {train_cfg.steps}; run the same command again to continue ({workdir})")
     else:
+        kept = best_lib.describe(summary)
+        if kept:
+            say(kept)
         say(_result_line(summary))
     return summary
 
@@ -723,8 +742,10 @@ def _summary(
     compile_seconds: float,
     interrupts: Interrupts,
     log: Any,
+    best: best_lib.Best | None = None,
 ) -> dict[str, Any]:
-    """summary.json: where the run ended, its speed, and at the last step the val and test metrics."""
+    """summary.json: where the run ended, its speed, and at the last step (or an early stop) the val
+    and test metrics."""
     cfg, train_cfg, start, end = run.cfg, run.cfg.train, loop.start, loop.end
     summary = summary_head(run, cfg, workdir, end, num_params, compile_seconds)
     if interrupts.name:
@@ -739,7 +760,9 @@ def _summary(
         summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
         if run.text:
             summary["tokens_per_s"] = round(train_cfg.batch_size * cfg.data.seq_len / step_seconds, 1)
-    if end == train_cfg.steps:
+    if best is not None and (end == train_cfg.steps or best.stopped_early):
+        summary.update(best_lib.final_metrics(best, run, loop, log))
+    elif end == train_cfg.steps:
         for split in ("val", "test"):
             metrics = run.evaluate(loop.state, split)
             if metrics:
@@ -756,8 +779,10 @@ def evaluate(
     model: Any = None,
     dataset: Any = None,
     task: tasks.Task | None = None,
+    step: int | str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate the newest checkpoint of a run directory on ``split`` (val or test).
+    """Evaluate the newest checkpoint of a run directory (or checkpoint ``step``, or ``"best"``, the
+    one ``train.keep_best`` kept) on ``split`` (val or test).
 
     The config is read from the run's ``config.json``, with ``overrides`` applied (e.g. a new
     ``data.dir``); it runs on all local devices whatever mesh the run trained on. A run of your
@@ -776,9 +801,10 @@ def evaluate(
     )
     run = Run(cfg, model=model, dataset=dataset, task=task)
     check_vocab(workdir, run.dataset)
+    step = resolve_step(workdir, step)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
-        state = ckpts.restore(run.abstract_state())
+        state = ckpts.restore(run.abstract_state(), step=step)
     finally:
         ckpts.close()
     result = {"step": int(state.step), "split": split, **run.evaluate(state, split)}

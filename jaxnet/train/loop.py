@@ -111,8 +111,8 @@ class Run:
     """Everything built from a config before the first step: data, task, mesh, model, optimizer,
     steps.
 
-    ``model``, ``dataset`` and ``task`` replace what the config (or the experiment file's
-    ``model(cfg)``, ``data(cfg)`` and ``task(cfg)``) would give. Building a ``Run`` reads and
+    ``model``, ``dataset``, ``task`` and ``optimizer`` replace what the config (or the experiment
+    file's ``model(cfg)``, ``data(cfg)``, ``task(cfg)`` and ``optimizer(cfg)``) would give. Building a ``Run`` reads and
     checks all user input, tracing the model and the task once on abstract values, but writes
     nothing, so bad input fails before any file in the workdir is touched.
 
@@ -128,11 +128,13 @@ class Run:
         model: Any = None,
         dataset: Any = None,
         task: tasks.Task | None = None,
+        optimizer: optim.UserOptimizer | None = None,
         devices: list | None = None,
         backend: str | None = None,
     ):
         self.cfg = cfg
         self.hooks = experiment_hooks(cfg)
+        self.optimizer_given = optimizer
         if dataset is None and "data" in self.hooks:
             dataset = self.hooks["data"](cfg)
         self.dataset = dataset if dataset is not None else data_lib.load(cfg.data)
@@ -172,7 +174,10 @@ class Run:
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
-        self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step)
+        optimizer = self.optimizer(cfg)
+        self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step, optimizer)
+        if not optim.reads_schedule(optimizer):
+            self.lr_schedule = None  # a transformation of your own carries its own learning rate
         boxed = self._check_model_and_task()
         optim.check_freeze(cfg.optim.freeze, boxed.params)
         # Where every leaf of the train state lives, from the parameters' logical axis names.
@@ -200,6 +205,23 @@ class Run:
             parallel.under_rules(make_eval_step(self.model, self.task), self.mesh),
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
+
+    def optimizer(self, cfg: Config) -> optim.UserOptimizer | None:
+        """Your optimizer for ``cfg`` (a sweep member's, its numbers traced): the one given to the
+        run, else the experiment file's ``optimizer(cfg)``, else None (the built-in ``optim.name``)."""
+        if self.optimizer_given is not None:
+            return self.optimizer_given
+        return self.hooks["optimizer"](cfg) if "optimizer" in self.hooks else None
+
+    def optimizer_record(self) -> dict[str, str] | None:
+        """What config.json says of your optimizer: where it came from and what it is."""
+        if self.optimizer_given is not None:
+            return {"given": "jaxnet.train(optimizer=...)", "optimizer": optim.describe(self.optimizer_given)}
+        if "optimizer" in self.hooks:
+            path = config_lib.experiment_module(self.cfg.experiment).__file__
+            made = self.hooks["optimizer"](self.cfg)
+            return {"given": f"optimizer(cfg) in {path}", "optimizer": optim.describe(made)}
+        return None
 
     def _check_model_and_task(self) -> Any:
         """The model initialises on the data's shapes and the task's loss and metrics are scalars:
@@ -354,14 +376,14 @@ class Run:
 
 
 def experiment_hooks(cfg: Config) -> dict[str, Callable]:
-    """The ``model``, ``data``, ``task`` and ``actions`` functions of the experiment file ``cfg``
-    came from, those it defines, each turning its errors into one line naming the file."""
+    """The ``model``, ``data``, ``task``, ``actions`` and ``optimizer`` functions of the experiment
+    file ``cfg`` came from, those it defines, each turning its errors into one line naming the file."""
     module = config_lib.experiment_module(cfg.experiment) if cfg.experiment else None
     if module is None:
         return {}
     path = Path(module.__file__)
     hooks = {}
-    for name in ("model", "data", "task", "actions"):
+    for name in ("model", "data", "task", "actions", "optimizer"):
         fn = getattr(module, name, None)
         if callable(fn):
             hooks[name] = lambda c, fn=fn: config_lib._run_experiment_code(path, lambda: fn(c))
@@ -475,6 +497,7 @@ def train(
     dataset: Any = None,
     task: tasks.Task | None = None,
     actions: list[Any] | None = None,
+    optimizer: optim.UserOptimizer | None = None,
     adopt: bool = False,
     stop_when: Callable[[int, dict[str, float]], bool] | None = None,
 ) -> dict[str, Any]:
@@ -486,7 +509,10 @@ def train(
     :mod:`jaxnet.models.adapters`; ``dataset`` your data
     (:func:`jaxnet.data.arrays`, or a built-in ``Dataset`` / ``TextDataset``); ``task`` what
     to minimise and report (:class:`jaxnet.Task`, or one of :mod:`jaxnet.tasks`); ``actions``
-    periodic actions (:func:`jaxnet.every`) run after the built-in ones. ``adopt`` resumes a
+    periodic actions (:func:`jaxnet.every`) run after the built-in ones; ``optimizer`` any
+    ``optax.GradientTransformation``, or a function of the learning-rate schedule returning one
+    (``lambda lr: optax.lion(lr)``), in place of ``optim.name`` (see :func:`jaxnet.optim.build`
+    for what jaxnet still wraps around it: clipping if configured, ``optim.freeze``). ``adopt`` resumes a
     workdir that holds a run of another experiment (its checkpoints must fit this model).
     ``stop_when(step, val_metrics)``, called after each validation pass of the loop, ends the
     run there when it returns True, with a checkpoint, as ``train.stop_after`` does
@@ -501,7 +527,7 @@ def train(
     config_lib.validate(cfg)
     trackers_lib.check(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
-    run = Run(cfg, model=model, dataset=dataset, task=task)
+    run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
     per_call = cfg.train.steps_per_call
@@ -514,6 +540,14 @@ def train(
             )
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
         environment["experiment_file"] = str(Path(config_lib.experiment_module(cfg.experiment).__file__).resolve())
+    custom = run.optimizer_record()
+    if custom is not None:
+        environment["optimizer"] = custom
+        if optimizer is not None and parallel.is_primary():
+            ignored = optim.unused(cfg.optim, optimizer)
+            if ignored:
+                shown = ", ".join(f"{k}={getattr(cfg.optim, k.partition('.')[2])}" for k in ignored)
+                print(f"note: optimizer={custom['optimizer']} replaces the built-in optimizer; not used: {shown}")
     start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
     previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
@@ -753,13 +787,14 @@ def evaluate(
     model: Any = None,
     dataset: Any = None,
     task: tasks.Task | None = None,
+    optimizer: optim.UserOptimizer | None = None,
 ) -> dict[str, Any]:
     """Evaluate the newest checkpoint of a run directory on ``split`` (val or test).
 
     The config is read from the run's ``config.json``, with ``overrides`` applied (e.g. a new
     ``data.dir``); it runs on all local devices whatever mesh the run trained on. A run of your
-    own ``model``, ``dataset`` and ``task`` needs them again here. The result is also written to
-    ``eval.json`` in the run directory.
+    own ``model``, ``dataset``, ``task`` and ``optimizer`` (given to :func:`train` from Python)
+    needs them again here. The result is also written to ``eval.json`` in the run directory.
     """
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
@@ -770,7 +805,8 @@ def evaluate(
     cfg = config_lib.apply_overrides(
         config_lib.load(workdir / "config.json"), ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])]
     )
-    run = Run(cfg, model=model, dataset=dataset, task=task)
+    _check_optimizer_given(workdir, optimizer)
+    run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     check_vocab(workdir, run.dataset)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
@@ -780,6 +816,20 @@ def evaluate(
     result = {"step": int(state.step), "split": split, **run.evaluate(state, split)}
     observe.write_json(workdir / "eval.json", result)
     return result
+
+
+def _check_optimizer_given(workdir: Path, optimizer: Any) -> None:
+    """A run trained with an optimizer given from Python keeps its state in the checkpoints, whose
+    layout only that optimizer rebuilds: say so rather than that the checkpoint does not fit."""
+    try:
+        record = json.loads((workdir / "config.json").read_text()).get(config_lib.RUN_KEY, {}).get("optimizer")
+    except (OSError, ValueError, AttributeError):
+        return
+    if optimizer is None and isinstance(record, dict) and record.get("given", "").startswith("jaxnet.train"):
+        raise UserError(
+            f"{workdir} trained with an optimizer of its own ({record.get('optimizer')}); pass the same one: "
+            "jaxnet.evaluate(workdir, optimizer=..., model=..., ...)"
+        )
 
 
 def _load_experiment_file(config_path: Path) -> None:

@@ -55,15 +55,24 @@ class Checked:
     it takes (``cfg.train.steps = "20"``). An int given to a float field is stored as a float, an
     integral float to an int field as an int, a list to a tuple field as a tuple. Dataclass
     construction and :func:`dataclasses.replace` go through the same check; a traced scalar (a
-    sweep member's number inside its vmapped step) passes as it is. Ranges, choices and checks
+    sweep member's number inside its vmapped step) passes as it is; an unknown keyword to the
+    constructor (``OptimConfig(learning_rate=0.1)``) gets the same "did you mean". Ranges, choices and checks
     across fields stay with validation (``jaxnet.config.validate``, run by ``jaxnet.train``).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Before the dataclass's __init__, whose TypeError for an unknown keyword names no key.
+        types = _attribute_types(cls)
+        for name in kwargs if types is not None else ():
+            if name not in types:
+                raise unknown_attribute(cls, name, registered_name(cls))
+        return super().__new__(cls)
 
     def __setattr__(self, name: str, value: Any) -> None:
         types = _attribute_types(type(self))
         if types is not None:
             if name not in types:
-                raise unknown_attribute(self, name)
+                raise unknown_attribute(type(self), name, getattr(self, "name", ""))
             value = checked_value(f"{_prefix(type(self))}{name}", value, types[name])
         object.__setattr__(self, name, value)
 
@@ -85,7 +94,8 @@ def checked_value(key: str, value: Any, typ: Any) -> Any:
     if isinstance(typ, type) and dataclasses.is_dataclass(typ):
         if isinstance(value, typ):
             return value
-        raise UserError(f"{key.rstrip('.') or 'config'} must be a {typ.__name__}; got a {type(value).__name__}")
+        article = "an" if typ.__name__[0] in "AEIOU" else "a"
+        raise UserError(f"{key} must be {article} {typ.__name__}; got a {type(value).__name__}")
     if typing.get_origin(typ) is tuple:
         args = typing.get_args(typ)
         if not (len(args) == 2 and args[1] is Ellipsis):
@@ -144,10 +154,9 @@ def _prefix(cls: type) -> str:
     return ""
 
 
-def unknown_attribute(section: Any, name: str) -> UserError:
-    """The error for setting attribute ``name`` that config ``section`` does not have: the same as
-    for the key on the command line."""
-    cls = type(section)
+def unknown_attribute(cls: type, name: str, model_name: str = "") -> UserError:
+    """The error for setting attribute ``name`` that config class ``cls`` does not have (a model
+    config's family is ``model_name``): the same as for the key on the command line."""
     model = cls if issubclass(cls, ModelConfig) else None
     known: dict[str, Any] = {}
     for key in leaves(_ROOT[0]) if _ROOT else leaves(cls, _prefix(cls)):
@@ -155,7 +164,7 @@ def unknown_attribute(section: Any, name: str) -> UserError:
             known[key] = None
     for family in [model] if model is not None else [f.config for f in REGISTRY.values()]:
         known.update(dict.fromkeys(model_keys(family)))
-    return unknown_key(f"{_prefix(cls)}{name}", list(known), section.name if model is not None else "")
+    return unknown_key(f"{_prefix(cls)}{name}", list(known), model_name)
 
 
 # Names people bring from other frameworks.

@@ -241,17 +241,19 @@ class Population:
         model: Any = None,
         dataset: Any = None,
         task: Any = None,
+        optimizer: Any = None,
         at_once: int | None = None,
     ):
         self.members = members
         self.cfgs = [m.cfg for m in members]
-        self.run = run = Run(self.cfgs[0], model=model, dataset=dataset, task=task)
+        self.run = run = Run(self.cfgs[0], model=model, dataset=dataset, task=task, optimizer=optimizer)
         self.cfg, self.mesh, self.model, self.task, self.text = run.cfg, run.mesh, run.model, run.task, run.text
         self.dataset = run.dataset
         self.size = len(members)
         self.steps_per_call = 1  # the loop's calls: one vmapped step each (sweeps refuse more)
         self._task_given = task
         varying = [k for k in BATCHED if k != "seed" and len({_get(c, k) for c in self.cfgs}) > 1]
+        _check_optimizer_reads(varying, run, optimizer)
         # The members' own numbers, fed to the vmapped step as its third argument.
         self.hyper = {k: jnp.asarray([_get(c, k) for c in self.cfgs], jnp.float32) for k in varying}
         stacked = lambda s: NamedSharding(self.mesh, PartitionSpec(None, *s.spec))
@@ -274,7 +276,7 @@ class Population:
 
     def _member_step(self, state: Any, batch: Any, hyper: dict[str, Any]) -> Any:
         cfg = with_values(self.cfg, hyper)
-        tx, _ = optim.build(cfg.optim, cfg.train.steps)
+        tx, _ = optim.build(cfg.optim, cfg.train.steps, optimizer=self.run.optimizer(cfg))
         step = make_train_step(
             self.model,
             tx,
@@ -329,6 +331,25 @@ class Population:
         return [self.run.evaluate(self.member(state, i), split) for i in range(self.size)]
 
 
+def _check_optimizer_reads(varying: list[str], run: Run, optimizer: Any) -> None:
+    """A swept ``optim.*`` key that your optimizer does not read is refused: every member would
+    train alike. (An experiment file's ``optimizer(cfg)`` may read any key: it gets each member's.)"""
+    if optimizer is None:
+        return
+    names = optim.BUILT_IN_KEYS + (() if optim.reads_schedule(optimizer) else optim.SCHEDULE_KEYS)
+    unread = [k for k in varying if k.startswith("optim.") and k.partition(".")[2] in names]
+    if unread:
+        fix = (
+            "pass a function of the schedule (optimizer=lambda lr: optax.lion(lr)) to sweep optim.lr"
+            if unread[0] == "optim.lr"
+            else "build it in the experiment file's optimizer(cfg) from cfg.optim, or sweep with optim.name instead"
+        )
+        raise UserError(
+            f"jaxnet sweep over {unread[0]}: optimizer={optim.describe(optimizer)} does not read it, so every member "
+            f"would train alike; {fix}"
+        )
+
+
 def members_at_once(pop: Population, requested: int | None = None) -> int:
     """How many members one vmapped step of ``pop`` takes: ``requested`` (0 = all), or by default
     all of them on an accelerator, where one small model leaves the device mostly idle. On a CPU
@@ -374,7 +395,8 @@ class _LogMembers(actions_lib.Action):
 
     def __init__(self, pop: Population, logs: list[Any], diverged: dict[int, int]):
         self.every, self.pop, self.logs, self.diverged = pop.cfg.train.log_every, pop, logs, diverged
-        self.schedules = [optim.schedule(c.optim, c.train.steps) for c in pop.cfgs]
+        reads = pop.run.lr_schedule is not None  # else the members' optimizer carries its own rate
+        self.schedules = [optim.schedule(c.optim, c.train.steps) if reads else None for c in pop.cfgs]
 
     def __call__(self, loop: actions_lib.Loop) -> None:
         totals = loop.totals()
@@ -387,9 +409,9 @@ class _LogMembers(actions_lib.Action):
             values = actions_lib.interval_values(mine, loop.interval_steps, loop.skip, self.pop.task)
             if int(mine["nonfinite"]) and not loop.skip:
                 self.diverged.setdefault(i, int(mine["first_nonfinite"]))
-            values.update(
-                lr=float(self.schedules[i](loop.step - 1)), steps_per_s=rate, examples_per_s=rate * cfg.train.batch_size
-            )
+            if self.schedules[i] is not None:
+                values["lr"] = float(self.schedules[i](loop.step - 1))
+            values.update(steps_per_s=rate, examples_per_s=rate * cfg.train.batch_size)
             if self.pop.text:
                 values["tokens_per_s"] = values["examples_per_s"] * cfg.data.seq_len
             log.write(loop.step, "train", values)
@@ -487,8 +509,9 @@ def train_population(
     progress: Any = observe.Quiet()
     try:
         state, start = _restore(pop, ckpts, say)
+        custom = pop.run.optimizer_record()
         for d, c in zip(dirs, pop.cfgs, strict=True):
-            config_lib.save(c, d / "config.json", run=environment)
+            config_lib.save(c, d / "config.json", run={**environment, **({"optimizer": custom} if custom else {})})
             observe.write_json(d / run_record.INPUTS, run_record.inputs(pop.run))  # what jaxnet.load needs to predict
             if pop.text:
                 observe.write_json(d / "vocab.json", {"tokenizer": pop.dataset.tokenizer, "vocab": pop.dataset.vocab})
@@ -580,6 +603,7 @@ def sweep(
     model: Any = None,
     dataset: Any = None,
     task: tasks.Task | None = None,
+    optimizer: optim.UserOptimizer | None = None,
     members_per_program: int = 0,
     members_at_once: int | None = None,
     max_members: int = MAX_MEMBERS,
@@ -589,8 +613,10 @@ def sweep(
     vmapping those that can share a program; returns the sweep record (also ``sweep.json``).
 
     ``grid`` is ``{"optim.lr": [1e-3, 3e-3], "seed": [0, 1, 2]}`` or CLI tokens
-    (``["optim.lr=1e-3,3e-3", "seed=0,1,2"]``); ``model``, ``dataset`` and ``task`` are your own
-    work as in :func:`jaxnet.train`. ``members_per_program`` caps a program's members (0: no
+    (``["optim.lr=1e-3,3e-3", "seed=0,1,2"]``); ``model``, ``dataset``, ``task`` and ``optimizer``
+    are your own work as in :func:`jaxnet.train` (a function of the schedule,
+    ``lambda lr: optax.lion(lr)``, gets each member's learning rate; a swept key your optimizer
+    does not read is refused). ``members_per_program`` caps a program's members (0: no
     cap); ``members_at_once`` is how many members one vmapped step takes (0: all; None: chosen by
     :func:`members_at_once`)::
 
@@ -630,7 +656,9 @@ def sweep(
         if not all(_complete(dirs[m.name]) for m in group):
             data_key = json.dumps(group[0].cfg.to_dict()["data"], sort_keys=True)
             given = dataset if dataset is not None else datasets.get(data_key)
-            pops[number] = Population(group, model=model, dataset=given, task=task, at_once=members_at_once)
+            pops[number] = Population(
+                group, model=model, dataset=given, task=task, optimizer=optimizer, at_once=members_at_once
+            )
             datasets[data_key] = pops[number].dataset
     metric = common.headline_metric(base)
     environment = observe.environment()

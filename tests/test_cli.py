@@ -162,6 +162,12 @@ BAD_INPUT = [
     bad(["train", SMOKE, "train.steps=many"], "train.steps='many': expected an integer"),
     bad(["train", SMOKE, "train.batch_size=1.5"], "train.batch_size='1.5': expected an integer"),
     bad(["train", SMOKE, "optim.lr=fast"], "optim.lr='fast': expected a number"),
+    bad(["train", SMOKE, "optim.name=lamb"], "optim.name='lamb' is not one of: adamw, sgd, lion, adafactor"),
+    bad(["train", SMOKE, "optim.decay_mask=biases"], "optim.decay_mask='biases' is not one of: auto, matrices, all"),
+    bad(
+        ["train", SMOKE, "optim.schedule=warmup_cosine", "optim.warmup_steps=0"],
+        "optim.schedule=warmup_cosine warms up over optim.warmup_steps, which is 0; set optim.warmup_steps=N",
+    ),
     bad(["train", SMOKE, "train.progress=maybe"], "train.progress='maybe': expected true or false"),
     bad(["train", SMOKE, "train.batch_size=0"], "train.batch_size=0 must be >= 1"),
     bad(["train", SMOKE, "train.steps=-5"], "train.steps=-5 must be >= 1"),

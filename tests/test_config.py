@@ -317,3 +317,70 @@ def test_arrays_data_and_a_task_are_accepted_with_any_model():
     cfg = apply_overrides(Config(), ["data.name=arrays", "model.name=transformer", "task=regression"])
     assert (cfg.data.name, cfg.model.name, cfg.task) == ("arrays", "transformer", "regression")
     assert cfg.data.mask_rate == 0.15
+
+
+@pytest.mark.parametrize(
+    "section, name, value, message",
+    [
+        ("optim", "learning_rate", 0.5, "unknown config key 'optim.learning_rate'; did you mean optim.lr?"),
+        ("train", "step", 5, "unknown config key 'train.step'; did you mean train.steps?"),
+        ("train", "lr", 0.1, "unknown config key 'train.lr'; did you mean optim.lr?"),
+        ("model", "hiden", 8, "unknown config key 'model.hiden'; did you mean model.hidden?"),
+        ("model", "heads", 2, "model.heads is not a key of model convnet (it belongs to transformer)"),
+        ("mesh", "pipeline", 2, "unknown mesh axis 'pipeline' in mesh.pipeline; the mesh axes are mesh.data"),
+        ("", "sed", 1, "unknown config key 'sed'; did you mean seed?"),
+        ("train", "steps", "20", "train.steps='20': expected an integer (got str)"),
+        ("train", "steps", 2.5, "train.steps=2.5: expected an integer (got float)"),
+        ("optim", "lr", "fast", "optim.lr='fast': expected a number (got str)"),
+        ("train", "progress", 0, "train.progress=0: expected true or false (got int)"),
+        ("train", "trackers", "mlflow", "train.trackers='mlflow': expected a tuple of strings, e.g. ('mlflow',)"),
+        ("model", "features", (8, "wide"), "model.features='wide': expected an integer (got str)"),
+        ("", "optim", {"lr": 0.1}, "optim must be an OptimConfig; got a dict"),
+    ],
+)
+def test_setting_a_config_attribute_from_python_is_checked_like_the_command_line(section, name, value, message):
+    """A misspelt attribute raises the command line's "did you mean", and a wrong type names the
+    field and the type, at the assignment: nothing is silently ignored or trained on."""
+    cfg = Config()
+    before = cfg.to_dict()
+    with pytest.raises(UserError, match=re.escape(message)):
+        setattr(getattr(cfg, section) if section else cfg, name, value)
+    assert cfg.to_dict() == before
+
+
+def test_values_set_from_python_are_stored_as_their_fields_type():
+    cfg = Config()
+    cfg.train.steps = 1e4  # an integral float, as 1e4 is written
+    cfg.optim.lr = 1
+    cfg.model.features = [8, 16]
+    cfg.model = config.model_config("transformer")
+    cfg.model.heads = 2
+    assert (cfg.train.steps, cfg.optim.lr, type(cfg.optim.lr)) == (10000, 1.0, float)
+    assert (cfg.model.heads, Config().model.features) == (2, (32, 64))
+    convnet = Config().model
+    convnet.features = [8, 16]
+    assert convnet.features == (8, 16)
+    # dataclasses.replace builds through the same checks, and still copies
+    assert dataclasses.replace(cfg.optim, lr=0.5).lr == 0.5 and cfg.optim.lr == 1.0
+    with pytest.raises(UserError, match=re.escape("optim.b1='x': expected a number")):
+        dataclasses.replace(cfg.optim, b1="x")
+    with pytest.raises(UserError, match=re.escape("unknown config key 'optim.learning_rate'; did you mean optim.lr?")):
+        config.OptimConfig(learning_rate=0.1)
+
+
+def test_a_users_model_config_gets_the_same_checks(registry):
+    @dataclasses.dataclass
+    class Wide(ModelConfig):
+        width: int = config.field(8, "hidden units", low=1)
+
+        def build(self, *, outputs, seq_len, batch_axis):
+            return None
+
+    models.register("wide", Wide)
+    cfg = Config(model=Wide())
+    with pytest.raises(UserError, match=re.escape("unknown config key 'model.widht'; did you mean model.width?")):
+        cfg.model.widht = 16
+    with pytest.raises(UserError, match=re.escape("model.width='16': expected an integer (got str)")):
+        cfg.model.width = "16"
+    cfg.model.width = 16
+    assert apply_overrides(cfg, []).model.width == 16

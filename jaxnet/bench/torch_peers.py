@@ -538,15 +538,32 @@ def schedule_values(optim_cfg: Any, total_steps: int) -> np.ndarray:
     return np.load(io.BytesIO(done.stdout))
 
 
+def decay_groups(model: Any, optim_cfg: Any) -> list[dict]:
+    """The model's trainable parameters as torch parameter groups, weight decay off where
+    :func:`jaxnet.optim.decay_mask` turns it off: biases and other vectors (norm scales) unless
+    ``optim.decay_mask`` is ``all`` (or ``auto`` with SGD)."""
+    rule = getattr(optim_cfg, "decay_mask", "all")
+    rule = rule if rule != "auto" else ("all" if optim_cfg.name == "sgd" else "matrices")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if rule == "all":
+        return [{"params": [p for _, p in named]}]
+    decayed = lambda name, p: p.ndim >= 2 and name.rsplit(".", 1)[-1] not in ("bias", "scale")
+    return [
+        {"params": [p for n, p in named if decayed(n, p)]},
+        {"params": [p for n, p in named if not decayed(n, p)], "weight_decay": 0.0},
+    ]
+
+
 class Trainer:
     """Training loop state for one torch model, the twin of jaxnet's training step.
 
     The optimizer matches :func:`jaxnet.optim.build`: AdamW (``b1``, ``b2``, epsilon 1e-8,
     decoupled weight decay scaled by the learning rate, as ``optax.adamw`` and
-    ``torch.optim.AdamW`` both do) or SGD (momentum, Nesterov, weight decay added to the gradient
-    after clipping), with the learning rate of :func:`jaxnet.optim.schedule` set before each step,
-    and global-norm clipping if ``optim_cfg.clip_norm``. The loss is the mean softmax cross-entropy
-    with optional label smoothing. ``bf16=True`` runs forward and loss under
+    ``torch.optim.AdamW`` both do, on the parameters :func:`decay_groups` picks) or SGD
+    (momentum, Nesterov, weight decay added to the gradient after clipping), with the learning
+    rate of :func:`jaxnet.optim.schedule` set before each step, and global-norm clipping if
+    ``optim_cfg.clip_norm``. The loss is the mean softmax cross-entropy with optional label
+    smoothing. ``bf16=True`` runs forward and loss under
     ``torch.autocast(bfloat16)`` with float32 parameters, and on CUDA keeps image models in
     channels-last memory format (the NHWC inputs are channels-last already once permuted to NCHW).
     The LSTM carries its ``(h, c)`` state across steps and zeroes it on ``reset`` batches.
@@ -569,6 +586,8 @@ class Trainer:
         _require()
         if getattr(optim_cfg, "grad_accum", 1) != 1:
             raise ValueError("the torch Trainer does not accumulate gradients; use optim.grad_accum=1")
+        if optim_cfg.name not in ("adamw", "sgd"):
+            raise ValueError(f"the torch Trainer has AdamW and SGD, not optim.name={optim_cfg.name}")
         torch.manual_seed(seed)
         self.device = torch.device(device)
         self.bf16 = bf16
@@ -580,9 +599,10 @@ class Trainer:
         self.model = model.train()
         self.params = [p for p in model.parameters() if p.requires_grad]
         cuda = self.device.type == "cuda"
+        groups = decay_groups(model, optim_cfg)
         if optim_cfg.name == "sgd":
             self.optimizer = torch.optim.SGD(
-                self.params,
+                groups,
                 lr=optim_cfg.lr,
                 momentum=optim_cfg.momentum,
                 nesterov=bool(optim_cfg.nesterov and optim_cfg.momentum),
@@ -590,7 +610,7 @@ class Trainer:
             )
         else:
             self.optimizer = torch.optim.AdamW(
-                self.params,
+                groups,
                 lr=optim_cfg.lr,
                 betas=(optim_cfg.b1, optim_cfg.b2),
                 eps=1e-8,

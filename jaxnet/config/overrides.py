@@ -10,7 +10,6 @@ Each value is parsed to its field's type and checked against its limits; an unkn
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -78,59 +77,8 @@ def _parse(key: str, value: Any, typ: Any) -> Any:
     raise TypeError(f"config field {key} has unsupported type {typ}")
 
 
-# Names people bring from other frameworks.
-_ALIASES = {
-    "learning_rate": "optim.lr",
-    "lr": "optim.lr",
-    "epochs": "train.steps",
-    "max_steps": "train.steps",
-    "batch": "train.batch_size",
-    "bs": "train.batch_size",
-    "wd": "optim.weight_decay",
-    "optimizer": "optim.name",
-    "arch": "model.name",
-    "dataset": "data.name",
-}
-
-
-def _owners(key: str) -> list[str]:
-    """The registered model families that have ``key`` (``model.LEAF``)."""
-    return [name for name, family in model_base.REGISTRY.items() if key in model_keys(family.config)]
-
-
 def _unknown_key(cfg: Config, key: str) -> UserError:
-    known = keys(cfg)
-    section, _, leaf = key.rpartition(".")
-    siblings = [k for k in known if k.rpartition(".")[0] == section] if section else []
-    if section == "mesh":  # a mesh key is an axis name; list them all rather than guess
-        return UserError(
-            f"unknown mesh axis {leaf!r} in {key}; the mesh axes are {', '.join(siblings)} "
-            "(set the ones you use to a device count)"
-        )
-    if section == "model" and _owners(key):  # a key of another model family
-        own = [k.partition(".")[2] for k in siblings if k != "model.name"]
-        return UserError(
-            f"{key} is not a key of model {cfg.model.name} (it belongs to {', '.join(_owners(key))}); "
-            f"the {cfg.model.name} keys are {', '.join(own)}"
-        )
-    near = [k for k in known if k.rsplit(".", 1)[-1] == leaf]  # right name, wrong section
-    if leaf in _ALIASES:
-        near.append(_ALIASES[leaf])
-    if siblings:  # a known section: a misspelt name in it (the shared section name would match anything)
-        leaves = [k.rpartition(".")[2] for k in siblings]
-        near += [f"{section}.{m}" for m in difflib.get_close_matches(leaf, leaves, n=3, cutoff=0.6)]
-    else:
-        near += difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-    near = list(dict.fromkeys(near))[:3]
-    if near:
-        hint = f"; did you mean {' or '.join(near)}?"
-    elif siblings:
-        hint = f"; the {section} keys are {', '.join(k.rpartition('.')[2] for k in siblings)}"
-    else:
-        top = [k for k in known if "." not in k and k != "experiment"]
-        sections = [f"{s}.*" for s in dict.fromkeys(k.partition(".")[0] for k in known if "." in k)]
-        hint = f"; the keys are {', '.join(top + sections)} (see `jaxnet train EXP --show-config`)"
-    return UserError(f"unknown config key {key!r}{hint}")
+    return model_base.unknown_key(key, list(keys(cfg)), cfg.model.name)
 
 
 def _switch_model(cfg: Config, name: str) -> None:
@@ -152,7 +100,7 @@ def _set(cfg: Config, key: str, value: Any, saved: bool = False) -> None:
         return
     known = keys(cfg)
     if key not in known:
-        if saved and key.startswith("model.") and _owners(key):
+        if saved and key.startswith("model.") and model_base.key_owners(key):
             return  # a saved config from before per-family model configs holds every family's keys
         raise _unknown_key(cfg, key)
     f = known[key]

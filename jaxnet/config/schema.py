@@ -20,11 +20,11 @@ from typing import Any
 
 from jaxnet.errors import UserError
 from jaxnet.models import base as model_base
-from jaxnet.models.base import ModelConfig, field, leaves, model_config, model_keys
+from jaxnet.models.base import Checked, ModelConfig, field, leaves, model_config, model_keys
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Checked):
     """Which dataset, where it is, and how batches are made from it."""
 
     name: str = field(
@@ -59,30 +59,46 @@ class DataConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Checked):
     """Optimizer, learning-rate schedule, clipping and gradient accumulation."""
 
-    name: str = field("adamw", "optimizer", choices=("adamw", "sgd"))
+    name: str = field(
+        "adamw",
+        "optimizer, from optax (lion reads b1 and b2, its paper's are 0.9 and 0.99; adafactor keeps optax's "
+        "defaults); jaxnet.train(optimizer=...) or an experiment file's optimizer(cfg) gives your own",
+        choices=("adamw", "sgd", "lion", "adafactor"),
+    )
     lr: float = field(1e-3, "peak learning rate", low=0.0)
     momentum: float = field(0.9, "SGD momentum (0 = plain SGD)", low=0.0, high=0.999)
     nesterov: bool = field(False, "Nesterov momentum for SGD")
-    b1: float = field(0.9, "AdamW first-moment decay", low=0.0, high=0.9999)
-    b2: float = field(0.999, "AdamW second-moment decay", low=0.0, high=0.99999)
+    b1: float = field(0.9, "AdamW and Lion first-moment decay", low=0.0, high=0.9999)
+    b2: float = field(0.999, "AdamW and Lion second-moment decay", low=0.0, high=0.99999)
     weight_decay: float = field(
-        0.0, "AdamW: decoupled, scaled by the learning rate; SGD: L2 term added to the gradient", low=0.0
+        0.0,
+        "AdamW, Lion, Adafactor: decoupled, scaled by the learning rate; SGD: L2 term added to the gradient",
+        low=0.0,
+    )
+    decay_mask: str = field(
+        "auto",
+        "parameters weight decay acts on: matrices = those of 2+ dimensions not named bias or scale (no biases or "
+        "norm scales); all; auto = matrices for adamw, lion and adafactor, all for sgd",
+        choices=("auto", "matrices", "all"),
     )
     schedule: str = field(
         "cosine",
         "learning-rate schedule after warmup ('step': multiply by decay_factor every decay_every steps "
-        "from step decay_start on)",
-        choices=("cosine", "constant", "step"),
+        "from step decay_start on; 'warmup_cosine': optax.warmup_cosine_decay_schedule, its warmup from 0 rather "
+        "than lr / warmup_steps)",
+        choices=("cosine", "constant", "step", "linear", "warmup_cosine"),
     )
     decay_start: int = field(0, "step schedule: first step with a decayed learning rate", low=0)
     decay_every: int = field(1, "step schedule: steps between decays", low=1)
     decay_factor: float = field(0.5, "step schedule: learning-rate multiplier per decay", low=0.0, high=1.0)
-    warmup_steps: int = field(0, "linear warmup from 0 to lr over this many steps", low=0)
+    warmup_steps: int = field(
+        0, "linear warmup to lr over this many steps (from lr / warmup_steps; from 0 for warmup_cosine)", low=0
+    )
     end_lr_factor: float = field(
-        0.0, "final learning rate of the cosine schedule, as a fraction of lr", low=0.0, high=1.0
+        0.0, "final learning rate of the cosine and linear schedules, as a fraction of lr", low=0.0, high=1.0
     )
     clip_norm: float = field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
     grad_accum: int = field(1, "split each batch into this many micro-batches and average their gradients", low=1)
@@ -94,7 +110,7 @@ class OptimConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Checked):
     """Length of the run, batch sizes, and how often to log, evaluate and checkpoint."""
 
     steps: int = field(1000, "optimizer updates in the whole run", low=1)
@@ -140,7 +156,7 @@ class TrainConfig:
 
 
 @dataclass
-class MeshConfig:
+class MeshConfig(Checked):
     """How the devices are arranged."""
 
     data: int = field(-1, "devices along the data-parallel axis (-1 = the rest of the devices)", low=-1)
@@ -151,7 +167,7 @@ class MeshConfig:
 
 
 @dataclass
-class ParallelConfig:
+class ParallelConfig(Checked):
     """How the devices of the mesh cooperate on a step."""
 
     mode: str = field(
@@ -179,7 +195,7 @@ class ParallelConfig:
 
 
 @dataclass
-class ProfileConfig:
+class ProfileConfig(Checked):
     """Tracing a few steps for TensorBoard's profiler or Perfetto."""
 
     steps: str = field(
@@ -188,7 +204,7 @@ class ProfileConfig:
 
 
 @dataclass
-class Config:
+class Config(Checked):
     """Everything that defines a run. Saved as ``config.json`` in the run directory."""
 
     experiment: str = field("", "experiment[:variant] this config came from")
@@ -215,6 +231,7 @@ class Config:
 
 
 DEFAULT_MODEL = "convnet"
+model_base.set_root(Config)  # so a section can name its keys and suggest the other sections' (Checked)
 
 
 def keys(cfg: Config | None = None) -> dict[str, dataclasses.Field]:
@@ -300,6 +317,11 @@ def validate(cfg: Config) -> None:
         raise UserError(
             f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}; "
             "lower optim.warmup_steps or raise train.steps"
+        )
+    if cfg.optim.schedule == "warmup_cosine" and cfg.optim.warmup_steps < 1:
+        raise UserError(
+            "optim.schedule=warmup_cosine warms up over optim.warmup_steps, which is 0; set optim.warmup_steps=N "
+            "(or optim.schedule=cosine for no warmup)"
         )
     for axis in ("data", "fsdp", "tensor"):
         if getattr(cfg.mesh, axis) == 0:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from jaxnet.errors import UserError
 
 
@@ -42,8 +44,188 @@ def has_cudnn(backend: str) -> bool:
     return backend in ("gpu", "cuda")
 
 
+# ---------------------------------------------------------------------------------------------
+# Checked sections: setting an attribute from Python is checked as a key=value override is.
+
+
+class Checked:
+    """A config dataclass whose attributes are checked when set, from Python as on the command
+    line: an unknown name is a :class:`UserError` naming the nearest keys (``cfg.optim.learning_rate
+    = 0.5``: did you mean optim.lr?), a value of the wrong type one naming the field and the type
+    it takes (``cfg.train.steps = "20"``). An int given to a float field is stored as a float, an
+    integral float to an int field as an int, a list to a tuple field as a tuple. Dataclass
+    construction and :func:`dataclasses.replace` go through the same check; a traced scalar (a
+    sweep member's number inside its vmapped step) passes as it is; an unknown keyword to the
+    constructor (``OptimConfig(learning_rate=0.1)``) gets the same "did you mean". Ranges, choices and checks
+    across fields stay with validation (``jaxnet.config.validate``, run by ``jaxnet.train``).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Before the dataclass's __init__, whose TypeError for an unknown keyword names no key.
+        types = _attribute_types(cls)
+        for name in kwargs if types is not None else ():
+            if name not in types:
+                raise unknown_attribute(cls, name, registered_name(cls))
+        return super().__new__(cls)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        types = _attribute_types(type(self))
+        if types is not None:
+            if name not in types:
+                raise unknown_attribute(type(self), name, getattr(self, "name", ""))
+            value = checked_value(f"{_prefix(type(self))}{name}", value, types[name])
+        object.__setattr__(self, name, value)
+
+
+@functools.cache
+def _attribute_types(cls: type) -> dict[str, Any] | None:
+    """Each field of config class ``cls`` and its resolved type (None: not resolvable, unchecked)."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError:
+        return None
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def checked_value(key: str, value: Any, typ: Any) -> Any:
+    """``value`` as a field of type ``typ`` holds it, or a :class:`UserError` naming ``key`` and the type."""
+    if isinstance(typ, type) and dataclasses.is_dataclass(typ):
+        if isinstance(value, typ):
+            return value
+        article = "an" if typ.__name__[0] in "AEIOU" else "a"
+        raise UserError(f"{key} must be {article} {typ.__name__}; got a {type(value).__name__}")
+    if typing.get_origin(typ) is tuple:
+        args = typing.get_args(typ)
+        if not (len(args) == 2 and args[1] is Ellipsis):
+            return value
+        if isinstance(value, str) or not isinstance(value, tuple | list):
+            example = (value,) if isinstance(value, args[0]) else ()
+            raise UserError(
+                f"{key}={value!r}: expected a tuple of {_PLURALS.get(args[0], args[0])}"
+                + (f", e.g. {example!r}" if example else "")
+            )
+        return tuple(checked_value(key, v, args[0]) for v in value)
+    if typ not in _SCALARS:
+        return value
+    if _traced_scalar(value):
+        return value
+    if typ is bool and isinstance(value, bool | np.bool_):
+        return bool(value)
+    if typ is int and isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
+        return int(value)
+    if typ is int and isinstance(value, float | np.floating) and float(value).is_integer():
+        return int(value)  # 1e4 steps
+    if typ is float and isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool):
+        return float(value)
+    if typ is str and isinstance(value, str):
+        return value
+    raise UserError(f"{key}={value!r}: expected {_TYPE_NAMES[typ]} (got {type(value).__name__})")
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+
+
+def _traced_scalar(value: Any) -> bool:
+    """A JAX array of shape () (a traced sweep number): checked by the program that reads it."""
+    return not isinstance(value, np.generic | np.ndarray) and getattr(value, "shape", None) == () and hasattr(
+        value, "dtype"
+    )
+
+
+#: The root config class (jaxnet.config.Config), registered by the schema that defines it, so a
+#: section can name its keys (``optim.lr``) and suggest keys of the other sections.
+_ROOT: list[type] = []
+
+
+def set_root(cls: type) -> None:
+    """Register ``cls`` as the config whose sections are checked (:class:`Checked`)."""
+    _ROOT[:] = [cls]
+
+
+def _prefix(cls: type) -> str:
+    if issubclass(cls, ModelConfig):
+        return "model."
+    for f in dataclasses.fields(_ROOT[0]) if _ROOT else ():
+        if (_attribute_types(_ROOT[0]) or {}).get(f.name) is cls:
+            return f"{f.name}."
+    return ""
+
+
+def unknown_attribute(cls: type, name: str, model_name: str = "") -> UserError:
+    """The error for setting attribute ``name`` that config class ``cls`` does not have (a model
+    config's family is ``model_name``): the same as for the key on the command line."""
+    model = cls if issubclass(cls, ModelConfig) else None
+    known: dict[str, Any] = {}
+    for key in leaves(_ROOT[0]) if _ROOT else leaves(cls, _prefix(cls)):
+        if not key.startswith("model."):
+            known[key] = None
+    for family in [model] if model is not None else [f.config for f in REGISTRY.values()]:
+        known.update(dict.fromkeys(model_keys(family)))
+    return unknown_key(f"{_prefix(cls)}{name}", list(known), model_name)
+
+
+# Names people bring from other frameworks.
+ALIASES = {
+    "learning_rate": "optim.lr",
+    "lr": "optim.lr",
+    "epochs": "train.steps",
+    "max_steps": "train.steps",
+    "batch": "train.batch_size",
+    "bs": "train.batch_size",
+    "wd": "optim.weight_decay",
+    "optimizer": "optim.name",
+    "arch": "model.name",
+    "dataset": "data.name",
+}
+
+
+def key_owners(key: str) -> list[str]:
+    """The registered model families that have ``key`` (``model.LEAF``)."""
+    return [name for name, family in REGISTRY.items() if key in model_keys(family.config)]
+
+
+def unknown_key(key: str, known: list[str], model_name: str) -> UserError:
+    """The error for config key ``key`` that is not among the ``known`` keys of a config whose
+    model is ``model_name``: the nearest keys (a misspelling, the right name in another section,
+    a name from another framework), or the keys there are."""
+    section, _, leaf = key.rpartition(".")
+    siblings = [k for k in known if k.rpartition(".")[0] == section] if section else []
+    if section == "mesh":  # a mesh key is an axis name; list them all rather than guess
+        return UserError(
+            f"unknown mesh axis {leaf!r} in {key}; the mesh axes are {', '.join(siblings)} "
+            "(set the ones you use to a device count)"
+        )
+    if section == "model" and key_owners(key):  # a key of another model family
+        own = [k.partition(".")[2] for k in siblings if k != "model.name"]
+        return UserError(
+            f"{key} is not a key of model {model_name} (it belongs to {', '.join(key_owners(key))}); "
+            f"the {model_name} keys are {', '.join(own)}"
+        )
+    near = [k for k in known if k.rsplit(".", 1)[-1] == leaf]  # right name, wrong section
+    if leaf in ALIASES:
+        near.append(ALIASES[leaf])
+    if siblings:  # a known section: a misspelt name in it (the shared section name would match anything)
+        names = [k.rpartition(".")[2] for k in siblings]
+        near += [f"{section}.{m}" for m in difflib.get_close_matches(leaf, names, n=3, cutoff=0.6)]
+    else:
+        near += difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    near = list(dict.fromkeys(near))[:3]
+    if near:
+        hint = f"; did you mean {' or '.join(near)}?"
+    elif siblings:
+        hint = f"; the {section} keys are {', '.join(k.rpartition('.')[2] for k in siblings)}"
+    else:
+        top = [k for k in known if "." not in k and k != "experiment"]
+        sections = [f"{s}.*" for s in dict.fromkeys(k.partition(".")[0] for k in known if "." in k)]
+        hint = f"; the keys are {', '.join(top + sections)} (see `jaxnet train EXP --show-config`)"
+    return UserError(f"unknown config key {key!r}{hint}")
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(Checked):
     """The fields every model family shares; each family's config subclasses it beside its module.
 
     ``dtype=bfloat16`` with ``param_dtype=float32`` is mixed precision. A family's config adds its

@@ -212,7 +212,7 @@ class LogTrain(Action):
 
     at_end = True
 
-    def __init__(self, every: int, lr_schedule: Callable, batch_size: int, tokens_per_example: int = 0):
+    def __init__(self, every: int, lr_schedule: Callable | None, batch_size: int, tokens_per_example: int = 0):
         self.every, self.lr_schedule = every, lr_schedule
         self.batch_size, self.tokens_per_example = batch_size, tokens_per_example
 
@@ -220,9 +220,9 @@ class LogTrain(Action):
         values = interval_values(loop.totals(), loop.interval_steps, loop.skip, loop.run.task)
         now = time.perf_counter()
         rate = loop.interval_steps / (now - loop.interval_start)
-        values.update(
-            lr=float(self.lr_schedule(loop.step - 1)), steps_per_s=rate, examples_per_s=rate * self.batch_size
-        )
+        if self.lr_schedule is not None:  # None: an optax transformation of the user's, its rate its own
+            values["lr"] = float(self.lr_schedule(loop.step - 1))
+        values.update(steps_per_s=rate, examples_per_s=rate * self.batch_size)
         if self.tokens_per_example:
             values["tokens_per_s"] = values["examples_per_s"] * self.tokens_per_example
         loop.log(values)

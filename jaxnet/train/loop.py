@@ -112,8 +112,8 @@ class Run:
     """Everything built from a config before the first step: data, task, mesh, model, optimizer,
     steps.
 
-    ``model``, ``dataset`` and ``task`` replace what the config (or the experiment file's
-    ``model(cfg)``, ``data(cfg)`` and ``task(cfg)``) would give. Building a ``Run`` reads and
+    ``model``, ``dataset``, ``task`` and ``optimizer`` replace what the config (or the experiment
+    file's ``model(cfg)``, ``data(cfg)``, ``task(cfg)`` and ``optimizer(cfg)``) would give. Building a ``Run`` reads and
     checks all user input, tracing the model and the task once on abstract values, but writes
     nothing, so bad input fails before any file in the workdir is touched.
 
@@ -129,11 +129,13 @@ class Run:
         model: Any = None,
         dataset: Any = None,
         task: tasks.Task | None = None,
+        optimizer: optim.UserOptimizer | None = None,
         devices: list | None = None,
         backend: str | None = None,
     ):
         self.cfg = cfg
         self.hooks = experiment_hooks(cfg)
+        self.optimizer_given = optimizer
         if dataset is None and "data" in self.hooks:
             dataset = self.hooks["data"](cfg)
         self.dataset = dataset if dataset is not None else data_lib.load(cfg.data)
@@ -173,7 +175,10 @@ class Run:
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
-        self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step)
+        optimizer = self.optimizer(cfg)
+        self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step, optimizer)
+        if not optim.reads_schedule(optimizer):
+            self.lr_schedule = None  # a transformation of your own carries its own learning rate
         boxed = self._check_model_and_task()
         optim.check_freeze(cfg.optim.freeze, boxed.params)
         # Where every leaf of the train state lives, from the parameters' logical axis names.
@@ -201,6 +206,23 @@ class Run:
             parallel.under_rules(make_eval_step(self.model, self.task), self.mesh),
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
+
+    def optimizer(self, cfg: Config) -> optim.UserOptimizer | None:
+        """Your optimizer for ``cfg`` (a sweep member's, its numbers traced): the one given to the
+        run, else the experiment file's ``optimizer(cfg)``, else None (the built-in ``optim.name``)."""
+        if self.optimizer_given is not None:
+            return self.optimizer_given
+        return self.hooks["optimizer"](cfg) if "optimizer" in self.hooks else None
+
+    def optimizer_record(self) -> dict[str, str] | None:
+        """What config.json says of your optimizer: where it came from and what it is."""
+        if self.optimizer_given is not None:
+            return {"given": "jaxnet.train(optimizer=...)", "optimizer": optim.describe(self.optimizer_given)}
+        if "optimizer" in self.hooks:
+            path = config_lib.experiment_module(self.cfg.experiment).__file__
+            made = self.hooks["optimizer"](self.cfg)
+            return {"given": f"optimizer(cfg) in {path}", "optimizer": optim.describe(made)}
+        return None
 
     def _check_model_and_task(self) -> Any:
         """The model initialises on the data's shapes and the task's loss and metrics are scalars:
@@ -355,14 +377,14 @@ class Run:
 
 
 def experiment_hooks(cfg: Config) -> dict[str, Callable]:
-    """The ``model``, ``data``, ``task`` and ``actions`` functions of the experiment file ``cfg``
-    came from, those it defines, each turning its errors into one line naming the file."""
+    """The ``model``, ``data``, ``task``, ``actions`` and ``optimizer`` functions of the experiment
+    file ``cfg`` came from, those it defines, each turning its errors into one line naming the file."""
     module = config_lib.experiment_module(cfg.experiment) if cfg.experiment else None
     if module is None:
         return {}
     path = Path(module.__file__)
     hooks = {}
-    for name in ("model", "data", "task", "actions"):
+    for name in ("model", "data", "task", "actions", "optimizer"):
         fn = getattr(module, name, None)
         if callable(fn):
             hooks[name] = lambda c, fn=fn: config_lib._run_experiment_code(path, lambda: fn(c))
@@ -481,6 +503,7 @@ def train(
     dataset: Any = None,
     task: tasks.Task | None = None,
     actions: list[Any] | None = None,
+    optimizer: optim.UserOptimizer | None = None,
     adopt: bool = False,
     stop_when: Callable[[int, dict[str, float]], bool] | None = None,
 ) -> dict[str, Any]:
@@ -494,7 +517,10 @@ def train(
     to minimise and report (:class:`jaxnet.Task`, or one of :mod:`jaxnet.tasks`); ``actions``
     periodic actions (:func:`jaxnet.every`) run after the built-in ones; :func:`jaxnet.early_stop`
     among them ends the run complete, evaluated on its best checkpoint (``train.keep_best`` keeps
-    that checkpoint without stopping; :mod:`jaxnet.train.best`). ``adopt`` resumes a
+    that checkpoint without stopping; :mod:`jaxnet.train.best`). ``optimizer`` any
+    ``optax.GradientTransformation``, or a function of the learning-rate schedule returning one
+    (``lambda lr: optax.lion(lr)``), in place of ``optim.name`` (see :func:`jaxnet.optim.build`
+    for what jaxnet still wraps around it: clipping if configured, ``optim.freeze``). ``adopt`` resumes a
     workdir that holds a run of another experiment (its checkpoints must fit this model).
     ``stop_when(step, val_metrics)``, called after each validation pass of the loop, ends the
     run there when it returns True, with a checkpoint, as ``train.stop_after`` does
@@ -509,7 +535,7 @@ def train(
     config_lib.validate(cfg)
     trackers_lib.check(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
-    run = Run(cfg, model=model, dataset=dataset, task=task)
+    run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
     per_call = cfg.train.steps_per_call
@@ -524,6 +550,14 @@ def train(
     keep = best_lib.plan(cfg, run, extra)
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
         environment["experiment_file"] = str(Path(config_lib.experiment_module(cfg.experiment).__file__).resolve())
+    custom = run.optimizer_record()
+    if custom is not None:
+        environment["optimizer"] = custom
+        if optimizer is not None and parallel.is_primary():
+            ignored = optim.unused(cfg.optim, optimizer)
+            if ignored:
+                shown = ", ".join(f"{k}={getattr(cfg.optim, k.partition('.')[2])}" for k in ignored)
+                print(f"note: optimizer={custom['optimizer']} replaces the built-in optimizer; not used: {shown}")
     start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
     previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
@@ -780,14 +814,15 @@ def evaluate(
     dataset: Any = None,
     task: tasks.Task | None = None,
     step: int | str | None = None,
+    optimizer: optim.UserOptimizer | None = None,
 ) -> dict[str, Any]:
     """Evaluate the newest checkpoint of a run directory (or checkpoint ``step``, or ``"best"``, the
     one ``train.keep_best`` kept) on ``split`` (val or test).
 
     The config is read from the run's ``config.json``, with ``overrides`` applied (e.g. a new
     ``data.dir``); it runs on all local devices whatever mesh the run trained on. A run of your
-    own ``model``, ``dataset`` and ``task`` needs them again here. The result is also written to
-    ``eval.json`` in the run directory.
+    own ``model``, ``dataset``, ``task`` and ``optimizer`` (given to :func:`train` from Python)
+    needs them again here. The result is also written to ``eval.json`` in the run directory.
     """
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
@@ -799,7 +834,8 @@ def evaluate(
     cfg = config_lib.apply_overrides(
         config_lib.load(workdir / "config.json"), ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])]
     )
-    run = Run(cfg, model=model, dataset=dataset, task=task)
+    _check_optimizer_given(workdir, optimizer)
+    run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     check_vocab(workdir, run.dataset)
     step = resolve_step(workdir, step)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
@@ -821,6 +857,20 @@ def check_rebuildable(workdir: Path, *, model: Any = None, dataset: Any = None, 
             f"{workdir} was trained from Python with your own {' and '.join(missing)}, which jaxnet cannot rebuild "
             "from the run directory; evaluate it from Python with jaxnet.evaluate(workdir, model=..., dataset=..., "
             "task=...) (predict with jaxnet.load(workdir, model=...))"
+        )
+
+
+def _check_optimizer_given(workdir: Path, optimizer: Any) -> None:
+    """A run trained with an optimizer given from Python keeps its state in the checkpoints, whose
+    layout only that optimizer rebuilds: say so rather than that the checkpoint does not fit."""
+    try:
+        used = json.loads((workdir / "config.json").read_text()).get(config_lib.RUN_KEY, {}).get("optimizer")
+    except (OSError, ValueError, AttributeError):
+        return
+    if optimizer is None and isinstance(used, dict) and used.get("given", "").startswith("jaxnet.train"):
+        raise UserError(
+            f"{workdir} trained with an optimizer of its own ({used.get('optimizer')}); pass the same one: "
+            "jaxnet.evaluate(workdir, optimizer=..., model=..., ...)"
         )
 
 

@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", help="write the plan as JSON to this file")
 
     _study_parser(commands)
-    commands.add_parser("list", help="list the experiments that can be trained")
+    commands.add_parser("list", help="list the experiments that can be trained, with their results and times")
     return parser
 
 
@@ -182,12 +182,13 @@ def _study_parser(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "plan":
         return _plan(args, argv)
+    if args.command == "list":
+        from jaxnet import catalog  # reads the files' docstrings: no JAX
+
+        print(catalog.listing())
+        return 0
     from jaxnet import config
 
-    if args.command == "list":
-        for name in config.list_experiments():
-            print(name)
-        return 0
     if args.command == "train":
         cfg = config.load_experiment(args.experiment, args.overrides)
         if args.show_config:

@@ -1,0 +1,105 @@
+"""What the command and the runner tell a user: a quick --help and list, and messages that say
+what happened (labels the model cannot output, a schedule extended, an empty validation split,
+log lines without a progress bar, full metric names, the resolved config)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import cpu_env
+
+from jaxnet import catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "numpy")
+
+HELP_AND_LIST = f"""
+import sys
+from jaxnet.cli import main
+try:
+    main(["--help"])
+except SystemExit:
+    pass
+main(["list"])
+print([m for m in {HEAVY!r} if m in sys.modules])
+"""
+
+
+def test_help_and_list_import_no_jax_and_list_each_experiments_result_and_time():
+    result = subprocess.run(
+        [sys.executable, "-c", HELP_AND_LIST], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "[]"  # nothing heavy was imported
+    assert "usage: jaxnet" in result.stdout
+    at = next(i for i, line in enumerate(lines) if line.startswith("cnn_fashion_mnist "))
+    assert lines[at].split(None, 1)[1] == "A small ConvNet on Fashion-MNIST: the default experiment."
+    assert lines[at + 1].split()[:4] == ["result:", "92.14", "%", "test"]
+    assert lines[at + 2].split()[:3] == ["time:", "99", "s"]
+
+
+IMPORT_ONLY = """
+import os, sys
+import jaxnet
+print(json.dumps({"jax": "jax" in sys.modules, "threads": os.environ.get("PJRT_NPROC")}))
+cfg = jaxnet.Config()
+print(json.dumps({"jax": "jax" in sys.modules, "config": type(cfg).__name__, "train": "train" in dir(jaxnet)}))
+try:
+    jaxnet.trian
+except AttributeError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+def test_import_jaxnet_loads_jax_only_when_needed_and_still_sizes_the_cpu_client():
+    env = {**cpu_env(8), "NPROC": "2"}
+    env.pop("PJRT_NPROC", None)
+    result = subprocess.run(
+        [sys.executable, "-c", "import json\n" + IMPORT_ONLY],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    first, second, third = (json.loads(line) for line in result.stdout.strip().splitlines())
+    assert first == {"jax": False, "threads": "16"}  # 8 simulated devices, twice the threads, before JAX
+    assert second == {"jax": True, "config": "Config", "train": True}
+    assert third == {"error": "module 'jaxnet' has no attribute 'trian'"}
+
+
+DOCSTRING = """My experiment: a tiny MLP
+on my arrays.
+
+Command:  jaxnet train mine
+Result:   0.91 accuracy; 0.88 with
+          half the steps (see benchmarks/results/mine.json)
+Time:     12 s on a laptop
+
+More text.
+"""
+
+
+def test_an_experiment_docstring_gives_description_result_and_time():
+    about = catalog.fields(DOCSTRING)
+    assert about["description"] == "My experiment: a tiny MLP on my arrays."
+    assert about["result"] == "0.91 accuracy; 0.88 with half the steps (see benchmarks/results/mine.json)"
+    assert about["time"] == "12 s on a laptop"
+    assert catalog.one_line(about["result"]) == "0.91 accuracy; 0.88 with half the steps"
+    assert catalog.one_line(about["result"], width=30) == "0.91 accuracy"
+    assert catalog.one_line("a (b; c, d) e, f", width=12) == "a"  # never inside the parenthesis
+    assert catalog.one_line("x" * 20, width=10) == "xxxxxxx..."
+
+
+def test_every_shipped_experiment_has_a_one_line_description_result_and_time():
+    for name, path in catalog.experiment_files().items():
+        if path.parent != ROOT / "experiments":
+            continue
+        about = catalog.summary(path)
+        assert about.get("description") and about.get("result") and about.get("time"), name

@@ -238,6 +238,8 @@ BAD_INPUT = [
     bad(["train", "{user_metrics_list}"], "Task metrics must be a dict of name -> metric(outputs, batch) -> scalar"),
     bad(["train", "{user_data_lengths}"], "train split: arrays of different lengths (x has 8, y has 7)"),
     bad(["train", "{user_no_data}"], "user_no_data.py:", "FileNotFoundError", "measurements.npz"),
+    bad(["train", "{user_one_output}"], "labels 'y' run 0..1, but model OneLogit has 1 output", "give the model 2"),
+    bad(["train", "{user_negative_labels}"], "labels 'y' run -1..1, but class labels must be 0..N-1"),
     # jaxnet sweep's grid (tests/test_sweep.py has more through the Python API)
     bad(
         ["sweep", SMOKE, "optim.learning_rate=1e-3,2e-3"],
@@ -315,6 +317,42 @@ def data(cfg):
     "user_no_data": """
 def data(cfg):
     return np.load("measurements.npz")
+""",
+    "user_one_output": """
+class OneLogit(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(1)(x)
+
+
+def model(cfg):
+    return OneLogit()
+
+
+def data(cfg):
+    return jaxnet.data.arrays(train={"x": np.ones((8, 4), np.float32), "y": np.arange(8) % 2})
+
+
+def task(cfg):
+    return jaxnet.tasks.classification(inputs="x", target="y")
+""",
+    "user_negative_labels": """
+class ThreeLogits(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(3)(x)
+
+
+def model(cfg):
+    return ThreeLogits()
+
+
+def data(cfg):
+    return jaxnet.data.arrays(train={"x": np.ones((8, 4), np.float32), "y": np.arange(8) % 3 - 1})
+
+
+def task(cfg):
+    return jaxnet.tasks.classification(inputs="x", target="y")
 """,
 }
 

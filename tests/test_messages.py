@@ -9,8 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import cpu_env
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import cpu_env, tiny_config
 
+import jaxnet
 from jaxnet import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +108,63 @@ def test_every_shipped_experiment_has_a_one_line_description_result_and_time():
             continue
         about = catalog.summary(path)
         assert about.get("description") and about.get("result") and about.get("time"), name
+
+
+class ThreeLogits(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+
+def test_labels_beyond_the_models_outputs_stop_before_the_first_step(quadrants, tmp_path):
+    """Four classes (0..3) and a model of three outputs: one line naming both, and no run directory."""
+    with pytest.raises(jaxnet.UserError) as caught:
+        jaxnet.train(tiny_config(), tmp_path / "run", model=ThreeLogits(), dataset=quadrants)
+    assert str(caught.value).startswith(
+        "labels 'label' run 0..3, but model ThreeLogits has 3 outputs (float32[1, 3]); task 'classification' needs "
+        "one output per class: give the model 4 outputs"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_label_range_reads_integer_arrays_only():
+    data = jaxnet.data.arrays(
+        train={"x": np.zeros((4, 2), np.float32), "y": np.array([2, 0, 1, 2]), "t": np.ones(4, np.float32)},
+        val={"x": np.zeros((2, 2), np.float32), "y": np.array([5, 1]), "t": np.ones(2, np.float32)},
+    )
+    assert data.label_range("y") == (0, 5)
+    assert data.label_range("t") is None  # float targets are not class labels
+
+
+class Bits(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(2)(x)
+
+
+def test_without_a_progress_bar_the_log_lines_still_print_with_full_metric_names(tmp_path, capsys):
+    """train.progress=false, arrays without a val split, a metric with a long name."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 2)).astype(np.float32)
+    task = jaxnet.Task(
+        inputs="x",
+        loss=lambda out, b: jnp.mean((out - b["y"]) ** 2),
+        metrics={"hamming_accuracy": lambda out, b: jnp.mean((out > 0.5) == (b["y"] > 0.5))},
+    )
+    data = jaxnet.data.arrays(train={"x": x, "y": (x > 0).astype(np.float32)})
+    cfg = jaxnet.apply_overrides(
+        jaxnet.Config(experiment="quiet"),
+        ["data.name=arrays", "train.steps=4", "train.batch_size=8", "train.log_every=2", "train.progress=false"],
+    )
+    jaxnet.train(cfg, tmp_path / "run", model=Bits(), dataset=data, task=task)
+    lines = capsys.readouterr().out.splitlines()
+    notes = [line for line in lines if line.startswith("note: ")]
+    assert notes == [
+        "note: the validation split is empty, so this run has no validation pass; give jaxnet.data.arrays(...) a "
+        "val= split"
+    ]
+    logged = [line.split()[:5] for line in lines if line.startswith("step ")]
+    assert [row[:3] + row[4:] for row in logged] == [
+        ["step", "2/4", "loss", "hamming_accuracy"],
+        ["step", "4/4", "loss", "hamming_accuracy"],
+    ]

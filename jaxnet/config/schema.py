@@ -120,7 +120,7 @@ class TrainConfig:
         low=1,
     )
     label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
-    progress: bool = field(True, "show a progress bar")
+    progress: bool = field(True, "show a progress bar on a terminal (false: plain log lines)")
     trackers: tuple[str, ...] = field(
         ("tensorboard",),
         "where the log records go besides metrics.jsonl: tensorboard (tb/), mlflow (MLFLOW_TRACKING_URI, else a "

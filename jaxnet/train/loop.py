@@ -230,6 +230,7 @@ class Run:
                 f"{type(e).__name__}: {message}; check the model's __call__(inputs, train=...) and the task's inputs"
             ) from None
         tasks.check(self.task, name, outputs, self.sample)
+        tasks.check_labels(self.task, name, outputs, self.sample, self.dataset)
         return boxed
 
     def _make_step(self) -> Any:
@@ -574,6 +575,9 @@ def _train(
             f"{run.dataset.describe()}, {train_cfg.steps} steps of "
             f"{train_cfg.batch_size} on {run.mesh.size} {jax.devices()[0].platform} device(s)"
         )
+        notice = empty_val_notice(run.dataset)
+        if notice:
+            progress.note(notice)
     loop = actions_lib.Loop(run, workdir, state, start, end, log, progress, skip=train_cfg.on_nonfinite == "skip")
     profile = config_lib.profile_steps(cfg)
     builtin = [
@@ -612,6 +616,20 @@ def _train(
     else:
         say(_result_line(summary))
     return summary
+
+
+def empty_val_notice(dataset: Any) -> str | None:
+    """One line saying that ``dataset`` has no validation examples (so no validation pass, and
+    nothing for ``stop_when`` to judge), with where they come from; None if it has some."""
+    if dataset.size("val"):
+        return None
+    if isinstance(dataset, data_lib.Dataset):
+        where = "set data.val_size=N to hold out N training examples"
+    elif isinstance(dataset, data_lib.ArrayDataset):
+        where = "give jaxnet.data.arrays(...) a val= split"
+    else:
+        where = "give the data a val split"
+    return f"note: the validation split is empty, so this run has no validation pass; {where}"
 
 
 def call_sizes(start: int, end: int, steps_per_call: int) -> Any:

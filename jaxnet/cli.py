@@ -28,6 +28,7 @@ import os
 import shlex
 import sys
 import traceback
+from typing import Any
 
 from jaxnet.errors import UserError
 
@@ -47,7 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("experiment", help="name under experiments/ or path to a .py file, optionally :VARIANT")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=0.05")
     train.add_argument("--workdir", help="run directory (default: runs/EXPERIMENT[-VARIANT])")
-    train.add_argument("--show-config", action="store_true", help="print the resolved config and every key, then exit")
+    train.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the config, then every key with its value and what auto settings become here; then exit",
+    )
     train.add_argument("--adopt", action="store_true", help="resume a workdir that holds a run of another experiment")
     hosts = train.add_argument_group(
         "multi-process runs", "one process per host (Slurm and Open MPI are detected without these)"
@@ -193,7 +198,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         cfg = config.load_experiment(args.experiment, args.overrides)
         if args.show_config:
             print(json.dumps(cfg.to_dict(), indent=2))
-            print("\nkeys:\n" + config.describe(cfg))
+            print("\nkeys:\n" + config.describe(cfg, _in_effect(cfg)))
             return 0
         from jaxnet import parallel
         from jaxnet.train import train
@@ -248,6 +253,22 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(text)
         return 0
     raise AssertionError(args.command)
+
+
+def _in_effect(cfg: Any) -> dict[str, str]:
+    """What ``--show-config`` adds to the values: what the settings left to jaxnet become on this
+    machine's devices, and which keys the experiment file's own functions replace."""
+    import jax
+
+    from jaxnet import config as config_lib
+    from jaxnet import parallel
+    from jaxnet.train.loop import experiment_hooks
+
+    try:
+        sizes = parallel.mesh_shape(cfg.mesh, jax.device_count())
+    except UserError:  # the run would say so; the config is still worth showing
+        sizes = None
+    return config_lib.settings_in_effect(cfg, jax.default_backend(), sizes, experiment_hooks(cfg))
 
 
 # The command again, in a Python whose path starts with the plan's wheels: JAX binds the CUDA plugin

@@ -16,7 +16,7 @@ import pytest
 from conftest import cpu_env, tiny_config
 
 import jaxnet
-from jaxnet import catalog
+from jaxnet import catalog, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,3 +168,51 @@ def test_without_a_progress_bar_the_log_lines_still_print_with_full_metric_names
         ["step", "2/4", "loss", "hamming_accuracy"],
         ["step", "4/4", "loss", "hamming_accuracy"],
     ]
+
+
+def shown_keys(out: str) -> dict[str, str]:
+    """The value column of --show-config's key table, by key."""
+    table = out.partition("\nkeys:\n")[2].splitlines()
+    return {line[:24].strip(): line[42:].split("  ")[0].strip() for line in table}
+
+
+def test_show_config_shows_the_experiments_values_and_what_auto_settings_become(capsys):
+    assert cli.main(["train", "cnn_fashion_mnist:smoke", "optim.lr=0.01", "--show-config"]) == 0
+    shown = shown_keys(capsys.readouterr().out)
+    assert shown["train.steps"] == "60"  # the smoke variant's, not TrainConfig's 1000
+    assert shown["optim.lr"] == "0.01"
+    assert shown["optim.warmup_steps"] == "10"
+    assert shown["model.dtype"] == "auto -> float32"  # the tests run on a CPU
+    assert shown["task"] == "'' -> classification"
+    assert shown["mesh.data"] == "-1 -> 1"
+    assert shown["train.progress"] == "true"
+
+
+OWN_EXPERIMENT = """
+import flax.linen as nn
+import jaxnet
+
+
+class Wide(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(10)(x.reshape(x.shape[0], -1))
+
+
+def model(cfg):
+    return Wide()
+
+
+def get_config(variant):
+    return jaxnet.apply_overrides(jaxnet.Config(), ["train.steps=7"])
+"""
+
+
+def test_show_config_names_the_keys_an_experiment_files_functions_replace(tmp_path, capsys):
+    path = tmp_path / "own.py"
+    path.write_text(OWN_EXPERIMENT)
+    assert cli.main(["train", str(path), "--show-config"]) == 0
+    shown = shown_keys(capsys.readouterr().out)
+    assert shown["model.name"] == "convnet -> the experiment file's model(cfg)"
+    assert shown["train.steps"] == "7"
+    assert shown["data.name"] == "fashion_mnist"

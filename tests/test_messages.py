@@ -5,6 +5,8 @@ log lines without a progress bar, full metric names, the resolved config)."""
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 from conftest import cpu_env, tiny_config
 
 import jaxnet
-from jaxnet import catalog, cli
+from jaxnet import catalog, cli, observe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,3 +218,61 @@ def test_show_config_names_the_keys_an_experiment_files_functions_replace(tmp_pa
     assert shown["model.name"] == "convnet -> the experiment file's model(cfg)"
     assert shown["train.steps"] == "7"
     assert shown["data.name"] == "fashion_mnist"
+
+
+def lrs(workdir: Path) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in observe.read_metrics(workdir / "metrics.jsonl") if r["split"] == "train"}
+
+
+def cosine(lr: float, step: int, steps: int) -> float:
+    """optax's cosine decay to 0 at ``step`` of ``steps`` (an independent reference)."""
+    return lr * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+
+
+def test_extending_a_completed_cosine_run_says_so_and_restarts_or_continues_its_schedule(quadrants, tmp_path, capsys):
+    """12 cosine steps completed, then train.steps=16: by default the schedule begins again over
+    the 4 new steps; with optim.extend=continue its final value (0) is held, also across a resume."""
+    first = tmp_path / "restart"
+    jaxnet.train(tiny_config(), first, dataset=quadrants)
+    shutil.copytree(first, tmp_path / "continue")
+    capsys.readouterr()
+
+    jaxnet.train(tiny_config(train={"steps": 16}), first, dataset=quadrants)
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        "note: train.steps 12 -> 16 extends a completed run whose cosine schedule ended at step 12; its learning "
+        "rate begins again over the 4 new steps (optim.extend=continue holds its final value)"
+    ]
+    logged = lrs(first)
+    for step in (2, 12):  # the completed run's own schedule, untouched
+        assert logged[step] == pytest.approx(cosine(1e-2, step - 1, 12), rel=1e-5, abs=1e-9)  # float32
+    for step in (14, 16):  # schedule step s uses the rate at s - 1; the new segment counts from 12
+        assert logged[step] == pytest.approx(cosine(1e-2, step - 1 - 12, 4), rel=1e-5, abs=1e-9)  # float32
+    assert json.loads((first / "config.json").read_text())["optim"]["extended_at"] == 12
+
+    second = tmp_path / "continue"
+    extend = {"steps": 16, "stop_after": 2}
+    jaxnet.train(tiny_config(train=extend, optim={"extend": "continue"}), second, dataset=quadrants)
+    assert "holds its final value 0 (optim.extend=restart begins it again)" in capsys.readouterr().out
+    jaxnet.train(tiny_config(train={"steps": 16}, optim={"extend": "continue"}), second, dataset=quadrants)
+    resumed = capsys.readouterr().out
+    assert "note: " not in resumed and "extended_at" not in resumed  # carried over, not a change
+    assert lrs(second)[14] == lrs(second)[16] == 0.0
+    assert json.loads((second / "summary.json").read_text())["complete"]
+
+
+def test_an_extension_changes_nothing_before_it_and_nothing_for_a_run_never_extended():
+    from jaxnet import optim
+    from jaxnet.config import OptimConfig
+
+    plain = OptimConfig(lr=1.0, warmup_steps=2)
+    extended = OptimConfig(lr=1.0, warmup_steps=2, extended_at=6)
+    steps = range(10)
+    assert [float(optim.extended_schedule(plain, 10)(t)) for t in steps] == [
+        float(optim.schedule(plain, 10)(t)) for t in steps
+    ]
+    assert [float(optim.extended_schedule(extended, 10)(t)) for t in range(6)] == [
+        float(optim.schedule(plain, 6)(t)) for t in range(6)
+    ]
+    # restart: warmup (0.5, 1.0) and a cosine over the 2 steps left after it, from step 6 on
+    assert [float(optim.extended_schedule(extended, 10)(t)) for t in range(6, 10)] == [0.5, 1.0, 1.0, 0.5]

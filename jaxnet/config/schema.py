@@ -84,6 +84,16 @@ class OptimConfig:
     end_lr_factor: float = field(
         0.0, "final learning rate of the cosine schedule, as a fraction of lr", low=0.0, high=1.0
     )
+    extend: str = field(
+        "restart",
+        "a completed run resumed with a larger train.steps, where the schedule depends on train.steps (cosine): "
+        "restart = the schedule, warmup included, begins again over the new steps; continue = the old schedule's "
+        "final learning rate is held",
+        choices=("restart", "continue"),
+    )
+    extended_at: int = field(
+        0, "set when a completed run is extended: the step its schedule ended at (0 = never extended)", low=0
+    )
     clip_norm: float = field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
     grad_accum: int = field(1, "split each batch into this many micro-batches and average their gradients", low=1)
     freeze: str = field(

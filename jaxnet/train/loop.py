@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -429,6 +430,38 @@ def _open_workdir(workdir: Path, cfg: Config, adopt: bool = False) -> Config | N
     return previous
 
 
+def schedule_extension(cfg: Config, workdir: Path, say: Callable[[str], Any]) -> Config:
+    """``cfg`` with ``optim.extended_at`` set where it resumes a completed run with a larger
+    ``train.steps`` and a schedule that depends on it (so it would jump, cosine from its end back
+    up): the old schedule then ends there and ``optim.extend`` says what follows, which is said in
+    one line. An extension recorded earlier carries over; otherwise ``cfg`` is returned as it is."""
+    try:
+        previous = config_lib.load(workdir / "config.json")
+        old_steps = previous.train.steps
+    except (UserError, OSError):  # no run there, or one _open_workdir will refuse
+        return cfg
+    at = cfg.optim.extended_at or previous.optim.extended_at
+    summary = _completed_summary(workdir)
+    if summary is not None and summary.get("step") == old_steps < cfg.train.steps and old_steps > at:
+        so_far = dataclasses.replace(cfg.optim, extended_at=at)  # the schedule the run completed
+        before = optim.extended_schedule(so_far, old_steps)
+        stretched = optim.extended_schedule(so_far, cfg.train.steps)
+        if float(before(old_steps - 1)) != float(stretched(old_steps - 1)):
+            at = old_steps
+            added = cfg.train.steps - old_steps
+            if cfg.optim.extend == "restart":
+                what = f"begins again over the {added} new steps (optim.extend=continue holds its final value)"
+            else:
+                what = f"holds its final value {float(before(old_steps)):.3g} (optim.extend=restart begins it again)"
+            say(
+                f"note: train.steps {old_steps} -> {cfg.train.steps} extends a completed run whose "
+                f"{cfg.optim.schedule} schedule ended at step {old_steps}; its learning rate {what}"
+            )
+    if at == cfg.optim.extended_at or at >= cfg.train.steps:
+        return cfg
+    return config_lib.apply_overrides(cfg, [f"optim.extended_at={at}"])
+
+
 def _changes(previous: Config | None, cfg: Config) -> str:
     if previous is None:
         return ""
@@ -502,6 +535,7 @@ def train(
     config_lib.validate(cfg)
     trackers_lib.check(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
+    cfg = schedule_extension(cfg, workdir, print if parallel.is_primary() else lambda *_: None)
     run = Run(cfg, model=model, dataset=dataset, task=task)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]

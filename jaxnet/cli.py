@@ -3,7 +3,7 @@
     jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config] [--adopt]
                  [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxnet sweep EXPERIMENT[:VARIANT] key=v1,v2,... [key=value ...] [--workdir DIR] [--members-per-program N]
-                 [--members-at-once K] [--max-members N]
+                 [--members-at-once K] [--max-members N] [--add]
     jaxnet eval --workdir DIR [--split test|val] [key=value ...]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
@@ -84,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
         "an accelerator, on a CPU all for models with convolutions and 1 otherwise)",
     )
     sweep.add_argument("--max-members", type=int, default=256, metavar="N", help="refuse a grid of more members")
+    sweep.add_argument(
+        "--add",
+        action="store_true",
+        help="the workdir holds a sweep of another grid: train this grid's new members beside it (one table)",
+    )
 
     evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
     evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
@@ -217,6 +222,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             members_per_program=args.members_per_program,
             members_at_once=args.members_at_once,
             max_members=args.max_members,
+            add=args.add,
         )
         return 130 if record.get("interrupted_by") == "SIGINT" else 0
     if args.command == "eval":

@@ -255,6 +255,10 @@ BAD_INPUT = [
     bad(["sweep", SMOKE, "seed=0,1", "model.hidden=16,0"], "model.hidden=0 must be >= 1"),
     bad(["sweep", SMOKE, "seed=0,1", "parallel.sgd=async"], "jaxnet sweep trains synchronous SGD"),
     bad(["sweep", SMOKE, "seed=0,1", "--members-at-once", "-1"], "--members-at-once=-1"),
+    bad(
+        ["sweep", SMOKE, "seed=0,1", "--workdir", "{old_sweep}"],
+        "old_sweep holds a sweep of another grid (optim.lr=1e-3,2e-3); pass --add",
+    ),
 ]
 
 # An experiment file of a user's own: data(cfg), task(cfg) and model(cfg) beside get_config; {body}
@@ -428,6 +432,13 @@ def make_places(tmp_path: Path, run: Path, names: set[str]) -> dict[str, Path]:
         (directory / "checkpoints").write_text("not a directory\n")
         return directory
 
+    def old_sweep() -> Path:  # what jaxnet sweep reads first of a sweep it finds there
+        (tmp_path / "old_sweep").mkdir()
+        members = [{"name": "optim.lr=1e-3"}, {"name": "optim.lr=2e-3"}]
+        record = {"members": members, "keys": {"optim.lr": ["1e-3", "2e-3"]}}
+        (tmp_path / "old_sweep" / "sweep.json").write_text(json.dumps(record))
+        return tmp_path / "old_sweep"
+
     def checkpoints_locked() -> Path:  # the test takes the permissions away once it has read every file
         return copy_of_run("checkpoints_locked")
 
@@ -451,6 +462,7 @@ def make_places(tmp_path: Path, run: Path, names: set[str]) -> dict[str, Path]:
         },
         checkpoints_file=checkpoints_file,
         checkpoints_locked=checkpoints_locked,
+        old_sweep=old_sweep,
     )
     return {"run": run, **{name: makers[name]() for name in names if name in makers}}
 

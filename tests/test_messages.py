@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -277,3 +278,38 @@ def test_an_extension_changes_nothing_before_it_and_nothing_for_a_run_never_exte
     # restart: warmup (0.5, 1.0) and a cosine over the 2 steps left after it, from step 6 on
     after = [float(optim.extended_schedule(extended, 10)(t)) for t in range(6, 10)]
     assert after == pytest.approx([0.5, 1.0, 1.0, 0.5], rel=1e-6)
+
+
+def short() -> jaxnet.Config:
+    return tiny_config(train={"steps": 4, "eval_every": 0, "checkpoint_every": 0})
+
+
+def test_a_sweep_of_another_grid_is_refused_unless_added_and_then_trains_only_new_members(quadrants, tmp_path):
+    """Learning rates 0.01 and 0.03 (seed 0), then seeds 0 and 1 at 0.01: refused without add;
+    with add only seed 1 trains (seed 0 at 0.01 is the old member "optim.lr=0.01"), and the table
+    has both grids' members."""
+    root = tmp_path / "s"
+    jaxnet.sweep(short(), {"optim.lr": [0.01, 0.03]}, root, dataset=quadrants)
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    again = {"seed": [0, 1], "optim.lr": [0.01]}  # one value: a plain override
+    with pytest.raises(jaxnet.UserError, match=r"holds a sweep of another grid \(optim.lr=0.01,0.03\); pass --add"):
+        jaxnet.sweep(short(), again, root, dataset=quadrants)
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+
+    said = []
+    record = jaxnet.sweep(short(), again, root, dataset=quadrants, add=True, say=said.append)
+    assert [m["name"] for m in record["members"]] == ["optim.lr=0.01", "seed=1", "optim.lr=0.03"]
+    assert [m["values"] for m in record["members"]] == [
+        {"optim.lr": 0.01, "seed": 0},
+        {"optim.lr": 0.01, "seed": 1},
+        {"optim.lr": 0.03, "seed": 0},
+    ]
+    assert [line for line in said if line.startswith("program")] == ["program 1 of 1: seed=1"]
+    assert not (root / "seed=0").exists()
+    old_member = root / "optim.lr=0.01" / "checkpoints"
+    assert {p: p.read_bytes() for p in old_member.rglob("*") if p.is_file()} == {
+        p: b for p, b in before.items() if old_member in p.parents
+    }
+    table = (root / "sweep.md").read_text()
+    assert "3 members" in table
+    assert re.search(r"^\| 0\.01 \| 2 \| ", table, re.M) and re.search(r"^\| 0\.03 \| 1 \| ", table, re.M)

@@ -12,6 +12,8 @@ Your own work: any JAX model (a Flax Linen or NNX module, an Equinox module, or
 """
 
 import importlib
+import sys
+import types
 from typing import Any
 
 # First: the jaxnet command re-executes itself with its malloc settings before JAX loads, and
@@ -62,6 +64,21 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
+
+
+class _Package(types.ModuleType):
+    """This package: when the import system binds a submodule that shares its name with a
+    public function (``jaxnet.train``, ``jaxnet.sweep``, ``jaxnet.sample``) as an attribute, the
+    function keeps the name, as when the package imported them all at once."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        public = _LAZY.get(name, (None, None))
+        if isinstance(value, types.ModuleType) and value.__name__ == public[0] and public[1] is not None:
+            value = getattr(value, public[1])
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __version__ = "0.1.0"

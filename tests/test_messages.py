@@ -57,6 +57,9 @@ import jaxnet
 print(json.dumps({"jax": "jax" in sys.modules, "threads": os.environ.get("PJRT_NPROC")}))
 cfg = jaxnet.Config()
 print(json.dumps({"jax": "jax" in sys.modules, "config": type(cfg).__name__, "train": "train" in dir(jaxnet)}))
+from jaxnet.sweep import expand  # binds the submodule jaxnet.sweep: the function keeps the name
+import jaxnet.train.loop
+print(json.dumps({"functions": [callable(f) for f in (jaxnet.sweep, jaxnet.train, jaxnet.sample)]}))
 try:
     jaxnet.trian
 except AttributeError as e:
@@ -76,9 +79,10 @@ def test_import_jaxnet_loads_jax_only_when_needed_and_still_sizes_the_cpu_client
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    first, second, third = (json.loads(line) for line in result.stdout.strip().splitlines())
+    first, second, functions, third = (json.loads(line) for line in result.stdout.strip().splitlines())
     assert first == {"jax": False, "threads": "16"}  # 8 simulated devices, twice the threads, before JAX
     assert second == {"jax": True, "config": "Config", "train": True}
+    assert functions == {"functions": [True, True, True]}
     assert third == {"error": "module 'jaxnet' has no attribute 'trian'"}
 
 

@@ -13,6 +13,9 @@ sets it and re-executes itself; a program that imports jaxnet can start Python w
 
 A ``GLIBC_TUNABLES`` that already names ``glibc.malloc.hugetlb`` is left as it is (set
 ``glibc.malloc.hugetlb=0`` to opt out), and nothing changes outside Linux.
+
+Here too, needing no JAX: the size of XLA's CPU thread pool for simulated devices
+(:func:`make_room_for_simulated_devices`), which ``import jaxnet`` sets before JAX starts.
 """
 
 from __future__ import annotations

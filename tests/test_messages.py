@@ -243,9 +243,9 @@ def test_extending_a_completed_cosine_run_says_so_and_restarts_or_continues_its_
     capsys.readouterr()
 
     jaxnet.train(tiny_config(train={"steps": 16}), first, dataset=quadrants)
-    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
     assert notes == [
-        "note: train.steps 12 -> 16 extends a completed run whose cosine schedule ended at step 12; its learning "
+        "warning: train.steps 12 -> 16 extends a completed run whose cosine schedule ended at step 12; its learning "
         "rate begins again over the 4 new steps (optim.extend=continue holds its final value)"
     ]
     logged = lrs(first)
@@ -261,7 +261,7 @@ def test_extending_a_completed_cosine_run_says_so_and_restarts_or_continues_its_
     assert "holds its final value 0 (optim.extend=restart begins it again)" in capsys.readouterr().out
     jaxnet.train(tiny_config(train={"steps": 16}, optim={"extend": "continue"}), second, dataset=quadrants)
     resumed = capsys.readouterr().out
-    assert "note: " not in resumed and "extended_at" not in resumed  # carried over, not a change
+    assert "warning: " not in resumed and "extended_at" not in resumed  # carried over, not a change
     assert lrs(second)[14] == lrs(second)[16] == 0.0
     assert json.loads((second / "summary.json").read_text())["complete"]
 

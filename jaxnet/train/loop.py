@@ -454,7 +454,7 @@ def schedule_extension(cfg: Config, workdir: Path, say: Callable[[str], Any]) ->
             else:
                 what = f"holds its final value {float(before(old_steps)):.3g} (optim.extend=restart begins it again)"
             say(
-                f"note: train.steps {old_steps} -> {cfg.train.steps} extends a completed run whose "
+                f"warning: train.steps {old_steps} -> {cfg.train.steps} extends a completed run whose "
                 f"{cfg.optim.schedule} schedule ended at step {old_steps}; its learning rate {what}"
             )
     if at == cfg.optim.extended_at or at >= cfg.train.steps:

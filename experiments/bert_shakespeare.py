@@ -1,5 +1,4 @@
-"""A BERT-style bidirectional Transformer encoder, trained by masked language modelling on
-Shakespeare's complete works (characters).
+"""A BERT-style Transformer encoder trained by masked language modelling on Shakespeare (characters).
 
 Command:  jaxnet train bert_shakespeare
 Result:   64.1 % of the masked characters right on test (loss 1.197 nats per masked character),

@@ -3,10 +3,12 @@
 Command:  jaxnet train resnet_cifar10 data.dir=/path/to/cifar-10-batches-py
 Data:     the standard python-pickle batches (data_batch_1..5, test_batch); CIFAR-10 cannot be
           installed from the package registries, so the directory is yours to supply.
-Result:   He et al. (2016) report 91.25 % test accuracy for ResNet-20 with this recipe
-          (64k steps of 128, SGD momentum 0.9, lr 0.1, weight decay 1e-4). Not yet measured
-          with jaxnet: it needs a GPU or many CPU hours (about 8 steps/s would be needed for a
-          2-hour run; a 2-core CPU manages far fewer).
+Result:   not yet measured with jaxnet; He et al. (2016) report 91.25 % test accuracy with this recipe
+Time:     not measured: a 2-hour run needs about 8 steps/s, far more than a 2-core CPU manages; a GPU
+          is the place for it
+
+The recipe of He et al. (2016): 64k steps of 128, SGD with momentum 0.9, learning rate 0.1,
+weight decay 1e-4.
 
 Variants: ``smoke`` trains a two-stage ResNet for 20 steps, for tests.
 """

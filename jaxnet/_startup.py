@@ -13,11 +13,15 @@ sets it and re-executes itself; a program that imports jaxnet can start Python w
 
 A ``GLIBC_TUNABLES`` that already names ``glibc.malloc.hugetlb`` is left as it is (set
 ``glibc.malloc.hugetlb=0`` to opt out), and nothing changes outside Linux.
+
+Here too, needing no JAX: the size of XLA's CPU thread pool for simulated devices
+(:func:`make_room_for_simulated_devices`), which ``import jaxnet`` sets before JAX starts.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb"
@@ -52,6 +56,57 @@ def reexec_command() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+
+
+def simulated_cpu_devices() -> int:
+    """How many CPU devices this process simulates: ``jax_num_cpu_devices`` (``$JAX_NUM_CPU_DEVICES``)
+    if set, else ``--xla_force_host_platform_device_count`` in ``$XLA_FLAGS``, else 1. Read from
+    the environment while JAX is not imported (``import jaxnet`` does not import it)."""
+    if "jax" in sys.modules:
+        configured = sys.modules["jax"].config.jax_num_cpu_devices
+    else:
+        text = os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()
+        configured = int(text) if text.isdigit() else 0
+    if configured > 0:
+        return configured
+    found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(found[-1]) if found else 1
+
+
+def make_room_for_simulated_devices() -> None:
+    """Give XLA's CPU client at least twice as many threads as the devices it simulates, before
+    JAX starts it: ``$PJRT_NPROC``, the client's thread count, is set or raised to that.
+
+    The client runs each device's part of a multi-device program on a thread of one pool, sized
+    to the device count when the machine has fewer cores, and every part must be running at once
+    for the program's collectives to meet. Each call of a jitted function dispatches its parts
+    from that same pool, and a dispatch waits there while its device has 32 computations queued
+    (XLA's ``max_inflight_computations_per_device``). When the host runs that far ahead of the
+    devices (a busy machine, evaluation's many small programs), a waiting dispatch holds a thread
+    a part needs, the parts already running wait in their collectives for it, and XLA aborts the
+    process after 40 s ("Termination timeout for `all gather RendezvousKey{...}`"). With twice
+    the threads, one call's dispatches and one program's parts always fit. A larger value (more
+    cores, or the user's) is kept; nothing changes without simulated devices, nor once JAX has
+    started its backends (too late to size the pool). Needs no JAX: ``import jaxnet`` calls it.
+    """
+    devices = simulated_cpu_devices()
+    if devices < 2:
+        return
+    if "jax" in sys.modules:  # without JAX imported, no backend can have started
+        from jax._src import xla_bridge  # whether the CPU client exists already: no public API says
+
+        if xla_bridge.backends_are_initialized():
+            return
+    # What XLA would use: $PJRT_NPROC, else $NPROC (a CPU reservation), else the usable cores.
+    # An inherited value counts too: a parent process may have simulated fewer devices.
+    given = next((v for v in (os.environ.get(k, "").strip() for k in ("PJRT_NPROC", "NPROC")) if v.isdigit()), "")
+    if given:
+        threads = int(given)
+    elif hasattr(os, "sched_getaffinity"):
+        threads = len(os.sched_getaffinity(0))
+    else:
+        threads = os.cpu_count() or 1
+    os.environ["PJRT_NPROC"] = str(max(threads, 2 * devices))
 
 
 reexec_command()

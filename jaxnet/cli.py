@@ -3,7 +3,7 @@
     jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config] [--adopt]
                  [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxnet sweep EXPERIMENT[:VARIANT] key=v1,v2,... [key=value ...] [--workdir DIR] [--members-per-program N]
-                 [--members-at-once K] [--max-members N]
+                 [--members-at-once K] [--max-members N] [--add]
     jaxnet eval --workdir DIR [--split test|val] [--step N|best] [key=value ...]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
     jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
@@ -29,6 +29,7 @@ import os
 import shlex
 import sys
 import traceback
+from typing import Any
 
 from jaxnet.errors import UserError
 
@@ -48,7 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("experiment", help="name under experiments/ or path to a .py file, optionally :VARIANT")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=0.05")
     train.add_argument("--workdir", help="run directory (default: runs/EXPERIMENT[-VARIANT])")
-    train.add_argument("--show-config", action="store_true", help="print the resolved config and every key, then exit")
+    train.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the config, then every key with its value and what auto settings become here; then exit",
+    )
     train.add_argument("--adopt", action="store_true", help="resume a workdir that holds a run of another experiment")
     hosts = train.add_argument_group(
         "multi-process runs", "one process per host (Slurm and Open MPI are detected without these)"
@@ -80,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
         "an accelerator, on a CPU all for models with convolutions and 1 otherwise)",
     )
     sweep.add_argument("--max-members", type=int, default=256, metavar="N", help="refuse a grid of more members")
+    sweep.add_argument(
+        "--add",
+        action="store_true",
+        help="the workdir holds a sweep of another grid: train this grid's new members beside it (one table)",
+    )
 
     evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
     evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
@@ -156,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", help="write the plan as JSON to this file")
 
     _study_parser(commands)
-    commands.add_parser("list", help="list the experiments that can be trained")
+    commands.add_parser("list", help="list the experiments that can be trained, with their results and times")
     return parser
 
 
@@ -214,17 +224,18 @@ def _study_parser(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "plan":
         return _plan(args, argv)
+    if args.command == "list":
+        from jaxnet import catalog  # reads the files' docstrings: no JAX
+
+        print(catalog.listing())
+        return 0
     from jaxnet import config
 
-    if args.command == "list":
-        for name in config.list_experiments():
-            print(name)
-        return 0
     if args.command == "train":
         cfg = config.load_experiment(args.experiment, args.overrides)
         if args.show_config:
             print(json.dumps(cfg.to_dict(), indent=2))
-            print("\nkeys:\n" + config.describe(cfg))
+            print("\nkeys:\n" + config.describe(cfg, _in_effect(cfg)))
             return 0
         from jaxnet import parallel
         from jaxnet.train import train
@@ -243,6 +254,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             members_per_program=args.members_per_program,
             members_at_once=args.members_at_once,
             max_members=args.max_members,
+            add=args.add,
         )
         return 130 if record.get("interrupted_by") == "SIGINT" else 0
     if args.command == "eval":
@@ -288,6 +300,22 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(text)
         return 0
     raise AssertionError(args.command)
+
+
+def _in_effect(cfg: Any) -> dict[str, str]:
+    """What ``--show-config`` adds to the values: what the settings left to jaxnet become on this
+    machine's devices, and which keys the experiment file's own functions replace."""
+    import jax
+
+    from jaxnet import config as config_lib
+    from jaxnet import parallel
+    from jaxnet.train.loop import experiment_hooks
+
+    try:
+        sizes = parallel.mesh_shape(cfg.mesh, jax.device_count())
+    except UserError:  # the run would say so; the config is still worth showing
+        sizes = None
+    return config_lib.settings_in_effect(cfg, jax.default_backend(), sizes, experiment_hooks(cfg))
 
 
 # The command again, in a Python whose path starts with the plan's wheels: JAX binds the CUDA plugin

@@ -106,7 +106,8 @@ class Quiet:
 
 
 class Progress:
-    """A progress bar on a terminal; one plain line per update otherwise (logs, CI)."""
+    """A progress bar on a terminal; one plain line per update otherwise (logs, CI, or with
+    ``enabled`` False: ``train.progress=false`` hides the bar, never the lines)."""
 
     def __init__(self, total: int, initial: int, enabled: bool = True):
         self.enabled = enabled
@@ -120,7 +121,7 @@ class Progress:
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
             self._bar.set_postfix_str(text, refresh=True)
-        elif self.enabled:
+        else:
             print(f"step {step}/{self.total}  {text}", flush=True)
 
     def note(self, message: str) -> None:

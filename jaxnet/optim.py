@@ -55,6 +55,18 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     return optax.join_schedules([warmup, main], [cfg.warmup_steps])
 
 
+def extended_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    """:func:`schedule` over ``total_steps``; for a run extended after completing at step
+    ``cfg.extended_at``, that run's schedule up to there, then (``cfg.extend``) the schedule again
+    over the new steps (``restart``) or its final value held (``continue``)."""
+    at = cfg.extended_at
+    if not at or at >= total_steps:
+        return schedule(cfg, total_steps)
+    before = schedule(cfg, at)
+    after = schedule(cfg, total_steps - at) if cfg.extend == "restart" else optax.constant_schedule(before(at))
+    return optax.join_schedules([before, after], [at])
+
+
 def step_decay(lr: float, start: int, every: int, factor: float) -> optax.Schedule:
     """``lr`` before step ``start``, then ``lr * factor**(1 + (t - start) // every)``: the schedule of
     Zaremba et al. (2014), where the rate halves at the start of every epoch after the fourth."""
@@ -102,7 +114,7 @@ def build(
     (lr, schedule, warmup); a transformation carries its own learning rate. Gradient accumulation
     and ``train.on_nonfinite=skip`` act in the step, around any optimizer.
     """
-    by_step = schedule(cfg, total_steps)
+    by_step = extended_schedule(cfg, total_steps)
     lr = by_step if updates_per_step == 1 else (lambda count: by_step(count // updates_per_step))
     opt = built_in(cfg, lr) if optimizer is None else custom(optimizer, lr)
     if not off(cfg.clip_norm):

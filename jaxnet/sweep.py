@@ -607,6 +607,7 @@ def sweep(
     members_per_program: int = 0,
     members_at_once: int | None = None,
     max_members: int = MAX_MEMBERS,
+    add: bool = False,
     say: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
     """Train every configuration of ``grid`` over ``experiment`` (a name, a path, or a Config),
@@ -618,7 +619,9 @@ def sweep(
     ``lambda lr: optax.lion(lr)``, gets each member's learning rate; a swept key your optimizer
     does not read is refused). ``members_per_program`` caps a program's members (0: no
     cap); ``members_at_once`` is how many members one vmapped step takes (0: all; None: chosen by
-    :func:`members_at_once`)::
+    :func:`members_at_once`). A ``workdir`` holding a sweep of another grid is refused unless
+    ``add``: then this grid's members train beside the old ones, which stay in the table, and a
+    member whose configuration the old sweep trained (under another name) is not trained again::
 
         record = jaxnet.sweep("cnn_fashion_mnist:smoke", {"optim.lr": [1e-3, 3e-3], "seed": [0, 1]}, "runs/s")
         print(record["configs"][0])  # the best configuration, its mean and std over seeds
@@ -645,7 +648,10 @@ def sweep(
         check_supported(m.cfg)
     trackers_lib.check(base)
     root = Path(workdir) if workdir is not None else Path("runs") / f"sweep-{default_workdir(base).name}"
-    dirs = {m.name: root / m.name for m in members}
+    everyone, swept_keys = members, swept
+    if (root / "sweep.json").is_file():
+        members, everyone, swept_keys = _beside_previous(root, members, swept, add)
+    dirs = {m.name: root / m.name for m in everyone}
     for m in members:
         common.check_reusable(dirs[m.name], m.cfg)
     groups = programs(members, members_per_program)
@@ -687,7 +693,7 @@ def sweep(
                     ),
                 }
             )
-    record = _record(base, swept, members, dirs, groups, metric, timings, environment, root)
+    record = _record(base, swept_keys, everyone, dirs, groups, metric, timings, environment, root)
     if interrupts.name:
         record["interrupted_by"] = interrupts.name
     common.write_json(root / "sweep.json", record)
@@ -703,6 +709,43 @@ def sweep(
         say(report(record))
     say(f"wrote {common.relpath(root / 'sweep.json')}, sweep.md and sweep.png")
     return record
+
+
+def _beside_previous(
+    root: Path, members: list[Member], swept: dict[str, list[str]], add: bool
+) -> tuple[list[Member], list[Member], dict[str, list[str]]]:
+    """For a ``root`` that holds a sweep already: the members to train, every member of the
+    table, and the swept keys of both. The same grid resumes as it is; another grid is refused
+    unless ``add``. A member whose configuration an old member trained is that old member (its
+    name and run directory) and is not trained again; an unfinished one resumes with its own grid."""
+    try:
+        previous = json.loads((root / "sweep.json").read_text())
+        old_names = [m["name"] for m in previous["members"]]
+        old_keys = dict(previous["keys"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{root}/sweep.json is not a sweep record; pass a fresh --workdir") from None
+    if old_names == [m.name for m in members]:
+        return members, members, swept
+    if not add:
+        shown = " ".join(f"{k}={','.join(map(str, v))}" for k, v in old_keys.items())
+        raise UserError(
+            f"{root} holds a sweep of another grid ({shown}); pass --add to train this grid's new members beside "
+            "it (the table keeps both), or a fresh --workdir"
+        )
+    old = {}
+    for name in old_names:
+        path = root / name / "config.json"
+        if path.is_file():  # a member never started has nothing to keep
+            old[name] = config_lib.load(path)
+    by_run = {common.run_key(cfg): name for name, cfg in old.items()}
+    table = [dataclasses.replace(m, name=by_run.get(common.run_key(m.cfg), m.name)) for m in members]
+    mine = {m.name for m in table}
+    table += [Member(name, {}, cfg) for name, cfg in old.items() if name not in mine]
+    keys = [*old_keys, *(k for k in swept if k not in old_keys)]
+    for m in table:
+        m.values = {k: _get(m.cfg, k) for k in keys}
+    texts = {k: list(dict.fromkeys(_text(m.values[k]) for m in table)) for k in keys}
+    return [m for m in table if m.name not in old], table, texts
 
 
 def _text(value: Any) -> str:

@@ -47,7 +47,9 @@ class Task:
     the target's variance); names starting with ``_`` are helpers it may consume.
     ``transform``: a host-side ``(batch, rng) -> batch`` applied to every batch before it goes to
     the devices (masked-LM corruption). ``extra_inputs``: input ids beyond the data's
-    vocabulary the model must embed (masked-LM's mask token).
+    vocabulary the model must embed (masked-LM's mask token). ``labels``: the batch key of
+    integer class labels that index the outputs' last axis; they are checked against the
+    model's number of outputs before the first step.
     """
 
     inputs: str | tuple[str, ...]
@@ -59,6 +61,7 @@ class Task:
     finalize: Callable[[dict[str, float]], dict[str, float]] | None = None
     transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]] | None = None
     extra_inputs: int = 0
+    labels: str | None = None
 
     def __post_init__(self) -> None:
         keys = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs)
@@ -159,6 +162,7 @@ def _label_task(name: str, inputs: str, target: str, label_smoothing: float, **e
         metrics={"accuracy": accuracy},
         name=name,
         eval_loss=None if optim.off(label_smoothing) else plain_loss,
+        labels=target,
         **extra,
     )
 
@@ -321,6 +325,36 @@ def check(task: Task, model_name: str, outputs: Any, batch: Batch) -> None:
             )
 
 
+def check_labels(task: Task, model_name: str, outputs: Any, batch: Batch, dataset: Any) -> None:
+    """A one-line error if the data's class labels (``task.labels``) fall outside the model's
+    outputs, which would otherwise train to NaN. The range comes from the dataset's
+    ``label_range(key)`` (the labels are in memory; data that cannot say cheaply is not checked)."""
+    key = task.labels
+    leaves = jax.tree.leaves(outputs)
+    label_range = getattr(dataset, "label_range", None)
+    if key is None or key not in batch or len(leaves) != 1 or label_range is None:
+        return
+    if leaves[0].ndim != np.ndim(batch[key]) + 1:  # not one output per class: the task's own checks apply
+        return
+    span = label_range(key)
+    if span is None:
+        return
+    low, high = span
+    outputs_n = leaves[0].shape[-1] - task.extra_inputs
+    if low < 0:
+        raise UserError(
+            f"labels {key!r} run {low}..{high}, but class labels must be 0..N-1 (one output of the model per class); "
+            "relabel them"
+        )
+    if high >= outputs_n:
+        plural = "output" if outputs_n == 1 else "outputs"
+        raise UserError(
+            f"labels {key!r} run {low}..{high}, but model {model_name} has {outputs_n} {plural} ({_shapes(outputs)}); "
+            f"task {task.name!r} needs one output per class: give the model {high + 1} outputs "
+            f"(a built-in model: num_classes={high + 1})"
+        )
+
+
 def _shapes(tree: Any) -> str:
     return ", ".join(f"{x.dtype}{list(x.shape)}" for x in jax.tree.leaves(tree))
 
@@ -330,6 +364,7 @@ __all__ = [
     "Task",
     "check",
     "check_inputs",
+    "check_labels",
     "classification",
     "cross_entropy",
     "builtin",

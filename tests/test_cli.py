@@ -313,6 +313,8 @@ BAD_INPUT = [
     bad(["train", "{user_metrics_list}"], "Task metrics must be a dict of name -> metric(outputs, batch) -> scalar"),
     bad(["train", "{user_data_lengths}"], "train split: arrays of different lengths (x has 8, y has 7)"),
     bad(["train", "{user_no_data}"], "user_no_data.py:", "FileNotFoundError", "measurements.npz"),
+    bad(["train", "{user_one_output}"], "labels 'y' run 0..1, but model OneLogit has 1 output", "give the model 2"),
+    bad(["train", "{user_negative_labels}"], "labels 'y' run -1..1, but class labels must be 0..N-1"),
     # jaxnet sweep's grid (tests/test_sweep.py has more through the Python API)
     bad(
         ["sweep", SMOKE, "optim.learning_rate=1e-3,2e-3"],
@@ -329,6 +331,10 @@ BAD_INPUT = [
     bad(["sweep", SMOKE, "seed=0,1", "parallel.sgd=async"], "jaxnet sweep trains synchronous SGD"),
     bad(["sweep", SMOKE, "seed=0,1", "train.keep_best=val/loss"], "train.keep_best is for jaxnet train"),
     bad(["sweep", SMOKE, "seed=0,1", "--members-at-once", "-1"], "--members-at-once=-1"),
+    bad(
+        ["sweep", SMOKE, "seed=0,1", "--workdir", "{old_sweep}"],
+        "old_sweep holds a sweep of another grid (optim.lr=1e-3,2e-3); pass --add",
+    ),
 ]
 
 # An experiment file of a user's own: data(cfg), task(cfg) and model(cfg) beside get_config; {body}
@@ -391,6 +397,42 @@ def data(cfg):
     "user_no_data": """
 def data(cfg):
     return np.load("measurements.npz")
+""",
+    "user_one_output": """
+class OneLogit(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(1)(x)
+
+
+def model(cfg):
+    return OneLogit()
+
+
+def data(cfg):
+    return jaxnet.data.arrays(train={"x": np.ones((8, 4), np.float32), "y": np.arange(8) % 2})
+
+
+def task(cfg):
+    return jaxnet.tasks.classification(inputs="x", target="y")
+""",
+    "user_negative_labels": """
+class ThreeLogits(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(3)(x)
+
+
+def model(cfg):
+    return ThreeLogits()
+
+
+def data(cfg):
+    return jaxnet.data.arrays(train={"x": np.ones((8, 4), np.float32), "y": np.arange(8) % 3 - 1})
+
+
+def task(cfg):
+    return jaxnet.tasks.classification(inputs="x", target="y")
 """,
 }
 
@@ -477,6 +519,13 @@ def make_places(tmp_path: Path, run: Path, names: set[str]) -> dict[str, Path]:
         np.save(tmp_path / f"{name}.npy", array)
         return tmp_path / f"{name}.npy"
 
+    def old_sweep() -> Path:  # what jaxnet sweep reads first of a sweep it finds there
+        (tmp_path / "old_sweep").mkdir()
+        members = [{"name": "optim.lr=1e-3"}, {"name": "optim.lr=2e-3"}]
+        record = {"members": members, "keys": {"optim.lr": ["1e-3", "2e-3"]}}
+        (tmp_path / "old_sweep" / "sweep.json").write_text(json.dumps(record))
+        return tmp_path / "old_sweep"
+
     def checkpoints_locked() -> Path:  # the test takes the permissions away once it has read every file
         return copy_of_run("checkpoints_locked")
 
@@ -504,6 +553,7 @@ def make_places(tmp_path: Path, run: Path, names: set[str]) -> dict[str, Path]:
         images=lambda: npy("images", np.zeros((3, 28, 28, 1), np.uint8)),
         images_2d=lambda: npy("images_2d", np.zeros((3, 28, 28), np.uint8)),
         images_float=lambda: npy("images_float", np.zeros((3, 28, 28, 1), np.float32)),
+        old_sweep=old_sweep,
     )
     return {"run": run, **{name: makers[name]() for name in names if name in makers}}
 

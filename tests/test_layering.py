@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jaxnet"
 #: the trainer on everything below it. A module named nowhere here counts as an application
 #: (the top layer but for the command line), like sample, sweep and bench.
 LAYERS = [
-    ("jaxnet.errors",),
+    ("jaxnet.errors", "jaxnet._startup", "jaxnet.catalog"),
     ("jaxnet.models",),
     ("jaxnet.config",),
     ("jaxnet.data", "jaxnet.optim", "jaxnet.parallel", "jaxnet.tasks", "jaxnet.observe", "jaxnet.checkpoint"),

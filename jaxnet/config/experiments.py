@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import os
 import sys
 import traceback
 import types
@@ -19,30 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jaxnet.catalog import experiment_dirs, list_experiments
 from jaxnet.config.overrides import apply_overrides
 from jaxnet.config.schema import Config, validate
 from jaxnet.errors import UserError
-
-
-def experiment_dirs() -> list[Path]:
-    """Where experiment names are looked up, in order.
-
-    ``$JAXNET_EXPERIMENTS`` (colon-separated), ``./experiments``, then the experiments/ folder
-    next to the installed package (a source checkout).
-    """
-    dirs = [Path(p) for p in os.environ.get("JAXNET_EXPERIMENTS", "").split(os.pathsep) if p]
-    dirs += [Path.cwd() / "experiments", Path(__file__).resolve().parents[2] / "experiments"]
-    unique: list[Path] = []
-    for d in dirs:
-        if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:
-            unique.append(d)
-    return unique
-
-
-def list_experiments() -> list[str]:
-    """Names of the experiments found in :func:`experiment_dirs`."""
-    names = {p.stem for d in experiment_dirs() for p in d.glob("*.py") if not p.stem.startswith("_")}
-    return sorted(names)
 
 
 def _experiment_file(name: str) -> Path:

@@ -100,6 +100,16 @@ class OptimConfig(Checked):
     end_lr_factor: float = field(
         0.0, "final learning rate of the cosine and linear schedules, as a fraction of lr", low=0.0, high=1.0
     )
+    extend: str = field(
+        "restart",
+        "a completed run resumed with a larger train.steps, where the schedule depends on train.steps (cosine): "
+        "restart = the schedule, warmup included, begins again over the new steps; continue = the old schedule's "
+        "final learning rate is held",
+        choices=("restart", "continue"),
+    )
+    extended_at: int = field(
+        0, "set when a completed run is extended: the step its schedule ended at (0 = never extended)", low=0
+    )
     clip_norm: float = field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
     grad_accum: int = field(1, "split each batch into this many micro-batches and average their gradients", low=1)
     freeze: str = field(
@@ -141,7 +151,7 @@ class TrainConfig(Checked):
         low=1,
     )
     label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
-    progress: bool = field(True, "show a progress bar")
+    progress: bool = field(True, "show a progress bar on a terminal (false: plain log lines)")
     trackers: tuple[str, ...] = field(
         ("tensorboard",),
         "where the log records go besides metrics.jsonl: tensorboard (tb/), mlflow (MLFLOW_TRACKING_URI, else a "
@@ -250,19 +260,55 @@ def keys(cfg: Config | None = None) -> dict[str, dataclasses.Field]:
     return out
 
 
-def describe(cfg: Config | None = None) -> str:
-    """One line per settable key of ``cfg`` (default ``Config()``): name, type, default and what it does."""
+def describe(cfg: Config | None = None, in_effect: dict[str, str] | None = None) -> str:
+    """One line per settable key of ``cfg`` (default ``Config()``): name, type, its value in ``cfg``
+    (followed by ``-> X`` where ``in_effect`` says what a setting left to jaxnet becomes, see
+    :func:`settings_in_effect`) and what it does."""
     cfg = cfg if cfg is not None else Config()
+    in_effect = in_effect or {}
     lines = []
     for key, f in keys(cfg).items():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
         choices = f.metadata.get("choices")
         if key == "model.name":
-            default, choices = cfg.model.name, tuple(model_base.REGISTRY)
+            choices = tuple(model_base.REGISTRY)
         type_name = getattr(f.type, "__name__", str(f.type).replace("typing.", ""))
         shown = f" {{{'|'.join(choices)}}}" if choices else ""
-        lines.append(f"{key:24s} {type_name:16s} {default!s:14s} {f.metadata.get('doc', '')}{shown}")
+        text = _as_typed(value)
+        if key in in_effect:
+            text += f" -> {in_effect[key]}"
+        lines.append(f"{key:24s} {type_name:16s} {text:16s}  {f.metadata.get('doc', '')}{shown}")
     return "\n".join(lines)
+
+
+def settings_in_effect(
+    cfg: Config, backend: str, mesh_sizes: dict[str, int] | None = None, hooks: Any = ()
+) -> dict[str, str]:
+    """What the settings ``cfg`` leaves to jaxnet become (``auto`` and ``''`` values on
+    ``backend``, mesh axes of -1 given ``mesh_sizes``), and the keys an experiment file's
+    ``hooks`` (the names of its ``model``, ``data`` and ``task`` functions) stand in for."""
+    out: dict[str, str] = {}
+    model = cfg.model.for_backend(backend)
+    for key in model_keys(type(cfg.model)):
+        name = key.partition(".")[2]
+        if getattr(model, name) != getattr(cfg.model, name):
+            out[key] = _as_typed(getattr(model, name))
+    text = cfg.data.name in TEXT_DATA
+    if not cfg.task and cfg.data.name in TEXT_DATA + IMAGE_DATA:
+        out["task"] = "lm" if text else "classification"
+    if text and not cfg.data.tokenizer:
+        out["data.tokenizer"] = "word" if cfg.data.name == "ptb" else "char"
+    if text and not cfg.data.batching:
+        out["data.batching"] = batching(cfg)
+    for axis, size in (mesh_sizes or {}).items():
+        if getattr(cfg.mesh, axis) == -1:
+            out[f"mesh.{axis}"] = str(size)
+    for hook, key in (("model", "model.name"), ("data", "data.name"), ("task", "task")):
+        if hook in hooks:
+            out[key] = f"the experiment file's {hook}(cfg)"
+    return out
 
 
 def check_field(key: str, value: Any, f: dataclasses.Field) -> None:
@@ -280,6 +326,15 @@ def check_field(key: str, value: Any, f: dataclasses.Field) -> None:
             raise UserError(f"{key}={_show(value)}{every}must be >= {low}")
         if high is not None and v > high:
             raise UserError(f"{key}={_show(value)}{every}must be <= {high}")
+
+
+def _as_typed(value: Any) -> str:
+    """A value as ``key=value`` on the command line takes it: ``32,64``, ``true``, ``adamw``, ``''``."""
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "''"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value) if value != "" else "''"
 
 
 def _show(value: Any) -> str:

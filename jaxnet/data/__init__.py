@@ -71,6 +71,13 @@ class Dataset:
         """Examples in ``split``."""
         return len(getattr(self, split)[0])
 
+    def label_range(self, key: str) -> tuple[int, int] | None:
+        """The smallest and largest label over every split (None for another ``key``)."""
+        labels = [y for _, y in (self.train, self.val, self.test) if len(y)]
+        if key != "label" or not labels:
+            return None
+        return min(int(y.min()) for y in labels), max(int(y.max()) for y in labels)
+
     def sample(self, cfg: Config) -> dict[str, np.ndarray]:
         """A batch of one zero image: the shapes the model is initialised with."""
         return {"image": np.zeros((1, *self.train[0].shape[1:]), np.float32), "label": np.zeros(1, np.int32)}

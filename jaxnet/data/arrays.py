@@ -145,6 +145,15 @@ class ArrayDataset:
         """One training example as a batch of one: the shapes the model is initialised with."""
         return self.splits["train"].take(np.arange(1))
 
+    def label_range(self, key: str) -> tuple[int, int] | None:
+        """The smallest and largest integer ``key`` over the splits given as arrays (None if no
+        split holds it as integers; a dataset read item by item is not scanned)."""
+        given = [d.columns.get(key) for d in self.splits.values() if isinstance(d, _Arrays) and len(d)]
+        columns = [c for c in given if c is not None and np.issubdtype(c.dtype, np.integer)]
+        if not columns:
+            return None
+        return min(int(c.min()) for c in columns), max(int(c.max()) for c in columns)
+
     def check(self, cfg: Any) -> None:
         """One-line errors for a batch size the data cannot fill."""
         if cfg.train.batch_size > len(self):

@@ -113,6 +113,13 @@ def val_curve(workdir: Path, metric: str) -> list[tuple[int, float]]:
 # Training one point of a study
 
 
+def run_key(cfg: config_lib.Config) -> str:
+    """What two configs must share to be the same run: every key but those free to change
+    between invocations (the progress bar, trackers, where the data lies, ...)."""
+    flat = config_lib.flatten(cfg.to_dict())
+    return json.dumps({k: v for k, v in flat.items() if k not in _FREE_KEYS}, sort_keys=True, default=str)
+
+
 def check_reusable(workdir: Path, cfg: config_lib.Config) -> None:
     """Refuse to continue a run in ``workdir`` whose saved config differs from ``cfg`` (another
     batch size, learning rate or budget would silently mix two runs' checkpoints)."""

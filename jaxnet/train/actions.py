@@ -229,7 +229,7 @@ class LogTrain(Action):
         shown = {"loss": values["loss"]}
         first_metric = next((k for k in loop.run.task.metrics if not k.startswith("_")), None)
         if first_metric is not None:
-            shown[first_metric[:8]] = values[first_metric]
+            shown[first_metric] = values[first_metric]
         loop.progress.update(loop.step, {**shown, "steps/s": rate})
         loop.sums, loop.interval_steps = None, 0
         loop.interval_start = now

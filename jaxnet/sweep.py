@@ -45,7 +45,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxnet import config as config_lib
-from jaxnet import observe, optim, parallel, tasks
+from jaxnet import observe, optim, parallel, tasks, xla_options
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import Config
 from jaxnet.errors import UserError
@@ -258,6 +258,7 @@ class Population:
         self.train_step = jax.jit(
             parallel.under_rules(self._all_steps, self.mesh),
             donate_argnums=0,
+            compiler_options=xla_options.compiler_options(self.mesh),
             out_shardings=(self.state_shardings, whole),
         )
         self._take = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state), out_shardings=run.state_shardings)

@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from jaxnet import config as config_lib
 from jaxnet import data as data_lib
-from jaxnet import models, observe, optim, parallel, tasks
+from jaxnet import models, observe, optim, parallel, tasks, xla_options
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import Config
 from jaxnet.data import pipeline
@@ -182,9 +182,11 @@ class Run:
             step = parallel.replicas(step, self.mesh, self.state_shardings)
         else:
             step = parallel.under_rules(step, self.mesh)
+        options = xla_options.compiler_options(self.mesh)  # on a CPU: convolutions on every core
         self.train_step = jax.jit(
             step,
             donate_argnums=0,
+            compiler_options=options,
             # Outputs placed like the inputs (the carried state included), so the next call hits the
             # same compiled step instead of compiling again for a new layout.
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
@@ -194,10 +196,12 @@ class Run:
         self.train_calls = jax.jit(
             make_multi_step(step),
             donate_argnums=0,
+            compiler_options=options,
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         self.eval_step = jax.jit(
             parallel.under_rules(make_eval_step(self.model, self.task), self.mesh),
+            compiler_options=options,
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
 

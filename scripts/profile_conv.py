@@ -21,6 +21,7 @@ Variants (``--variant``, default all):
   on XLA's own multi-threaded kernels): what jaxnet runs.
 - ``im2col1``: ``after`` with the first convolution (1 input channel) as nine shifted views
   concatenated and one matmul, a candidate that is not the default.
+- ``after_k5``: ``after`` with ``train.steps_per_call=5`` (five steps per compiled call).
 
 ``--pieces`` also times each piece of the step (convolutions, relu + pooling in both forms,
 dense) jitted on its own at the step's shapes, under XLA's defaults and under jaxnet's options.
@@ -49,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("before", "pool", "after", "im2col1")
+VARIANTS = ("before", "pool", "after", "im2col1", "after_k5")
+K = 5  # steps per call of the after_k5 variant
 # XLA's default YNNPACK list, named so that a variant compiles with the defaults whatever jaxnet sets.
 XLA_DEFAULT = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,"
@@ -81,11 +83,15 @@ def shifted_views_conv(lhs: Any, rhs: Any, window_strides: Any, padding: Any, **
 
 
 def build_variant(name: str, cfg: Any, dataset: Any) -> tuple[Any, Any]:
-    """The runner's ``Run`` and initial state for variant ``name`` (the model patched while it is traced)."""
+    """The runner's ``Run`` and (compiled step, initial state) for variant ``name`` (the model
+    patched while it is traced). ``after_k5``'s step takes five batches stacked and does five steps."""
     import jax
+    import jax.numpy as jnp
 
     import jaxnet.models.cnn as cnn
+    from jaxnet import config as config_lib
     from jaxnet.train.loop import Run
+    from jaxnet.train.step import metric_zeros
 
     saved = cnn.max_pool_2x2, cnn.conv_for_members, cnn._conv
     if name == "before":
@@ -102,11 +108,18 @@ def build_variant(name: str, cfg: Any, dataset: Any) -> tuple[Any, Any]:
                 cnn.conv_for_members = saved[1]
 
         cnn._conv = conv
+    if name == "after_k5":
+        cfg = config_lib.apply_overrides(cfg, [f"train.steps_per_call={K}", f"train.log_every={10 * K}"])
     run = Run(cfg, dataset=dataset)
     state = run.init_state()
     batch = run.put_batch(next(run.train_batches(0)))
     options = XLA_DEFAULT if name in ("before", "pool") else None
     compiled = run.train_step.lower(state, batch).compile(compiler_options=options)
+    if name == "after_k5":
+        batch = jax.tree.map(lambda x: jnp.stack([x] * K), batch)
+        zeros = metric_zeros(jax.eval_shape(run.train_step, state, jax.tree.map(lambda x: x[0], batch))[1])
+        program = run.train_calls.lower(state, batch, zeros).compile()
+        compiled = lambda state, batches: program(state, batches, zeros)  # noqa: E731
     cnn.max_pool_2x2, cnn.conv_for_members, cnn._conv = saved
     jax.block_until_ready(compiled(state, batch))  # compile-time work out of the way; state donated
     return run, (compiled, run.init_state())
@@ -222,7 +235,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", action="append", choices=VARIANTS, help="default: all")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=30, help="steps per timed measurement")
+    parser.add_argument("--steps", type=int, default=30, help="steps per timed measurement (a multiple of 5)")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--breakdown", action="store_true", help="also XLA's per-operation trace of each variant")
     parser.add_argument("--pieces", action="store_true", help="also each piece of the step jitted on its own")
@@ -232,6 +245,7 @@ def main() -> None:
     variants = args.variant or list(VARIANTS)
 
     import jax
+    import jax.numpy as jnp
     import jaxlib
 
     from jaxnet import observe
@@ -245,10 +259,16 @@ def main() -> None:
     batches = [run.put_batch(b) for b, _ in zip(run.train_batches(0), range(8), strict=False)]
     states = {name: state for name, (_, (_, state)) in built.items()}
 
+    stacks = [jax.tree.map(lambda *x: jnp.stack(x), *batches[i : i + K]) for i in (0, len(batches) - K)]
+
     def jax_steps(name: str, n: int) -> None:
         compiled = built[name][1][0]
-        for i in range(n):
-            states[name], metrics = compiled(states[name], batches[i % len(batches)])
+        if name == "after_k5":
+            for i in range(n // K):
+                states[name], metrics = compiled(states[name], stacks[i % 2])
+        else:
+            for i in range(n):
+                states[name], metrics = compiled(states[name], batches[i % len(batches)])
         jax.block_until_ready(metrics)
 
     timed = {name: (lambda n, name=name: jax_steps(name, n)) for name in variants}
@@ -324,7 +344,7 @@ def main() -> None:
         record["pieces"] = pieces(args.rounds)
     if args.breakdown:
         record["breakdown_ms_per_step"] = {}
-        for name in variants:
+        for name in [v for v in variants if v != "after_k5"]:
             compiled = built[name][1][0]
             record["breakdown_ms_per_step"][name], states[name] = breakdown(compiled, states[name], batches, 20)
     for name, row in results.items():
@@ -346,6 +366,7 @@ def variant_notes() -> dict[str, str]:
         "pool": "max pool as the max of four strided views, elementwise gradient; XLA's defaults",
         "after": "pool + jaxnet.xla_options (convolutions on XLA's multi-threaded kernels): jaxnet's default",
         "im2col1": "after + first convolution as nine shifted views and one matmul (candidate)",
+        "after_k5": "after with train.steps_per_call=5: five steps per compiled call",
         "torch": "the PyTorch peer (jaxnet.bench.torch_peers), same model, optimizer and batches",
     }
 

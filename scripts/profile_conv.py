@@ -334,6 +334,9 @@ def main() -> None:
         "versions": {
             "jax": jax.__version__, "jaxlib": jaxlib.__version__, "torch": torch, "python": sys.version.split()[0]
         },  # fmt: skip
+        "environment": {k: os.environ.get(k, "") for k in ("GLIBC_TUNABLES", "XLA_FLAGS")},
+        "machine_shared": "yes: other jobs ran on the same cores (load average per round); ratios between "
+        "variants of one round mean more than any one time",
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "variants": {k: v for k, v in variant_notes().items() if k in timed},
         "steps_per_measurement": args.steps,

@@ -9,10 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 from jax import lax
 
 from jaxnet import xla_options
 from jaxnet.models.cnn import max_pool_2x2
+from jaxnet.train.loop import Run
 
 
 def reduce_max_pool(x: jnp.ndarray) -> jnp.ndarray:
@@ -95,3 +97,15 @@ def test_cpu_options_step_aside_for_the_users_xla_flags(monkeypatch):
     }
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=")
     assert xla_options.compiler_options() is None
+
+
+def test_the_runners_train_and_eval_steps_compile_their_convolutions_outside_ynnpack_on_a_cpu(quadrants):
+    if xla_options.compiler_options() is None:
+        pytest.skip("not a CPU, or this jaxlib lacks the option")
+    run = Run(tiny_config(), dataset=quadrants)
+    state = run.init_state()
+    batch = run.put_batch(next(run.train_batches(0)))
+    train_text = run.train_step.lower(state, batch).compile().as_text().split("\nENTRY")[1]
+    assert train_text.count(" convolution(") == 2  # forward and kernel gradient (the images need none)
+    eval_text = run.eval_step.lower(state, batch, {}).compile().as_text().split("\nENTRY")[1]
+    assert eval_text.count(" convolution(") == 1

@@ -25,6 +25,8 @@ Variants (``--variant``, default all):
 
 ``--pieces`` also times each piece of the step (convolutions, relu + pooling in both forms,
 dense) jitted on its own at the step's shapes, under XLA's defaults and under jaxnet's options.
+``--numerics`` also records how far jaxnet's options move one step's gradients and the smoke
+runs' losses from XLA's defaults.
 ``--breakdown`` also records, for each variant, XLA's own trace of its steps (``jax.profiler``):
 the milliseconds per step of each operation of the compiled program, grouped by the layer and
 the pass (forward / backward) its metadata names. These are the durations of the operations'
@@ -231,6 +233,57 @@ def pieces(rounds: int, repeats: int = 10) -> dict:
     return result
 
 
+def numerics(families: tuple[str, ...] = ("cnn_fashion_mnist", "lstm_shakespeare", "transformer_shakespeare")) -> dict:
+    """How far jaxnet's CPU options move the numbers from XLA's defaults: one ConvNet step's loss
+    and gradients (max abs difference per parameter), and each experiment's smoke run trained
+    twice (``XLA_FLAGS`` naming XLA's default libraries, which jaxnet then leaves alone, against
+    jaxnet's options): the largest difference of any logged loss."""
+    import subprocess
+
+    import jax
+
+    from jaxnet import xla_options
+    from jaxnet.bench import CASES, case_config, case_dataset
+    from jaxnet.train.loop import Run
+    from jaxnet.train.step import make_grad_fn
+
+    case = CASES["cnn"]
+    cfg = case_config(case, smoke=False)
+    run = Run(cfg, dataset=case_dataset(case, cfg))
+    state = run.init_state()
+    args = (state.params, state.model_state, run.put_batch(next(run.train_batches(0))), jax.random.PRNGKey(0))
+    program = jax.jit(make_grad_fn(run.model, run.task)).lower(*args)
+    (loss_a, _), grads_a = program.compile(compiler_options=XLA_DEFAULT)(*args)
+    (loss_b, _), grads_b = program.compile(compiler_options=xla_options.compiler_options())(*args)
+    diff = jax.tree.map(lambda a, b: float(abs(a - b).max()), grads_a, grads_b)
+    result = {
+        "one_step": {
+            "loss_abs_diff": abs(float(loss_a) - float(loss_b)),
+            "grad_max_abs_diff": {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(diff)},
+        },
+        "smoke_runs": {},
+    }
+    flag = "--xla_cpu_experimental_ynn_fusion_type=" + XLA_DEFAULT["xla_cpu_experimental_ynn_fusion_type"]
+    with tempfile.TemporaryDirectory() as tmp:
+        logged = {}
+        for name in families:
+            for setting, flags in (("xla default", flag), ("jaxnet options", "")):
+                workdir = Path(tmp) / f"{name}-{len(flags)}"
+                env = {**os.environ, "XLA_FLAGS": flags}
+                command = [sys.executable, "-m", "jaxnet", "train", f"{name}:smoke", "--workdir", str(workdir)]
+                subprocess.run([*command, "train.progress=false"], env=env, check=True, capture_output=True)
+                rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+                logged[setting] = [(r["step"], r["split"], k, v) for r in rows for k, v in r.items() if "loss" in k]
+            pairs = list(zip(logged["xla default"], logged["jaxnet options"], strict=True))
+            result["smoke_runs"][name] = {
+                "losses_compared": len(pairs),
+                "identical": all(a == b for a, b in pairs),
+                "max_abs_diff": max(abs(a[3] - b[3]) for a, b in pairs),
+            }
+            print(name, result["smoke_runs"][name], flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", action="append", choices=VARIANTS, help="default: all")
@@ -239,6 +292,7 @@ def main() -> None:
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--breakdown", action="store_true", help="also XLA's per-operation trace of each variant")
     parser.add_argument("--pieces", action="store_true", help="also each piece of the step jitted on its own")
+    parser.add_argument("--numerics", action="store_true", help="also the loss and gradient differences it makes")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default="", help="added to the file name: conv-cpu-DATE-TAG.json")
     args = parser.parse_args()
@@ -345,6 +399,8 @@ def main() -> None:
     }
     if args.pieces:
         record["pieces"] = pieces(args.rounds)
+    if args.numerics:
+        record["numerics"] = numerics()
     if args.breakdown:
         record["breakdown_ms_per_step"] = {}
         for name in [v for v in variants if v != "after_k5"]:

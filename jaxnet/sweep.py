@@ -212,7 +212,7 @@ def check_supported(cfg: Config) -> None:
         )
     if cfg.parallel.mode != "sharded":
         raise UserError("jaxnet sweep runs parallel.mode=sharded (members vmapped on one mesh); drop parallel.mode")
-    if cfg.train.steps_per_call != 1:
+    if cfg.train.steps_per_call not in (0, 1):  # 0 (auto) is one step per call here
         raise UserError(
             f"jaxnet sweep runs one step per call; drop train.steps_per_call={cfg.train.steps_per_call} "
             "(it is for jaxnet train)"

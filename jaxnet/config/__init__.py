@@ -37,6 +37,7 @@ from jaxnet.config.schema import (
     describe,
     keys,
     profile_steps,
+    steps_per_call,
     validate,
 )
 from jaxnet.models.base import ModelConfig, field, model_config, model_keys
@@ -71,5 +72,6 @@ __all__ = [
     "model_keys",
     "profile_steps",
     "save",
+    "steps_per_call",
     "validate",
 ]

@@ -192,7 +192,7 @@ class Run:
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         # train.steps_per_call > 1: that many steps in one compiled call, on stacked batches.
-        self.steps_per_call = cfg.train.steps_per_call
+        self.steps_per_call = config_lib.steps_per_call(cfg)
         self.train_calls = jax.jit(
             make_multi_step(step),
             donate_argnums=0,
@@ -508,7 +508,8 @@ def train(
     run = Run(cfg, model=model, dataset=dataset, task=task)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
-    per_call = cfg.train.steps_per_call
+    # auto (0) also fits the actions' intervals; a number given is checked against them
+    run.steps_per_call = per_call = config_lib.steps_per_call(cfg, tuple(a.every for a in extra))
     for action in extra:
         if action.every % per_call:  # a call ends only on multiples of train.steps_per_call
             name = getattr(action, "name", type(action).__name__)

@@ -45,7 +45,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxnet import config as config_lib
-from jaxnet import observe, optim, parallel, tasks
+from jaxnet import observe, optim, parallel, tasks, xla_options
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import Config
 from jaxnet.errors import UserError
@@ -213,7 +213,7 @@ def check_supported(cfg: Config) -> None:
         )
     if cfg.parallel.mode != "sharded":
         raise UserError("jaxnet sweep runs parallel.mode=sharded (members vmapped on one mesh); drop parallel.mode")
-    if cfg.train.steps_per_call != 1:
+    if cfg.train.steps_per_call not in (0, 1):  # 0 (auto) is one step per call here
         raise UserError(
             f"jaxnet sweep runs one step per call; drop train.steps_per_call={cfg.train.steps_per_call} "
             "(it is for jaxnet train)"
@@ -263,6 +263,7 @@ class Population:
         self.train_step = jax.jit(
             parallel.under_rules(self._all_steps, self.mesh),
             donate_argnums=0,
+            compiler_options=xla_options.compiler_options(self.mesh),
             out_shardings=(self.state_shardings, whole),
         )
         self._take = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state), out_shardings=run.state_shardings)

@@ -9,6 +9,7 @@ import pytest
 from conftest import MLP, linear_data
 
 import jaxnet
+from jaxnet import config as config_lib
 from jaxnet import observe
 from jaxnet.train.loop import call_sizes
 
@@ -71,7 +72,7 @@ def test_an_action_sees_the_run_after_each_call_at_its_multiples(tmp_path):
         (["train.steps_per_call=3"], "log_every=4 is not a multiple of .*=3: set train.log_every=3 or 6,"),
         (["train.steps_per_call=4", "train.eval_every=6"], "eval_every=6 is not .*: set train.eval_every=4 or 8,"),
         (["train.steps_per_call=4", "train.checkpoint_every=2"], "checkpoint_every=2 .*: set train.checkpoint_every=4"),
-        (["train.steps_per_call=0"], "train.steps_per_call"),
+        (["train.steps_per_call=-1"], "train.steps_per_call"),
     ],
 )
 def test_intervals_that_are_not_multiples_of_k_are_one_line_errors_before_anything_is_written(tmp_path, extra, words):
@@ -85,3 +86,35 @@ def test_an_action_whose_interval_is_not_a_multiple_of_k_is_refused(tmp_path):
     with pytest.raises(jaxnet.UserError, match="runs every 3 steps, which is not a multiple of train.steps_per_call=2"):
         train(tmp_path / "run", "train.steps_per_call=2", actions=[jaxnet.every(3, lambda loop: None)])
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "intervals, everies, k",
+    [
+        ((50, 500, 500), (), 5),  # the default ConvNet's
+        ((40, 400, 0), (), 8),  # at most 8; 0 (only at the end) divides anything
+        ((4, 8, 4), (), 4),
+        ((4, 8, 4), (6,), 2),  # an action every 6 steps
+        ((7, 0, 0), (), 7),
+        ((50, 500, 500), (3,), 1),
+    ],
+)
+def test_auto_steps_per_call_is_the_largest_up_to_8_dividing_every_interval(intervals, everies, k):
+    log, val, ckpt = intervals
+    cfg = jaxnet.apply_overrides(
+        jaxnet.Config(), ["train.steps_per_call=0", f"train.log_every={log}", f"train.eval_every={val}",
+                          f"train.checkpoint_every={ckpt}"]
+    )  # fmt: skip
+    assert config_lib.steps_per_call(cfg, everies) == k
+    cfg.train.steps_per_call = 3
+    assert config_lib.steps_per_call(cfg, everies) == 3  # a number given is kept (and checked elsewhere)
+
+
+def test_auto_steps_per_call_fits_an_action_and_logs_like_one_step_per_call(tmp_path):
+    seen = []
+    action = jaxnet.every(2, lambda loop: seen.append(loop.step))
+    auto = train(tmp_path / "auto", "train.steps_per_call=0", actions=[action])  # intervals 4, 8, 4 and 2: K = 2
+    one = train(tmp_path / "one")
+    assert seen == [2, 4, 6, 8, 10]
+    assert logged(tmp_path / "auto") == logged(tmp_path / "one")
+    assert auto["test"] == one["test"]

@@ -314,8 +314,9 @@ def measure_case(case: Case, opts: Options) -> dict[str, Any]:
         interval = 2
     else:
         interval = max(5, min(500, round(opts.seconds / 3 / fixture.step_time())))
-    per_call = cfg.train.steps_per_call  # the runner logs at the end of a call
-    interval = -(-interval // per_call) * per_call
+    per_call = config_lib.steps_per_call(cfg)  # the experiment's, auto (0) resolved on its intervals
+    cfg = config_lib.apply_overrides(cfg, [f"train.steps_per_call={per_call}"])
+    interval = -(-interval // per_call) * per_call  # the runner logs at the end of a call
     measure = {
         "runner": lambda: measure_runner(cfg, dataset, interval),
         "handwritten": lambda: fixture.handwritten(interval),

@@ -38,6 +38,7 @@ from jaxnet.config.schema import (
     keys,
     profile_steps,
     settings_in_effect,
+    steps_per_call,
     validate,
 )
 from jaxnet.models.base import ModelConfig, field, model_config, model_keys
@@ -73,5 +74,6 @@ __all__ = [
     "profile_steps",
     "save",
     "settings_in_effect",
+    "steps_per_call",
     "validate",
 ]

@@ -22,6 +22,11 @@ from jaxnet.errors import UserError
 from jaxnet.models import base as model_base
 from jaxnet.models.base import Checked, ModelConfig, field, leaves, model_config, model_keys
 
+# The most steps per call train.steps_per_call=0 (auto) picks: five steps per call ran the CPU
+# ConvNet 14 % faster than one (benchmarks/results/conv-cpu-2026-11-23-candidates-under-load.json),
+# and each call's steps are unrolled, so the compile grows with it.
+AUTO_STEPS_PER_CALL = 8
+
 
 @dataclass
 class DataConfig(Checked):
@@ -147,8 +152,9 @@ class TrainConfig(Checked):
     steps_per_call: int = field(
         1,
         "steps run by one compiled call (a lax.scan over that many batches): one dispatch and host round trip per "
-        "call; log_every, eval_every and checkpoint_every must be multiples of it",
-        low=1,
+        "call; log_every, eval_every and checkpoint_every must be multiples of it. 0 = auto: the largest number up "
+        f"to {AUTO_STEPS_PER_CALL} that divides every interval (1 in a sweep)",
+        low=0,
     )
     label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
     progress: bool = field(True, "show a progress bar on a terminal (false: plain log lines)")
@@ -422,10 +428,22 @@ def _check_fine_tuning(cfg: Config) -> None:
         raise UserError("train.init_skip names parameters to leave fresh, which needs train.init_from=RUN_DIR")
 
 
+def steps_per_call(cfg: Config, everies: tuple[int, ...] = ()) -> int:
+    """The steps of one compiled call: ``train.steps_per_call``, or where it is 0 (auto) the
+    largest number up to :data:`AUTO_STEPS_PER_CALL` that divides the log, evaluation and
+    checkpoint intervals and ``everies`` (periodic actions' intervals). For example
+    ``log_every=50, eval_every=500`` gives 5."""
+    t = cfg.train
+    if t.steps_per_call:
+        return t.steps_per_call
+    intervals = [t.log_every, t.eval_every, t.checkpoint_every, *everies]
+    return next(k for k in range(AUTO_STEPS_PER_CALL, 0, -1) if all(n % k == 0 for n in intervals))
+
+
 def _check_steps_per_call(cfg: Config) -> None:
     """Logs, evaluations and checkpoints fall between calls of ``train.steps_per_call`` steps."""
     t = cfg.train
-    k = t.steps_per_call
+    k = steps_per_call(cfg)
     for key in ("log_every", "eval_every", "checkpoint_every"):
         value = getattr(t, key)
         if value % k:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from jaxnet.errors import UserError
@@ -73,15 +74,49 @@ _IMAGE_ACT = ("batch", None, None, "mlp")
 def max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
     """2x2 max pooling with stride 2 (an odd last row or column is dropped, as ``nn.max_pool`` does).
 
-    Written as a reshape and a max rather than ``nn.max_pool``: the same function, but its
-    gradient is a cheap elementwise mask, where the reduce-window form's gradient
-    (select-and-scatter) is a slow scalar loop on XLA's CPU backend (14x slower at the ConvNet's
-    first pooling layer). Where several inputs of a window tie for the maximum the gradient is
-    shared between them rather than given to the first.
+    The same values as ``nn.max_pool``, computed as the maximum of four strided views, with a
+    gradient that is elementwise arithmetic: XLA's CPU backend runs both as parallel loops, where
+    the reduce-window form's gradient (select-and-scatter) is a slow scalar loop (14x slower at
+    the ConvNet's first pooling layer) and a reshape-and-max form spends its time in reductions
+    (about 3x slower than this one for the first layer's forward and backward; see
+    scripts/profile_conv.py). Where several inputs of a window tie for the maximum the gradient
+    is shared equally between them (as JAX's gradient of ``max`` over axes does), rather than
+    given to the first.
     """
     n, h, w, c = x.shape
-    x = x[:, : h - h % 2, : w - w % 2]
-    return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+    return _pool_2x2(x[:, : h - h % 2, : w - w % 2])
+
+
+def _window_max(x: jnp.ndarray) -> jnp.ndarray:
+    top = jnp.maximum(x[:, 0::2, 0::2], x[:, 0::2, 1::2])
+    return jnp.maximum(top, jnp.maximum(x[:, 1::2, 0::2], x[:, 1::2, 1::2]))
+
+
+def _upsample_2x2(y: jnp.ndarray) -> jnp.ndarray:
+    """Each pixel of ``y`` repeated over its 2x2 window (NHWC)."""
+    n, h, w, c = y.shape
+    return jnp.broadcast_to(y[:, :, None, :, None], (n, h, 2, w, 2, c)).reshape(n, 2 * h, 2 * w, c)
+
+
+@jax.custom_vjp
+def _pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
+    return _window_max(x)
+
+
+def _pool_2x2_forward(x: jnp.ndarray) -> tuple[jnp.ndarray, tuple]:
+    y = _window_max(x)
+    return y, (x, y)
+
+
+def _pool_2x2_backward(saved: tuple, g: jnp.ndarray) -> tuple[jnp.ndarray]:
+    x, y = saved
+    winners = (x == _upsample_2x2(y)).astype(g.dtype)
+    # The ties per window, summed in views rather than by a reduction (small integers: exact).
+    ties = winners[:, 0::2, 0::2] + winners[:, 0::2, 1::2] + winners[:, 1::2, 0::2] + winners[:, 1::2, 1::2]
+    return (winners * _upsample_2x2(g / ties),)
+
+
+_pool_2x2.defvjp(_pool_2x2_forward, _pool_2x2_backward)
 
 
 def _named(init: nn.initializers.Initializer, *names: str | None) -> nn.initializers.Initializer:

@@ -25,7 +25,7 @@ from jax.sharding import Mesh
 
 from jaxnet import config as config_lib
 from jaxnet import data as data_lib
-from jaxnet import models, observe, optim, parallel, tasks
+from jaxnet import models, observe, optim, parallel, tasks, xla_options
 from jaxnet.checkpoint import Checkpoints, resolve_step
 from jaxnet.config import Config
 from jaxnet.data import pipeline
@@ -189,22 +189,26 @@ class Run:
             step = parallel.replicas(step, self.mesh, self.state_shardings)
         else:
             step = parallel.under_rules(step, self.mesh)
+        options = xla_options.compiler_options(self.mesh)  # on a CPU: convolutions on every core
         self.train_step = jax.jit(
             step,
             donate_argnums=0,
+            compiler_options=options,
             # Outputs placed like the inputs (the carried state included), so the next call hits the
             # same compiled step instead of compiling again for a new layout.
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         # train.steps_per_call > 1: that many steps in one compiled call, on stacked batches.
-        self.steps_per_call = cfg.train.steps_per_call
+        self.steps_per_call = config_lib.steps_per_call(cfg)
         self.train_calls = jax.jit(
             make_multi_step(step),
             donate_argnums=0,
+            compiler_options=options,
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         self.eval_step = jax.jit(
             parallel.under_rules(make_eval_step(self.model, self.task), self.mesh),
+            compiler_options=options,
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
 
@@ -573,7 +577,8 @@ def train(
     run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
-    per_call = cfg.train.steps_per_call
+    # auto (0) also fits the actions' intervals; a number given is checked against them
+    run.steps_per_call = per_call = config_lib.steps_per_call(cfg, tuple(a.every for a in extra))
     for action in extra:
         if action.every % per_call:  # a call ends only on multiples of train.steps_per_call
             name = getattr(action, "name", type(action).__name__)

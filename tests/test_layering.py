@@ -21,7 +21,15 @@ LAYERS = [
     ("jaxnet.errors", "jaxnet._startup", "jaxnet.catalog"),
     ("jaxnet.models",),
     ("jaxnet.config",),
-    ("jaxnet.data", "jaxnet.optim", "jaxnet.parallel", "jaxnet.tasks", "jaxnet.observe", "jaxnet.checkpoint"),
+    (
+        "jaxnet.data",
+        "jaxnet.optim",
+        "jaxnet.parallel",
+        "jaxnet.tasks",
+        "jaxnet.observe",
+        "jaxnet.checkpoint",
+        "jaxnet.xla_options",  # the compiler options of the steps: JAX alone
+    ),
     ("jaxnet.train",),
     None,  # applications: jaxnet.sample, jaxnet.sweep, jaxnet.bench, jaxnet.study, ...
     ("jaxnet.cli", "jaxnet.__main__", "jaxnet"),

@@ -1,0 +1,70 @@
+"""The Transformer's CPU attention (heads moved ahead of time, then XLA's softmax(QK^T)V) is the
+attention of ``jax.nn.dot_product_attention`` to float rounding, forward and backward, and it is
+what the Transformer runs on a CPU."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxnet.models import transformer as transformer_lib
+from jaxnet.models.transformer import TransformerLanguageModel, attention_fn, head_major_attention
+
+
+def float64_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+    """The reference, in float64 with NumPy: softmax over keys of q.k / sqrt(d), then the weighted values."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    logits = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+    if causal:
+        logits = np.where(np.tril(np.ones(logits.shape[-2:], bool)), logits, -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bnts,bsnh->btnh", p, v)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 4), (3, 5, 1, 6), (1, 16, 4, 8)])
+def test_head_major_attention_equals_jax_attention_to_rounding_in_value_and_gradient(shape, causal):
+    rng = np.random.default_rng(0)
+    q, k, v, g = (jnp.asarray(rng.normal(size=shape).astype(np.float32)) for _ in range(4))
+    out, pull = jax.vjp(lambda q, k, v: head_major_attention(q, k, v, is_causal=causal), q, k, v)
+    ref, ref_pull = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal), q, k, v)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(out, float64_attention(q, k, v, causal), rtol=0, atol=2e-6)
+    for grad, ref_grad in zip(pull(g), ref_pull(g), strict=True):
+        np.testing.assert_allclose(grad, ref_grad, rtol=0, atol=1e-5)
+        assert float(jnp.max(jnp.abs(ref_grad))) > 0.1  # the gradients compared are not all near zero
+
+
+def test_causal_head_major_attention_ignores_later_positions():
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 6, 2, 4)).astype(np.float32)) for _ in range(3))
+    changed = v.at[:, 4:].set(100.0)  # values of the last two positions only
+    np.testing.assert_array_equal(head_major_attention(q, k, v)[:, :4], head_major_attention(q, k, changed)[:, :4])
+
+
+def test_attention_function_is_head_major_for_xla_on_a_cpu_and_jax_otherwise():
+    if jax.default_backend() != "cpu":
+        pytest.skip("the head-major form is for a CPU backend")
+    assert attention_fn("xla") is head_major_attention
+    assert attention_fn("cudnn") is jax.nn.dot_product_attention
+
+
+def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
+    if jax.default_backend() != "cpu":
+        pytest.skip("the head-major form is for a CPU backend")
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return head_major_attention(*args, **kwargs)
+
+    monkeypatch.setattr(transformer_lib, "head_major_attention", counting)
+    model = TransformerLanguageModel(vocab_size=11, context=8, layers=2, width=16, heads=2, attention="xla")
+    tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 11
+    params = model.init(jax.random.key(0), tokens)
+    logits = model.apply(params, tokens)
+    assert logits.shape == (2, 8, 11)
+    assert calls == [(2, 8, 2, 8)] * 4  # two layers, once at init and once at apply

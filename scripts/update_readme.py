@@ -433,9 +433,17 @@ def render_cpu() -> str:
         "|---|---|---|---|",
         f"| minor page faults per step, default ConvNet < 2,000 | {_fmt(plain and plain['minor_faults_per_step'])} "
         f"| {_fmt(faults, 0)} | {_met(faults, 2000, True)} |",
-        f"| CPU used during steps >= 180 % | 114 % (issue 25) | {_fmt(cpu, 0)} % (load {load}) "
+        f"| CPU used during steps >= 180 %, default ConvNet | 114 % (issue 25) | {_fmt(cpu, 0)} % (load {load}) "
         f"| {'not judged' if default and default['load_average'] > 4 else _met(cpu, 180)} |",
     ]
+    for family in ("lstm", "transformer"):  # the issue measured the ConvNet; the others are shown beside it
+        other = next((x for x in rows if x["family"] == family and (x["setting"], x["k"]) == ("hugetlb", 1)), None)
+        if other is not None:
+            busy = other["load_average"] > 4
+            body.append(
+                f"| CPU used during steps >= 180 %, {family} | - | {_fmt(other['cpu_percent'], 0)} % "
+                f"(load {_fmt(other['load_average'])}) | {'not judged' if busy else _met(other['cpu_percent'], 180)} |"
+            )
     bench = _latest([b for b in results if b.get("environment", {}).get("platform") == "cpu"], kind="benchmark")
     if bench is not None:
         for family in ("cnn", "lstm", "transformer"):

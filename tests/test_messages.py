@@ -48,7 +48,7 @@ def test_help_and_list_import_no_jax_and_list_each_experiments_result_and_time()
     at = next(i for i, line in enumerate(lines) if line.startswith("cnn_fashion_mnist "))
     assert lines[at].split(None, 1)[1] == "A small ConvNet on Fashion-MNIST: the default experiment."
     assert lines[at + 1].split()[:4] == ["result:", "92.13", "%", "test"]
-    assert lines[at + 2].split()[:3] == ["time:", "99", "s"]
+    assert lines[at + 2].split()[:3] == ["time:", "50", "s"]
 
 
 IMPORT_ONLY = """

@@ -15,7 +15,8 @@ A ``GLIBC_TUNABLES`` that already names ``glibc.malloc.hugetlb`` is left as it i
 ``glibc.malloc.hugetlb=0`` to opt out), and nothing changes outside Linux.
 
 Here too, needing no JAX: the size of XLA's CPU thread pool for simulated devices
-(:func:`make_room_for_simulated_devices`), which ``import jaxnet`` sets before JAX starts.
+(:func:`make_room_for_simulated_devices`), which ``import jaxnet`` sets before JAX starts, and
+where the wheels ``jaxnet plan`` compiles with live (:func:`plan_dir`, :func:`bind_cuda_plugin`).
 """
 
 from __future__ import annotations
@@ -107,6 +108,29 @@ def make_room_for_simulated_devices() -> None:
     else:
         threads = os.cpu_count() or 1
     os.environ["PJRT_NPROC"] = str(max(threads, 2 * devices))
+
+
+def plan_dir() -> str:
+    """Where the plan's wheels live apart from every other JAX process: ``$JAXNET_PLAN_DIR``, else
+    ``jaxnet-plan`` in this Python's environment (``.venv/jaxnet-plan``). On a machine without a GPU,
+    the CUDA plugin on the path makes each JAX process log to stderr, so it is not installed beside
+    jaxnet (see :mod:`jaxnet.planner`)."""
+    return os.environ.get("JAXNET_PLAN_DIR") or os.path.join(sys.prefix, "jaxnet-plan")
+
+
+def bind_cuda_plugin() -> None:
+    """Import JAX and register the CUDA plugin found on ``sys.path`` (the plan's wheels put there
+    first), with the plugin's "no CUDA driver" log lines kept off stderr: no GPU is expected."""
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        import jax._src.xla_bridge
+
+        jax._src.xla_bridge._discover_and_register_pjrt_plugins()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 reexec_command()

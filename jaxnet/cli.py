@@ -319,18 +319,10 @@ def _in_effect(cfg: Any) -> dict[str, str]:
 
 
 # The command again, in a Python whose path starts with the plan's wheels: JAX binds the CUDA plugin
-# when it is imported, which this process has done without it. The plugin's "no CUDA driver" log
-# lines (it is loaded at import and at the first backend use) are not shown: no GPU is expected.
-_WITH_PLUGIN = """import os, sys
-saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-os.dup2(null, 2)
-try:
-    import jax._src.xla_bridge
-    jax._src.xla_bridge._discover_and_register_pjrt_plugins()
-finally:
-    os.dup2(saved, 2)
-    os.close(saved)
-    os.close(null)
+# when it is imported, which this process has done without it.
+_WITH_PLUGIN = """import sys
+from jaxnet._startup import bind_cuda_plugin
+bind_cuda_plugin()
 from jaxnet.cli import main
 sys.exit(main())
 """

@@ -30,7 +30,6 @@ import importlib.machinery
 import importlib.metadata
 import importlib.resources
 import math
-import os
 import re
 import shlex
 import sys
@@ -43,8 +42,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from jaxnet import _startup, models, parallel, tasks
 from jaxnet import flops as flops_lib
-from jaxnet import models, parallel, tasks
 from jaxnet.bench import roofline
 from jaxnet.config import Config
 from jaxnet.errors import UserError
@@ -52,11 +51,9 @@ from jaxnet.train.loop import Run
 
 
 def plan_dir() -> Path:
-    """Where the plan's wheels live apart from every other JAX process: ``$JAXNET_PLAN_DIR``, else
-    ``jaxnet-plan`` in this Python's environment (``.venv/jaxnet-plan``). On a machine without a GPU,
-    the CUDA plugin on the path makes each JAX process log to stderr, so it is not installed beside
-    jaxnet; tests/conftest.py repeats this rule (it runs before JAX, hence before jaxnet, is imported)."""
-    return Path(os.environ.get("JAXNET_PLAN_DIR") or Path(sys.prefix) / "jaxnet-plan")
+    """Where the plan's wheels live (:func:`jaxnet._startup.plan_dir`, the rule tests/conftest.py
+    uses before JAX is imported too)."""
+    return Path(_startup.plan_dir())
 
 
 INSTALL = f"pip install --no-deps --target {shlex.quote(str(plan_dir()))} -c constraints.txt -r requirements-plan.txt"

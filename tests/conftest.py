@@ -59,24 +59,16 @@ _share_compilations()
 
 
 def _with_plan_wheels() -> None:
-    """The wheels `jaxnet plan` compiles with live apart, in jaxnet.planner.plan_dir() (the same
-    rule, repeated: jaxnet imports JAX): put on this process's path before JAX is imported, which is
-    when JAX binds the CUDA plugin, so tests/test_plan.py plans in-process. The plugin's log lines
-    about the missing GPU driver are not shown; subprocesses do not inherit the path."""
-    plan_dir = os.environ.get("JAXNET_PLAN_DIR") or os.path.join(sys.prefix, "jaxnet-plan")
-    if not os.path.isdir(os.path.join(plan_dir, "jax_cuda12_plugin")) or plan_dir in sys.path:
-        return
-    sys.path.insert(0, plan_dir)
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    try:
-        import jax._src.xla_bridge
+    """The wheels `jaxnet plan` compiles with live apart (jaxnet._startup.plan_dir): put on this
+    process's path before JAX is imported, which is when JAX binds the CUDA plugin, so
+    tests/test_plan.py plans in-process. Subprocesses do not inherit the path."""
+    from jaxnet._startup import bind_cuda_plugin, plan_dir  # imports no JAX
 
-        jax._src.xla_bridge._discover_and_register_pjrt_plugins()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
+    directory = plan_dir()
+    if not os.path.isdir(os.path.join(directory, "jax_cuda12_plugin")) or directory in sys.path:
+        return
+    sys.path.insert(0, directory)
+    bind_cuda_plugin()
 
 
 _with_plan_wheels()

@@ -100,10 +100,8 @@ class Trained:
         prepared = []
         for spec, value in zip(specs, given, strict=True):
             x = _checked(np.asarray(value), spec)
-            norm = self.inputs["normalize"]
-            if norm is not None and norm["key"] == spec["key"]:
-                x = pipeline.normalize(x, np.asarray(norm["mean"], np.float32), np.asarray(norm["std"], np.float32))
-            prepared.append(x)
+            stats = _normalized(self.inputs, spec)
+            prepared.append(x if stats is None else pipeline.normalize(x, *stats))
         lengths = {len(x) for x in prepared}
         if len(lengths) > 1:
             raise UserError(f"the inputs have different numbers of examples ({', '.join(map(str, lengths))})")
@@ -128,8 +126,8 @@ class Trained:
             if real < size:
                 batch = [np.concatenate([b, np.zeros((size - real, *b.shape[1:]), b.dtype)]) for b in batch]
             out = self._forward(self.params, state, *batch)
-            pieces.append(jax.tree.map(lambda o, real=real: np.asarray(o)[:real], out))
-        return jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
+            pieces.append(jax.tree.map(lambda o, real=real: o[:real], out))  # on the device: no wait per batch
+        return jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(pieces))
 
     def export(self, path: str | os.PathLike, *, platforms: tuple[str, ...] | None = None) -> Path:
         """Write the whole inference function, from raw inputs (as :meth:`predict` takes them) to
@@ -145,7 +143,7 @@ class Trained:
         """
         from jax import export as jax_export
 
-        specs, norm = self.inputs["inputs"], self.inputs["normalize"]
+        specs = self.inputs["inputs"]
         batch = jax_export.symbolic_shape("batch")[0]
         args = []
         for i, spec in enumerate(specs):
@@ -158,9 +156,9 @@ class Trained:
         def infer(*raw: jnp.ndarray) -> Any:
             xs = list(raw)
             for i, spec in enumerate(specs):
-                if norm is not None and norm["key"] == spec["key"]:  # pipeline.normalize, traced
-                    mean, std = jnp.asarray(norm["mean"], jnp.float32), jnp.asarray(norm["std"], jnp.float32)
-                    xs[i] = (xs[i].astype(jnp.float32) / 255.0 - mean) / std
+                stats = _normalized(self.inputs, spec)
+                if stats is not None:  # traced: the exported program takes raw inputs
+                    xs[i] = pipeline.normalize(xs[i], *map(jnp.asarray, stats))
             rows = xs[0].shape[0]
             state = _with_carry(model_state, rows, jnp.zeros)
             return self.forward(params, state, *xs)
@@ -184,6 +182,14 @@ class Trained:
     def _state_for(self, rows: int) -> dict[str, Any]:
         """The model state for batches of ``rows`` examples: a carried state is fresh zeros of that many rows."""
         return _with_carry(self.model_state, rows, lambda shape, dtype: jax.device_put(np.zeros(shape, dtype)))
+
+
+def _normalized(inputs: dict[str, Any], spec: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The (mean, std) training normalised input ``spec`` with, or None if it took it raw."""
+    norm = inputs["normalize"]
+    if norm is None or norm["key"] != spec["key"]:
+        return None
+    return np.asarray(norm["mean"], np.float32), np.asarray(norm["std"], np.float32)
 
 
 def _with_carry(model_state: dict[str, Any], rows: int, zeros: Any) -> dict[str, Any]:
@@ -268,8 +274,7 @@ def _variables(workdir: Path, model: Any, inputs: dict[str, Any], saved: dict[st
     sample = []
     for spec in inputs["inputs"]:
         x = np.zeros((1, *[1 if d is None else d for d in spec["shape"]]), spec["dtype"])
-        norm = inputs["normalize"]
-        sample.append(x.astype(np.float32) if norm is not None and norm["key"] == spec["key"] else x)
+        sample.append(x if _normalized(inputs, spec) is None else x.astype(np.float32))
     key = jax.random.PRNGKey(0)
     try:
         template = nn.unbox(jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, *sample, train=False)))

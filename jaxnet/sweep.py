@@ -253,7 +253,7 @@ class Population:
         self.steps_per_call = 1  # the loop's calls: one vmapped step each (sweeps refuse more)
         self._task_given = task
         varying = [k for k in BATCHED if k != "seed" and len({_get(c, k) for c in self.cfgs}) > 1]
-        _check_optimizer_reads(varying, run, optimizer)
+        _check_optimizer_reads(varying, optimizer)
         # The members' own numbers, fed to the vmapped step as its third argument.
         self.hyper = {k: jnp.asarray([_get(c, k) for c in self.cfgs], jnp.float32) for k in varying}
         stacked = lambda s: NamedSharding(self.mesh, PartitionSpec(None, *s.spec))
@@ -332,7 +332,7 @@ class Population:
         return [self.run.evaluate(self.member(state, i), split) for i in range(self.size)]
 
 
-def _check_optimizer_reads(varying: list[str], run: Run, optimizer: Any) -> None:
+def _check_optimizer_reads(varying: list[str], optimizer: Any) -> None:
     """A swept ``optim.*`` key that your optimizer does not read is refused: every member would
     train alike. (An experiment file's ``optimizer(cfg)`` may read any key: it gets each member's.)"""
     if optimizer is None:

@@ -176,7 +176,7 @@ class Run:
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
-        optimizer = self.optimizer(cfg)
+        self.optimizer_made = optimizer = self.optimizer(cfg)  # None: the built-in optim.name
         self.tx, self.lr_schedule = optim.build(cfg.optim, cfg.train.steps, updates_per_step, optimizer)
         if not optim.reads_schedule(optimizer):
             self.lr_schedule = None  # a transformation of your own carries its own learning rate
@@ -225,8 +225,7 @@ class Run:
             return {"given": "jaxnet.train(optimizer=...)", "optimizer": optim.describe(self.optimizer_given)}
         if "optimizer" in self.hooks:
             path = config_lib.experiment_module(self.cfg.experiment).__file__
-            made = self.hooks["optimizer"](self.cfg)
-            return {"given": f"optimizer(cfg) in {path}", "optimizer": optim.describe(made)}
+            return {"given": f"optimizer(cfg) in {path}", "optimizer": optim.describe(self.optimizer_made)}
         return None
 
     def _check_model_and_task(self) -> Any:

@@ -76,15 +76,20 @@ def read_inputs(workdir: Path) -> dict[str, Any]:
         ) from None
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path}: {e}") from None
+    malformed = UserError(f"{path} is malformed; train the run again to rewrite it")
     try:
-        assert record["format"] == FORMAT
+        norm = record["normalize"]
+        well_formed = (
+            record["format"] == FORMAT
+            and all(isinstance(s["key"], str) and isinstance(s["shape"], list) for s in record["inputs"])
+            and (norm is None or len(norm["mean"]) == len(norm["std"]))
+        )
         for spec in record["inputs"]:
-            assert isinstance(spec["key"], str) and isinstance(spec["shape"], list)
             np.dtype(spec["dtype"])
-        if record["normalize"] is not None:
-            assert len(record["normalize"]["mean"]) == len(record["normalize"]["std"])
-    except (AssertionError, KeyError, TypeError, ValueError):
-        raise UserError(f"{path} is malformed; train the run again to rewrite it") from None
+    except (KeyError, TypeError, ValueError):
+        raise malformed from None
+    if not well_formed:
+        raise malformed
     return record
 
 

@@ -4,13 +4,18 @@ what the Transformer runs on a CPU."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxnet import models
 from jaxnet.models import transformer as transformer_lib
 from jaxnet.models.transformer import TransformerLanguageModel, attention_fn, head_major_attention
+
+CONFIG = models.TransformerConfig(layers=1, width=16, heads=2)
 
 
 def float64_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
@@ -45,16 +50,17 @@ def test_causal_head_major_attention_ignores_later_positions():
     np.testing.assert_array_equal(head_major_attention(q, k, v)[:, :4], head_major_attention(q, k, changed)[:, :4])
 
 
-def test_attention_function_is_head_major_for_xla_on_a_cpu_and_jax_otherwise():
-    if jax.default_backend() != "cpu":
-        pytest.skip("the head-major form is for a CPU backend")
-    assert attention_fn("xla") is head_major_attention
-    assert attention_fn("cudnn") is jax.nn.dot_product_attention
+def test_auto_attention_is_head_major_for_a_cpu_and_jax_for_a_gpu():
+    """The choice follows the backend the model is built for, not the one this process runs on: a
+    plan for a GPU compiled on a CPU gets jax.nn's attention."""
+    assert models.resolve(CONFIG, "cpu").attention == "xla_head_major"
+    assert models.resolve(CONFIG, "cuda").attention == "cudnn"  # bfloat16 there
+    assert models.resolve(dataclasses.replace(CONFIG, dtype="float32"), "cuda").attention == "xla"
+    assert attention_fn("xla_head_major") is head_major_attention
+    assert attention_fn("xla").func is jax.nn.dot_product_attention
 
 
 def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
-    if jax.default_backend() != "cpu":
-        pytest.skip("the head-major form is for a CPU backend")
     calls = []
 
     def counting(*args, **kwargs):
@@ -62,7 +68,9 @@ def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
         return head_major_attention(*args, **kwargs)
 
     monkeypatch.setattr(transformer_lib, "head_major_attention", counting)
-    model = TransformerLanguageModel(vocab_size=11, context=8, layers=2, width=16, heads=2, attention="xla")
+    model = TransformerLanguageModel(
+        vocab_size=11, context=8, layers=2, width=16, heads=2, attention=models.resolve(CONFIG, "cpu").attention
+    )
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 11
     params = model.init(jax.random.key(0), tokens)
     logits = model.apply(params, tokens)

@@ -20,7 +20,7 @@ LSTM = LSTMConfig(layers=1, width=16)
 
 def test_auto_is_float32_xla_and_scan_on_a_cpu():
     transformer, lstm = models.resolve(TRANSFORMER, "cpu"), models.resolve(LSTM, "cpu")
-    assert (transformer.dtype, transformer.attention) == ("float32", "xla")
+    assert (transformer.dtype, transformer.attention) == ("float32", "xla_head_major")  # XLA's, heads first
     assert (lstm.dtype, lstm.lstm_impl) == ("float32", "scan")
 
 

@@ -11,10 +11,11 @@ transposed token embedding). A block is::
 ``causal=False`` is a BERT-style encoder, every position attending to every other. Attention
 goes through ``jax.nn.dot_product_attention``, the one call where a fused kernel plugs in:
 ``attention="cudnn"`` asks for cuDNN's fused (flash) attention, which needs an NVIDIA GPU and
-bfloat16 or float16; ``"xla"`` is XLA's own softmax(QK^T)V, which runs anywhere
-(:func:`jaxnet.models.resolve` picks one for ``model.attention=auto``); on a CPU, ``"xla"`` runs
-the same attention with the heads moved ahead of time (:func:`head_major_attention`), which XLA
-computes in about half the time. ``remat=True``
+bfloat16 or float16; ``"xla"`` is XLA's own softmax(QK^T)V, which runs anywhere;
+``"xla_head_major"`` is the same attention with the heads moved ahead of time
+(:func:`head_major_attention`), which XLA computes in about half the time on a CPU
+(:func:`jaxnet.models.resolve` picks one for ``model.attention=auto``, by the backend the model
+is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice). ``remat=True``
 recomputes each block's activations in the backward pass instead of keeping them: less memory
 for long contexts, about a third more compute.
 Weights start from N(0, 0.02), the output projections of each residual branch from
@@ -37,6 +38,7 @@ the last line registers it as ``transformer``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -66,8 +68,9 @@ class TransformerConfig(ModelConfig):
     causal: bool = field(True, "False = bidirectional encoder (BERT-style), every position attends to every other")
     attention: str = field(
         "auto",
-        "attention kernel; auto = cuDNN's fused kernel on an NVIDIA GPU in bfloat16, XLA's otherwise",
-        choices=("auto", "xla", "cudnn"),
+        "attention kernel; auto = cuDNN's fused kernel on an NVIDIA GPU in bfloat16, XLA's with the heads "
+        "moved first (xla_head_major) on a CPU, XLA's (jax.nn.dot_product_attention) otherwise",
+        choices=("auto", "xla", "xla_head_major", "cudnn"),
     )
     remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
 
@@ -81,12 +84,14 @@ class TransformerConfig(ModelConfig):
 
     def for_backend(self, backend: str) -> TransformerConfig:
         """Also ``attention=auto``: cuDNN's fused kernel on an NVIDIA GPU when the compute dtype is
-        bfloat16 and the head size suits it, XLA's otherwise; an explicit ``cudnn`` where it cannot
-        run is a :class:`UserError`."""
+        bfloat16 and the head size suits it, :func:`head_major_attention` on a CPU (where XLA runs it
+        in about half the time), XLA's ``jax.nn.dot_product_attention`` otherwise; an explicit
+        ``cudnn`` where it cannot run is a :class:`UserError`."""
         cfg = super().for_backend(backend)
         head_dim = cfg.width // cfg.heads
         fused_ok = has_cudnn(backend) and cfg.dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128
-        attention = cfg.attention if cfg.attention != "auto" else ("cudnn" if fused_ok else "xla")
+        xla = "xla_head_major" if backend == "cpu" else "xla"
+        attention = cfg.attention if cfg.attention != "auto" else ("cudnn" if fused_ok else xla)
         if attention == "cudnn" and not fused_ok:
             raise UserError(
                 "model.attention=cudnn needs an NVIDIA GPU, model.dtype=bfloat16 and a head size (model.width / "
@@ -165,16 +170,14 @@ def rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp
 
 
 def head_major_attention(
-    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, is_causal: bool = True, implementation: str | None = None
+    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, is_causal: bool = True
 ) -> jnp.ndarray:
     """``jax.nn.dot_product_attention``'s XLA softmax(QK^T / sqrt(d))V on (batch, time, heads, head_dim)
     arrays, with the heads moved ahead of time first, equal to it up to float rounding.
 
     On a CPU, XLA runs this form's products and softmax (forward and backward) in about half the
-    time of ``jax.nn.dot_product_attention``'s (scripts/profile_cpu.py; ``implementation`` is
-    accepted for the same signature and ignored).
+    time of ``jax.nn.dot_product_attention``'s (scripts/profile_cpu.py).
     """
-    del implementation
     logits_dtype = jnp.promote_types(q.dtype, jnp.float32)
     q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # (batch, heads, time, head_dim)
     logits = jnp.einsum("bnth,bnsh->bnts", q, k, preferred_element_type=logits_dtype)
@@ -187,11 +190,12 @@ def head_major_attention(
 
 
 def attention_fn(implementation: str) -> Any:
-    """The attention function for ``implementation``: on a CPU, XLA's attention in the head-major
-    form (:func:`head_major_attention`); elsewhere ``jax.nn.dot_product_attention``."""
-    if implementation == "xla" and jax.default_backend() == "cpu":
+    """The attention function for ``implementation`` (``model.attention`` resolved for the backend
+    the model is built for): :func:`head_major_attention` for ``"xla_head_major"``, else
+    ``jax.nn.dot_product_attention`` with ``implementation`` as its own."""
+    if implementation == "xla_head_major":
         return head_major_attention
-    return jax.nn.dot_product_attention
+    return functools.partial(jax.nn.dot_product_attention, implementation=implementation)
 
 
 class SelfAttention(nn.Module):
@@ -234,7 +238,7 @@ class SelfAttention(nn.Module):
             mask = jnp.arange(self.context)[None, :] <= positions[:, None]  # (query, key)
             out = jax.nn.dot_product_attention(q, cached_k.value, cached_v.value, mask=mask[None, None])
         else:
-            out = attention_fn(self.implementation)(q, k, v, is_causal=self.causal, implementation=self.implementation)
+            out = attention_fn(self.implementation)(q, k, v, is_causal=self.causal)
         return Projection(
             (width,),
             ("heads", "kv", "embed"),

@@ -3,7 +3,7 @@ re-executes itself once with them, before JAX is imported.
 
 glibc's malloc hands the large buffers XLA allocates and frees on every step back to the kernel
 and takes them again, each 4 KiB page a fault to zero: about 15,000 minor page faults per step
-of the default ConvNet on a CPU and 83,000 for the Transformer, a quarter of the process's CPU
+of the default ConvNet on a CPU and 87,000 for the Transformer, a quarter of the process's CPU
 time spent in the kernel. ``glibc.malloc.hugetlb=1`` makes malloc ask for transparent huge
 pages (2 MiB), which cuts the faults about 40-fold (benchmarks/results/cpu-profile-*.json). The
 tunable is read once, when a process starts, so only a fresh process can take it: the command

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxnet import checkpoint, models
+from jaxnet import checkpoint, models, xla_options
 from jaxnet import config as config_lib
 from jaxnet.config import Config
 from jaxnet.data import pipeline
@@ -66,7 +66,7 @@ class Trained:
         self.workdir, self.config, self.model, self.step, self.inputs = workdir, config, model, step, inputs
         self.params = jax.device_put(params)  # on the device once, not with every batch
         self.model_state = jax.device_put(model_state)
-        self._forward = jax.jit(self.forward)
+        self._forward = jax.jit(self.forward, compiler_options=xla_options.compiler_options())  # as training's steps
 
     def __repr__(self) -> str:
         keys = ", ".join(s["key"] for s in self.inputs["inputs"])

@@ -384,3 +384,13 @@ def test_a_users_model_config_gets_the_same_checks(registry):
         cfg.model.width = "16"
     cfg.model.width = 16
     assert apply_overrides(cfg, []).model.width == 16
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_number_set_from_python_is_refused_as_the_command_line_refuses_it(value):
+    cfg = Config()
+    cfg.optim.lr = value
+    with pytest.raises(UserError, match=re.escape(f"optim.lr={value}")):
+        config.validate(cfg)
+    with pytest.raises(UserError, match="a finite number"):
+        config.apply_overrides(Config(), [f"optim.lr={value}"])

@@ -14,6 +14,7 @@ so the ``model.*`` keys are those of the family ``cfg.model`` is.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -328,6 +329,8 @@ def check_field(key: str, value: Any, f: dataclasses.Field) -> None:
         raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}")
     every = ": every entry " if isinstance(value, tuple) else " "
     for v in value if isinstance(value, tuple) else (value,):
+        if isinstance(v, float) and not math.isfinite(v):  # set from Python: the command line refuses it when parsing
+            raise UserError(f"{key}={_show(value)}{every}must be a finite number")
         if low is not None and v < low:
             raise UserError(f"{key}={_show(value)}{every}must be >= {low}")
         if high is not None and v > high:

@@ -6,7 +6,7 @@ Every family (``jaxnet bench --full``: the CNN, the LSTM, the Transformer, a CIF
 ResNet-20 and, on a GPU, the GPT-2-small shape), each against the hand-written jit loop,
 PyTorch (when installed) and resident batches; on a GPU also the CPU-versus-GPU table
 (``--compare-devices``). Writes ``benchmarks/results/<device>-<date>.json`` and regenerates the
-README from the results files (``scripts/update_readme.py``).
+README from the results files (``scripts/update_docs.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def main(argv: list[str]) -> int:
     extra = ["--compare-devices"] if jax.default_backend() == "gpu" else []
     code = jaxnet(["bench", "--full", "--out", str(ROOT / "benchmarks" / "results"), *extra, *argv])
     if code == 0:
-        import update_readme
+        import update_docs
 
-        update_readme.main([])
+        update_docs.main([])
     return code
 
 

@@ -8,7 +8,7 @@ For every layout it builds the run (nothing is trained), compiles the train step
 state and a real first batch, and records what one device holds: parameters and optimizer state
 (from their shardings) and the activations and temporaries XLA planned for the step (from the
 compiled step's memory analysis). The results file, benchmarks/results/memory-NAME-DATE.json,
-names the devices, library versions and date; scripts/update_readme.py turns it into the
+names the devices, library versions and date; scripts/update_docs.py turns it into the
 README's table.
 """
 

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
         path.write_text(json.dumps(report, indent=2) + "\n")
         print(planner.describe(report), flush=True)
         print(f"  wrote {path.relative_to(ROOT)}", flush=True)
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "update_readme.py")], check=True)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "update_docs.py")], check=True)
     return 0
 
 

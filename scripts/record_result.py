@@ -6,7 +6,7 @@ Runs ``jaxnet train`` as a separate process (so the wall time includes start-up,
 and compilation, as a user sees it), then writes
 ``benchmarks/results/train-<experiment>-<platform>-<date>.json`` with the test metrics, the
 times, the command, the device and the library versions, plus the run's curves (``.png``) and
-its ``metrics.jsonl`` (``.metrics.jsonl``). ``scripts/update_readme.py`` turns these
+its ``metrics.jsonl`` (``.metrics.jsonl``). ``scripts/update_docs.py`` turns these
 files into the README's results table.
 """
 

@@ -6,7 +6,7 @@ Runs ``jaxnet sweep`` as a separate process (start-up, data loading and compilat
 then copies its ``sweep.json`` (every member's metrics and curve, the timings, the device and the
 library versions), ``sweep.md`` and ``sweep.png`` to
 ``benchmarks/results/sweep-<experiment>-<platform>-<date>.{json,md,png}``, adding the wall time.
-``scripts/update_readme.py`` puts the table and the plot in the README.
+``scripts/update_docs.py`` puts the table and the plot in the README.
 """
 
 from __future__ import annotations

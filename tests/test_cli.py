@@ -1,4 +1,4 @@
-"""The jaxnet command end to end on real data, its errors, and the README's library example."""
+"""The jaxnet command end to end on real data, its errors, and the docs' quickstart and library example."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import docblocks
 import pytest
 from conftest import FASHION_MNIST, needs_fashion_mnist
 
@@ -663,13 +664,6 @@ def test_resnet_cifar10_smoke_variant_trains_from_a_pickle_directory(tmp_path):
     assert summary["wall_time_s"] < 60
 
 
-@needs_fashion_mnist
-def readme_block(marker: str) -> str:
-    """The python block after ``<!-- MARKER`` in the README."""
-    readme = (ROOT / "README.md").read_text()
-    return readme.split(f"<!-- {marker}")[1].split("```python\n")[1].split("```")[0]
-
-
 def run_block(block: str, cwd: Path) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [sys.executable, "-c", block],
@@ -683,22 +677,23 @@ def run_block(block: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
-def test_readme_library_example_runs(tmp_path):
-    result = run_block(readme_block("library-example"), tmp_path)
+@needs_fashion_mnist
+def test_docs_library_example_runs(tmp_path):
+    result = run_block(docblocks.block("library-example"), tmp_path)
     accuracy = float(re.search(r"test accuracy (0\.\d+)", result.stdout).group(1))
     assert accuracy > 0.6
     assert (tmp_path / "runs" / "mlp" / "summary.json").is_file()
 
 
-def test_readme_quickstart_trains_own_arrays_and_predicts(tmp_path):
-    """The README's quickstart: a user's MLP on a pattern no straight line separates reaches a
+def test_quickstart_trains_own_arrays_and_predicts(tmp_path):
+    """The quickstart (README and Getting started): a user's MLP on a pattern no straight line separates reaches a
     test accuracy a linear model cannot (about 0.5), and the loaded run classifies two points the
-    README names by the rule that made the labels."""
-    result = run_block(readme_block("quickstart"), tmp_path)
+    page names by the rule that made the labels."""
+    result = run_block(docblocks.block("quickstart"), tmp_path)
     accuracy = float(re.search(r"test accuracy (0\.\d+)", result.stdout).group(1))
     assert accuracy > 0.95
     assert result.stdout.strip().splitlines()[-1] == "[1 0]"
     summary = json.loads((tmp_path / "runs" / "quickstart" / "summary.json").read_text())
     assert summary["complete"] and summary["test"]["accuracy"] == pytest.approx(accuracy, abs=5e-4)
-    rerun = run_block(readme_block("quickstart"), tmp_path)  # a second run finds the first complete
+    rerun = run_block(docblocks.block("quickstart"), tmp_path)  # a second run finds the first complete
     assert "complete" in rerun.stdout and rerun.stdout.strip().splitlines()[-1] == "[1 0]"

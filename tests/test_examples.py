@@ -1,6 +1,6 @@
 """The shipped examples end to end: a user's model on their arrays from Python, and an experiment
 file with its own model, data, loss, metric and action through the jaxnet command: exact resume,
-an 8-device mesh, and the README showing the very files the tests run."""
+an 8-device mesh, and the docs showing the very files the tests run."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docblocks
 import jax
 import numpy as np
 import pytest
@@ -124,21 +125,11 @@ def test_custom_experiment_trains_on_an_8_device_mesh_with_sharded_weights(tmp_p
     assert "MiB" in whole
 
 
-def readme_blocks() -> dict[str, str]:
-    """The code blocks of the README's library section, keyed by the file each says it shows."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = {}
-    for part in readme.split("<!-- example: ")[1:]:
-        name, rest = part.split(" -->", 1)
-        blocks[name] = rest.split("```python\n", 1)[1].split("```", 1)[0]
-    return blocks
-
-
-def test_readme_library_section_shows_the_example_files_the_tests_run():
-    blocks = readme_blocks()
-    assert set(blocks) == {"examples/regression_diabetes.py", "examples/custom_experiment.py"}
-    for name, text in blocks.items():
-        assert text == (ROOT / name).read_text(), f"README's copy of {name} differs from the file"
+def test_docs_show_the_example_files_the_tests_run():
+    shown = {b.arg: b.code for b in docblocks.all_blocks() if b.kind == "file"}
+    assert set(shown) == {"examples/regression_diabetes.py", "examples/custom_experiment.py"}
+    for name, text in shown.items():
+        assert text == (ROOT / name).read_text(), f"the docs' copy of {name} differs from the file"
 
 
 FINETUNE = "examples/finetune_fashion_mnist.py"
@@ -165,10 +156,10 @@ def test_finetuning_example_keeps_the_convolutions_and_beats_scratch_on_few_labe
     assert not np.array_equal(frozen["Dense_0"]["kernel"], source["Dense_0"]["kernel"])
 
 
-def test_readme_finetuning_figures_are_those_of_the_newest_committed_results():
+def test_finetuning_page_figures_are_those_of_the_newest_committed_results():
     newest = sorted((ROOT / "benchmarks" / "results").glob("finetune-fashion_mnist-*.json"))[-1]
     figures = json.loads(newest.read_text())
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "fine-tuning.md").read_text()
     assert newest.name in readme
     for labels, means in figures["mean_test_accuracy"].items():
         for name, mean in means.items():

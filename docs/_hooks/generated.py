@@ -28,7 +28,8 @@ def _row(key: str, f: dataclasses.Field, default: Any) -> str:
     if meta.get("high") is not None:
         limits.append(f"<= {meta['high']}")
     shown = f"`{default!r}`" if default not in ("", None) else "`''`" if default == "" else "-"
-    return f"| `{key}` | {_cell(type_name)} | {_cell(shown)} | {_cell(meta.get('doc', ''))} | {_cell('; '.join(limits))} |"
+    cells = [f'`{key}`', _cell(type_name), _cell(shown), _cell(meta.get('doc', '')), _cell('; '.join(limits))]
+    return '| ' + ' | '.join(cells) + ' |'
 
 
 def config_reference() -> str:

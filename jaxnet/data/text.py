@@ -160,7 +160,7 @@ class TextDataset:
                 pieces.append("\n" if t == EOS else (" " if pieces and pieces[-1] != "\n" else "") + t)
             return "".join(pieces)
         if self.tokenizer == "byte":
-            return bytes(ord(t) for t in tokens).decode("utf-8", errors="replace")
+            return bytes(ord(t) for t in tokens if len(t) == 1).decode("utf-8", errors="replace")  # no <|endoftext|>
         if self.tokenizer == "gpt2":
             return tokenizers.decode(ids)
         return "".join(tokens)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,8 +106,20 @@ class Shard:
     dtype: np.dtype
 
     def memmap(self) -> np.memmap:
-        """The tokens, memory-mapped read-only."""
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+        """The tokens, memory-mapped read-only, without read-ahead (windows are read at random)."""
+        tokens = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+        _advise(tokens, "MADV_RANDOM")
+        return tokens
+
+
+def _advise(tokens: np.memmap, advice: str) -> None:
+    """``madvise`` the mapping under ``tokens`` where the platform has ``advice``."""
+    raw = getattr(tokens, "_mmap", None)
+    if raw is not None and hasattr(mmap, advice) and hasattr(raw, "madvise"):
+        try:
+            raw.madvise(getattr(mmap, advice))
+        except OSError:
+            pass
 
 
 def open_shard(path: str | os.PathLike, expected_tokens: int | None = None) -> Shard:
@@ -161,6 +174,7 @@ class ShardedTokens:
         self.ends = np.cumsum(counts)
         self.starts = self.ends - counts
         self._maps: list[np.memmap | None] = [None] * len(self.shards)
+        self._reads = 0
 
     def __len__(self) -> int:
         return int(self.ends[-1]) if len(self.ends) else 0
@@ -192,7 +206,18 @@ class ShardedTokens:
         for i in np.unique(which):
             mine = which == i
             out[mine] = self._map(int(i))[flat[mine] - self.starts[i]]
+        self._release()
         return out.reshape(np.shape(index))
+
+    def _release(self, every: int = 1) -> None:
+        """Every ``every`` reads, unmap the pages read so far from this process (they stay in the
+        page cache): pages touched at random would otherwise count in its resident memory until
+        the whole corpus does."""
+        self._reads += 1
+        if self._reads % every == 0:
+            for m in self._maps:
+                if m is not None:
+                    _advise(m, "MADV_DONTNEED")
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start:stop`` as int32 (a copy; across shard boundaries too)."""
@@ -204,7 +229,7 @@ class ShardedTokens:
                 parts.append(np.asarray(self._map(i)[a - self.starts[i] : b - self.starts[i]], np.int32))
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
-    def max_id(self, chunk: int = 1 << 24) -> int:
+    def max_id(self, chunk: int = 1 << 20) -> int:
         """The largest token id, read in chunks with plain file reads (no lasting memory)."""
         best = -1
         for shard in self.shards:

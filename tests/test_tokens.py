@@ -156,6 +156,7 @@ def test_bad_corpora_are_one_line_with_exit_2_and_nothing_written(tmp_path, caps
         assert not work.exists()
 
 
+@pytest.mark.slow  # two runs with a 50,304-token softmax: 20 s alone, minutes on a loaded 2-core machine
 def test_train_on_tokens_then_resume_on_another_tokenizer_is_refused(tmp_path, capsys):
     d = llmc_dir(tmp_path, [np.arange(300) % 50257], np.arange(60))
     work = tmp_path / "run"

@@ -14,28 +14,32 @@ state) with cuDNN's fused attention. AdamW (0.9, 0.95), peak learning rate 6e-4 
 steps, cosine decay to 6e-5, weight decay 0.1, clipping at 1.0; a global batch of 64 sequences
 (8 per GPU on 8 GPUs, 65,536 tokens a step).
 
-The data is the text the project ships (Shakespeare's complete works) read as bytes: GPT-2's BPE
-vocabulary is not shipped, so the vocabulary is the 256 byte values padded with unused ids to
-50,304. The model's shape and cost (embedding, softmax over 50,304) are GPT-2's; to train it for
-real point it at a large corpus (``data.name=text data.path=FILE``).
+The data is a corpus of GPT-2 tokens prepared by ``jaxnet prepare`` (``data.name=tokens``,
+``data.path=DIR``), GPT-2's 50,257 tokens padded with unused ids to 50,304 (``data.vocab_size``).
+By default it is the shipped Shakespeare, prepared into ``corpora/shakespeare-gpt2`` on first use
+(1.5 M training tokens: enough to plan and to smoke-test, far too little to train GPT-2 small);
+point ``data.path`` at a real corpus (``jaxnet prepare FILES --out DIR``, nanoGPT's ``train.bin``
+with ``data.format=nanogpt``, or llm.c's FineWeb shards) to train it for real.
 
-Variants: ``smoke`` trains a 2 x 64 model with context 64 (the vocabulary of bytes) for 30 steps.
+Variants: ``smoke`` trains a 2 x 64 model with context 64 (GPT-2's padded vocabulary) for 30 steps.
 """
 
 from jaxnet.config import Config
-from jaxnet.data import TextDataset
-from jaxnet.data import load as load_data
+from jaxnet.data import TokenDataset
+from jaxnet.data.tokens import load_or_prepare
 from jaxnet.models import TransformerConfig
 
 VARIANTS = ("default", "smoke")
 VOCAB = 50304
+CORPUS = "corpora/shakespeare-gpt2"
 
 
 def get_config(variant: str = "default") -> Config:
     """The config of ``variant`` (one of VARIANTS)."""
     cfg = Config()
-    cfg.data.name = "shakespeare"
-    cfg.data.tokenizer = "byte"
+    cfg.data.name = "tokens"
+    cfg.data.path = CORPUS
+    cfg.data.vocab_size = VOCAB
     cfg.data.seq_len = 1024
     cfg.model = TransformerConfig(layers=12, width=768, heads=12, mlp_ratio=4, dropout=0.0, tie_embeddings=True)
     cfg.optim.name = "adamw"
@@ -67,10 +71,6 @@ def get_config(variant: str = "default") -> Config:
     return cfg
 
 
-def data(cfg: Config) -> TextDataset:
-    """The shipped text as bytes, the vocabulary padded to GPT-2's size (the smoke variant keeps the 256 bytes)."""
-    text = load_data(cfg.data)
-    if cfg.experiment.endswith(":smoke") or len(text.vocab) >= VOCAB:
-        return text
-    unused = [f"<unused {i}>" for i in range(VOCAB - len(text.vocab))]
-    return TextDataset(text.train, text.val, text.test, text.vocab + unused, text.tokenizer, text.name)
+def data(cfg: Config) -> TokenDataset:
+    """The corpus at data.path; the default one (the shipped Shakespeare in GPT-2 tokens) is prepared on first use."""
+    return load_or_prepare(cfg.data, "shakespeare", "gpt2")

@@ -15,6 +15,8 @@
     jaxnet study async EXPERIMENT staleness=K1,K2,... [workers=W] [--comm-ms MS] [--jitter S] [--smoke]
                  [--workdir DIR] [key=value ...]
     jaxnet plan EXPERIMENT[:VARIANT] [key=value ...] --target h100|h200|a100 [--gpus N] [--max-batch] [--out FILE]
+    jaxnet prepare SOURCE --tokenizer gpt2|byte|char --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
+                   [--val-fraction F] [--test-fraction F] [--text-field NAME];  jaxnet prepare --merge --out DIR
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
@@ -166,6 +168,24 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", help="write the plan as JSON to this file")
 
     _study_parser(commands)
+    prep = commands.add_parser(
+        "prepare",
+        help="tokenize text once into token shards (llm.c's layout) plus corpus.json, for data.name=tokens",
+        description="SOURCE: shakespeare, ptb, a text file, a .jsonl/.jsonl.gz file (one document per line), a glob "
+        "pattern or a directory of them. Killed, it continues when run again.",
+    )
+    prep.add_argument("source", nargs="?", help="shakespeare, ptb, a file, a glob pattern or a directory")
+    prep.add_argument("--tokenizer", default="gpt2", choices=("gpt2", "byte", "char"), help="default: gpt2")
+    prep.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and corpus.json")
+    prep.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: one per core)")
+    prep.add_argument("--shard", default=None, metavar="I/N", help="prepare only the I-th of N slices of the files")
+    prep.add_argument("--merge", action="store_true", help="join the corpus-IofN.json of all N slices in --out")
+    prep.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N", help="tokens per shard file")
+    prep.add_argument("--val-fraction", type=float, default=0.01, help="documents held out for validation")
+    prep.add_argument("--test-fraction", type=float, default=0.01, help="documents held out for test")
+    prep.add_argument("--text-field", default="text", help="the field of a JSONL line that holds its text")
+    prep.add_argument("--quiet", action="store_true", help="no progress bar")
+
     commands.add_parser("list", help="list the experiments that can be trained, with their results and times")
     return parser
 
@@ -224,6 +244,27 @@ def _study_parser(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "plan":
         return _plan(args, argv)
+    if args.command == "prepare":
+        from jaxnet.data import prepare
+
+        if args.merge:
+            prepare.merge(args.out)
+            return 0
+        if not args.source:
+            raise UserError("jaxnet prepare needs a SOURCE (shakespeare, ptb, a file, a pattern or a directory)")
+        prepare.prepare(
+            args.source,
+            args.tokenizer,
+            args.out,
+            workers=args.workers,
+            shard_tokens=args.shard_tokens,
+            val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction,
+            text_field=args.text_field,
+            shard=prepare.parse_shard(args.shard) if args.shard else None,
+            progress=not args.quiet,
+        )
+        return 0
     if args.command == "list":
         from jaxnet import catalog  # reads the files' docstrings: no JAX
 

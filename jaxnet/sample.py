@@ -139,6 +139,7 @@ def sample(
     from jaxnet import models, optim, parallel
     from jaxnet.checkpoint import Checkpoints
     from jaxnet.data.text import EOS, TextDataset, read_vocab
+    from jaxnet.data.tokenizers import EOT_ID
     from jaxnet.train import state as state_lib
     from jaxnet.train.loop import abstract_state, workers_of
 
@@ -180,7 +181,9 @@ def sample(
         state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only
     finally:
         ckpts.close()
-    if not prompt:  # start a new line (a new sentence for word models)
+    if not prompt and tokenizer == "gpt2":  # a new document, as GPT-2 samples unconditionally
+        ids = np.asarray([EOT_ID], np.int32)
+    elif not prompt:  # start a new line (a new sentence for word models)
         ids = np.asarray([dataset.index.get(EOS if dataset.tokenizer == "word" else "\n", 0)], np.int32)
     else:
         ids = dataset.encode(prompt)

@@ -1,4 +1,4 @@
-"""The gpt2_small experiment: GPT-2 small's shape and recipe, on the text the project ships."""
+"""The gpt2_small experiment: GPT-2 small's shape and recipe, on a prepared corpus of GPT-2 tokens."""
 
 from __future__ import annotations
 
@@ -16,10 +16,17 @@ def test_gpt2_small_has_gpt2_smalls_shape_and_recipe():
     assert cfg.optim.warmup_steps == 200 and cfg.optim.end_lr_factor == 0.1
 
 
-def test_gpt2_small_pads_the_byte_vocabulary_to_50304_and_smoke_keeps_the_bytes():
-    full = config.load_experiment("gpt2_small")
-    text = experiment_hooks(full)["data"](full)
-    assert text.num_classes == 50304 and text.vocab[256] == "<unused 0>"
-    smoke = config.load_experiment("gpt2_small:smoke")
-    small = experiment_hooks(smoke)["data"](smoke)
-    assert small.num_classes == 256 and len(small.train) == len(text.train)
+def test_gpt2_small_reads_a_prepared_gpt2_corpus_padded_to_50304(tmp_path):
+    from jaxnet.data import prepare
+
+    src = tmp_path / "text"
+    src.mkdir()
+    for i in range(4):
+        (src / f"{i}.txt").write_text(f"Document {i}: to be, or not to be, that is the question. " * 30)
+    prepare.prepare(str(src), "gpt2", tmp_path / "corpus", workers=1, progress=False, say=lambda _: None)
+    for spec in ("gpt2_small", "gpt2_small:smoke"):
+        cfg = config.load_experiment(spec, [f"data.path={tmp_path / 'corpus'}"])
+        assert (cfg.data.name, cfg.data.vocab_size) == ("tokens", 50304)
+        ds = experiment_hooks(cfg)["data"](cfg)
+        assert ds.num_classes == 50304 and ds.tokenizer == "gpt2" and ds.vocab[50257] == "<unused 0>"
+        assert ds.decode(ds.train[:5]).startswith("<|endoftext|>Document ")

@@ -36,14 +36,29 @@ class DataConfig(Checked):
     name: str = field(
         "fashion_mnist",
         "dataset ('arrays' = data given from Python or by an experiment file's data(cfg))",
-        choices=("fashion_mnist", "mnist", "cifar10", "ptb", "shakespeare", "text", "arrays"),
+        choices=("fashion_mnist", "mnist", "cifar10", "ptb", "shakespeare", "text", "tokens", "arrays"),
     )
     dir: str = field("", "directory holding the dataset files ('' = the standard location)")
-    path: str = field("", "text file to train a language model on (data.name=text)")
+    path: str = field(
+        "", "text file to train a language model on (data.name=text), or a token corpus directory (data.name=tokens)"
+    )
+    format: str = field(
+        "",
+        "data.name=tokens: the directory's layout ('' = found from its files: corpus.json = jaxnet prepare's, "
+        "train.bin = nanoGPT's, *_train_*.bin = llm.c's)",
+        choices=("", "jaxnet", "nanogpt", "llmc"),
+    )
+    vocab_size: int = field(
+        0,
+        "data.name=tokens: the model's vocabulary, padded with unused ids beyond the corpus's (0 = the corpus's: "
+        "corpus.json's, nanoGPT's meta.pkl, else GPT-2's 50,257)",
+        low=0,
+    )
     tokenizer: str = field(
         "",
-        "text tokenizer ('' = the dataset's own: word for ptb, char for shakespeare and text)",
-        choices=("", "char", "word", "byte"),
+        "text tokenizer ('' = the dataset's own: word for ptb, char for shakespeare and text; gpt2 = GPT-2's "
+        "byte-level BPE, 50,257 tokens)",
+        choices=("", "char", "word", "byte", "gpt2"),
     )
     seq_len: int = field(0, "language models: tokens per sequence (BPTT length or context)", low=0)
     batching: str = field(
@@ -134,6 +149,12 @@ class TrainConfig(Checked):
     eval_batch_size: int = field(1000, "examples (images, or text sequences / streams) per evaluation batch", low=1)
     log_every: int = field(50, "steps between training-metric logs (when the host waits for the device)", low=1)
     eval_every: int = field(0, "steps between validation passes (0 = only at the end)", low=0)
+    eval_tokens: int = field(
+        1 << 20,
+        "data.name=tokens: next-token predictions per evaluation of a split, its first ones (nanoGPT's eval_iters; "
+        "0 = the whole split); in-memory text is always evaluated whole",
+        low=0,
+    )
     checkpoint_every: int = field(500, "steps between checkpoints (0 = only at the end)", low=0)
     keep_checkpoints: int = field(3, "checkpoints kept on disk (the newest ones)", low=1)
     keep_best: str = field(
@@ -305,7 +326,7 @@ def settings_in_effect(
     text = cfg.data.name in TEXT_DATA
     if not cfg.task and cfg.data.name in TEXT_DATA + IMAGE_DATA:
         out["task"] = "lm" if text else "classification"
-    if text and not cfg.data.tokenizer:
+    if text and not cfg.data.tokenizer and cfg.data.name != "tokens":  # a corpus says its own
         out["data.tokenizer"] = "word" if cfg.data.name == "ptb" else "char"
     if text and not cfg.data.batching:
         out["data.batching"] = batching(cfg)
@@ -351,7 +372,7 @@ def _show(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else repr(value)
 
 
-TEXT_DATA = ("ptb", "shakespeare", "text")
+TEXT_DATA = ("ptb", "shakespeare", "text", "tokens")
 IMAGE_DATA = ("fashion_mnist", "mnist", "cifar10")
 
 

@@ -14,10 +14,11 @@ import numpy as np
 
 from jaxnet import tasks
 from jaxnet.config import Config, DataConfig
-from jaxnet.data import images, pipeline, text
+from jaxnet.data import images, pipeline, text, tokens
 from jaxnet.data.arrays import ArrayDataset, arrays
 from jaxnet.data.pipeline import split_validation
 from jaxnet.data.text import TextDataset
+from jaxnet.data.tokens import TokenDataset
 from jaxnet.errors import UserError
 
 Split = tuple[np.ndarray, np.ndarray]
@@ -134,6 +135,7 @@ TEXT_LOADERS = {
     "ptb": lambda c: text.load_ptb(c.tokenizer or "word"),
     "shakespeare": lambda c: text.load_shakespeare(c.tokenizer or "char"),
     "text": lambda c: text.load_file(c.path, c.tokenizer or "char"),
+    "tokens": tokens.load,  # token files on disk (jaxnet prepare, nanoGPT, llm.c), memory-mapped
 }
 
 
@@ -159,4 +161,4 @@ def load(cfg: DataConfig) -> Dataset | TextDataset:
     return Dataset(train=train, val=val, test=splits["test"], num_classes=num_classes, name=cfg.name)
 
 
-__all__ = ["ArrayDataset", "Dataset", "TextDataset", "arrays", "load", "LOADERS", "TEXT_LOADERS"]
+__all__ = ["ArrayDataset", "Dataset", "TextDataset", "TokenDataset", "arrays", "load", "LOADERS", "TEXT_LOADERS"]

@@ -13,8 +13,9 @@ files are located with ``importlib.util.find_spec``, which does not import the p
   the last 5 % to test, so every work is seen in training and every character lies in exactly
   one split.
 - **text**: any UTF-8 file (``data.path``), split 90/5/5 by position, tokenized by characters,
-  words (whitespace-separated, ``<eos>`` per line, words unseen in training become ``<unk>``) or
-  bytes.
+  words (whitespace-separated, ``<eos>`` per line, words unseen in training become ``<unk>``),
+  bytes, or GPT-2's byte-level BPE (``data.tokenizer=gpt2``, 50,257 tokens, see
+  :mod:`jaxnet.data.tokenizers`).
 
 Two ways to batch a token stream:
 
@@ -47,6 +48,7 @@ import numpy as np
 
 from jaxnet import tasks
 from jaxnet.config import batching
+from jaxnet.data import tokenizers
 from jaxnet.errors import UserError
 
 EOS, UNK = "<eos>", "<unk>"
@@ -78,7 +80,8 @@ def words(text: str) -> list[str]:
 
 def tokenize(text: str | bytes, tokenizer: str) -> list[str]:
     """``text`` as a list of token strings (``byte`` tokens are one-character strings of 0..255;
-    ``bytes`` are taken as they are, ``str`` is encoded as UTF-8)."""
+    ``bytes`` are taken as they are, ``str`` is encoded as UTF-8; ``gpt2`` tokens are GPT-2's
+    token strings as its ``encoder.json`` spells them)."""
     if isinstance(text, bytes):
         if tokenizer != "byte":
             raise UserError(f"data.tokenizer={tokenizer} needs text; raw bytes need data.tokenizer=byte")
@@ -87,6 +90,9 @@ def tokenize(text: str | bytes, tokenizer: str) -> list[str]:
         return words(text)
     if tokenizer == "byte":
         return [chr(b) for b in text.encode("utf-8", errors="surrogateescape")]
+    if tokenizer == "gpt2":
+        vocab = tokenizers.gpt2_vocab()
+        return [vocab[i] for i in tokenizers.encode(text)]
     return list(text)
 
 
@@ -154,7 +160,9 @@ class TextDataset:
                 pieces.append("\n" if t == EOS else (" " if pieces and pieces[-1] != "\n" else "") + t)
             return "".join(pieces)
         if self.tokenizer == "byte":
-            return bytes(ord(t) for t in tokens).decode("utf-8", errors="replace")
+            return bytes(ord(t) for t in tokens if len(t) == 1).decode("utf-8", errors="replace")  # no <|endoftext|>
+        if self.tokenizer == "gpt2":
+            return tokenizers.decode(ids)
         return "".join(tokens)
 
     def describe(self) -> str:
@@ -214,8 +222,8 @@ class TextDataset:
         return eval_batches(getattr(self, split), batch_size=batch_size, seq_len=cfg.data.seq_len, mode=batching(cfg))
 
     def extra_metrics(self, loss: float) -> dict[str, float]:
-        """Perplexity for word models, bits per token (bits per character) for char and byte models."""
-        if self.tokenizer == "word":
+        """Perplexity for word and GPT-2 models, bits per token (bits per character) for char and byte models."""
+        if self.tokenizer in ("word", "gpt2"):
             return {"perplexity": math.exp(min(loss, 700.0))}
         if self.tokenizer == "byte":
             return {"bits_per_byte": loss / math.log(2)}
@@ -242,7 +250,8 @@ def from_text(text: str | bytes, tokenizer: str = "char", name: str = "text") ->
     """Tokenize ``text`` and split it 90/5/5 by position.
 
     Characters: the vocabulary is every character of the text. Words: the vocabulary is the
-    training split's words plus ``<unk>`` for the rest. Bytes: all 256 byte values.
+    training split's words plus ``<unk>`` for the rest. Bytes: all 256 byte values. GPT-2: its
+    50,257 tokens.
     """
     if not text.strip():  # str or bytes
         raise UserError(f"the {name} text is empty; give a file with some text in it")
@@ -285,9 +294,12 @@ def shakespeare_splits() -> list[str]:
 
 def _from_token_splits(tokens: list[list[str]], tokenizer: str, name: str) -> TextDataset:
     """A dataset from the train, validation and test tokens. The vocabulary: all 256 bytes; every
-    character of all three splits; or the training split's words plus ``<unk>`` for the rest."""
+    character of all three splits; the training split's words plus ``<unk>`` for the rest; or GPT-2's
+    50,257 tokens."""
     if tokenizer == "byte":
         vocab = [chr(b) for b in range(256)]
+    elif tokenizer == "gpt2":
+        vocab = list(tokenizers.gpt2_vocab())
     elif tokenizer == "word":
         vocab = frequency_vocab(tokens[0])
         vocab += [UNK] if UNK not in vocab else []

@@ -80,7 +80,7 @@ def headline_metric(cfg: config_lib.Config) -> str:
     if cfg.data.name not in ("ptb", "shakespeare", "text"):
         return "accuracy"
     tokenizer = cfg.data.tokenizer or ("word" if cfg.data.name == "ptb" else "char")
-    return {"word": "perplexity", "byte": "bits_per_byte"}.get(tokenizer, "bpc")
+    return {"word": "perplexity", "gpt2": "perplexity", "byte": "bits_per_byte"}.get(tokenizer, "bpc")
 
 
 def higher_is_better(metric: str) -> bool:

@@ -1,0 +1,239 @@
+"""``data.name=tokens``: a language model trained from token files on disk, memory-mapped.
+
+``data.path`` is a directory in one of three layouts (``data.format``, found from the files when
+left empty):
+
+- **jaxnet** (``corpus.json``, written by ``jaxnet prepare``): train/val/test shards in llm.c's
+  layout; the tokenizer, vocabulary and counts come from the manifest, and every shard's size is
+  checked against its header and the manifest.
+- **nanogpt**: ``train.bin`` and ``val.bin`` as nanoGPT's ``prepare.py`` writes them (flat uint16),
+  with ``meta.pkl`` for a character set (``vocab_size``, ``itos``); without it, GPT-2 tokens.
+  No test split.
+- **llmc**: llm.c shards ``*_train_*.bin`` and ``*_val_*.bin`` (e.g. FineWeb's), GPT-2 tokens.
+  No test split.
+
+Training batches are the windows of :func:`jaxnet.data.text.window_batch` (or its streams), drawn
+from ``(seed, step)`` over the concatenated shards of the split: the same index rule as in-memory
+text, so a run resumes exactly, on any number of processes, and each process reads only its
+rows. Evaluation reads the first ``train.eval_tokens`` next-token predictions of a split in
+fixed-shape batches, a batch at a time.
+
+>>> ds = load(DataConfig(name="tokens", path="corpora/shakespeare-gpt2"))   # doctest: +SKIP
+>>> ds.describe()                                                           # doctest: +SKIP
+'1,482,404 training gpt2 tokens (3 shards), vocabulary 50,257'
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxnet.config import batching
+from jaxnet.data import prepare as prepare_lib
+from jaxnet.data import shards as shards_lib
+from jaxnet.data import text as text_lib
+from jaxnet.data import tokenizers
+from jaxnet.errors import UserError
+
+SPLITS = ("train", "val", "test")
+
+
+class TokenDataset(text_lib.TextDataset):
+    """Token ids on disk per split (:class:`~jaxnet.data.shards.ShardedTokens`) with their vocabulary.
+
+    Behaves as a :class:`~jaxnet.data.text.TextDataset` (same batches for the same ids) without
+    reading the ids into memory.
+    """
+
+    def __init__(
+        self,
+        splits: dict[str, shards_lib.ShardedTokens],
+        vocab: list[str],
+        tokenizer: str,
+        name: str,
+        max_ids: dict[str, int | None] | None = None,
+        notes: str = "",
+    ):
+        self.train, self.val, self.test = (splits[s] for s in SPLITS)
+        self.vocab, self.tokenizer, self.name, self.notes = vocab, tokenizer, name, notes
+        if len(set(vocab)) != len(vocab):
+            raise UserError(f"the vocabulary of {name} has repeated tokens")
+        self.index = {t: i for i, t in enumerate(vocab)}
+        if len(self.train) < 2:
+            raise UserError(f"the training split of {name} has {len(self.train)} tokens; a language model needs more")
+        for split in SPLITS:
+            known = (max_ids or {}).get(split)
+            tokens = getattr(self, split)
+            largest = known if known is not None or not len(tokens) else tokens.max_id()
+            if largest is not None and largest >= len(vocab):
+                raise UserError(
+                    f"the {split} split of {name} holds token id {largest}, beyond the vocabulary of {len(vocab):,}; "
+                    "set data.vocab_size to at least the corpus's vocabulary"
+                )
+
+    def describe(self) -> str:
+        """One line for the run's first message."""
+        shards = len(self.train.shards)
+        return (
+            f"{len(self.train):,} training {self.tokenizer} tokens ({shards} file{'s' * (shards != 1)}), "
+            f"vocabulary {len(self.vocab):,}{self.notes}"
+        )
+
+    def eval_rows(self, cfg: Any, split: str) -> int:
+        """Rows of an evaluation batch of ``split`` (0 = empty split)."""
+        n = self._predictions(cfg, split)
+        if n < 1:
+            return 0
+        if batching(cfg) == "stream":
+            return min(cfg.train.eval_batch_size, max(1, n // cfg.data.seq_len))
+        return cfg.train.eval_batch_size
+
+    def _predictions(self, cfg: Any, split: str) -> int:
+        """Next-token predictions an evaluation of ``split`` makes: its first ``train.eval_tokens``."""
+        n = max(0, len(getattr(self, split)) - 1)
+        return min(n, cfg.train.eval_tokens) if cfg.train.eval_tokens else n
+
+    def eval_batches(self, cfg: Any, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        """The first ``train.eval_tokens`` predictions of ``split``, as
+        :func:`jaxnet.data.text.eval_batches` makes them from the same ids, read a batch at a time."""
+        tokens, n, seq_len = getattr(self, split), self._predictions(cfg, split), cfg.data.seq_len
+        if n < 1:
+            return iter(())
+        if batching(cfg) == "stream":  # contiguous streams need the whole (capped) split at once
+            return text_lib.eval_batches(tokens.read(0, n + 1), batch_size=batch_size, seq_len=seq_len, mode="stream")
+        return window_eval_batches(tokens, n, batch_size, seq_len)
+
+
+def window_eval_batches(
+    tokens: shards_lib.ShardedTokens | np.ndarray, n: int, batch_size: int, seq_len: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """The first ``n`` predictions of ``tokens`` in non-overlapping windows of ``seq_len``,
+    ``batch_size`` windows a batch, padding masked: :func:`jaxnet.data.text.eval_batches`'s window
+    mode, reading one batch of tokens at a time."""
+    windows = -(-n // seq_len)
+    rows = -(-windows // batch_size) * batch_size
+    for first in range(0, rows, batch_size):
+        start, stop = first * seq_len, min((first + batch_size) * seq_len, n)
+        block = np.zeros(batch_size * seq_len + 1, np.int32)
+        mask = np.zeros(batch_size * seq_len, np.float32)
+        if stop > start:
+            block[: stop - start + 1] = tokens[start : stop + 1]
+            mask[: stop - start] = 1
+        x = block[:-1].copy()
+        y = block[1:].copy()
+        if stop - start < batch_size * seq_len:  # padding: inputs and targets zero as text.eval_batches pads them
+            x[stop - start :] = 0
+            y[stop - start :] = 0
+        shape = (batch_size, seq_len)
+        yield {"tokens": x.reshape(shape), "targets": y.reshape(shape), "mask": mask.reshape(shape)}
+
+
+def detect_format(path: Path) -> str:
+    """The layout of a corpus directory from its files."""
+    if (path / "corpus.json").is_file():
+        return "jaxnet"
+    if (path / "train.bin").is_file():
+        return "nanogpt"
+    if sorted(path.glob("*_train_*.bin")):
+        return "llmc"
+    if sorted(path.glob("prepare-progress*.json")) or sorted(path.glob("corpus-*of*.json")):
+        raise UserError(
+            f"data.path={path} holds an unfinished jaxnet prepare (no corpus.json yet); run the same jaxnet prepare "
+            "again to finish it (and jaxnet prepare --merge for slices)"
+        )
+    raise UserError(
+        f"data.path={path} has no corpus.json (jaxnet prepare), train.bin (nanoGPT) or *_train_*.bin (llm.c); "
+        "prepare the text first: jaxnet prepare SOURCE --out DIR"
+    )
+
+
+def _padded(vocab: list[str], size: int, name: str) -> list[str]:
+    if not size or size == len(vocab):
+        return vocab
+    if size < len(vocab):
+        raise UserError(f"data.vocab_size={size} is smaller than the vocabulary of {name} ({len(vocab):,} tokens)")
+    return vocab + [f"<unused {i}>" for i in range(size - len(vocab))]
+
+
+def load(cfg: Any) -> TokenDataset:
+    """The corpus at ``cfg.path`` (a :class:`~jaxnet.config.DataConfig`), memory-mapped."""
+    if not cfg.path:
+        raise UserError("data.name=tokens needs data.path=DIR, a directory made by jaxnet prepare (or nanoGPT, llm.c)")
+    path = Path(cfg.path)
+    if not path.is_dir():
+        raise UserError(f"data.path={cfg.path} is not a directory; give the --out DIR of jaxnet prepare")
+    fmt = cfg.format or detect_format(path)
+    name = path.name
+    if fmt == "jaxnet":
+        manifest = prepare_lib.read_manifest(path / "corpus.json")
+        if manifest.get("format") != prepare_lib.FORMAT:
+            raise UserError(f"{path / 'corpus.json'} is not a {prepare_lib.FORMAT} manifest; prepare the corpus again")
+        splits, max_ids = {}, {}
+        for s in SPLITS:
+            entry = manifest["splits"][s]
+            splits[s] = shards_lib.ShardedTokens(
+                [shards_lib.open_shard(path / x["file"], x["tokens"]) for x in entry["shards"]]
+            )
+            if len(splits[s]) != entry["tokens"]:
+                raise UserError(
+                    f"the {s} shards of {path} hold {len(splits[s]):,} tokens but corpus.json says {entry['tokens']:,}"
+                )
+            max_ids[s] = entry["max_id"]
+        tok = manifest["tokenizer"]
+        vocab = _padded(prepare_lib.corpus_vocab(tok), cfg.vocab_size, name)
+        return TokenDataset(splits, vocab, tok["name"], name, max_ids)
+    if fmt == "nanogpt":
+        files = {s: path / f"{s}.bin" for s in ("train", "val")}
+        for f in files.values():
+            if not f.is_file():
+                raise UserError(f"{f} is missing; a nanoGPT directory holds train.bin and val.bin")
+        splits = {s: shards_lib.ShardedTokens([shards_lib.open_flat(f)]) for s, f in files.items()}
+        splits["test"] = shards_lib.ShardedTokens([])
+        meta = path / "meta.pkl"
+        if meta.is_file():
+            vocab, tokenizer = _nanogpt_meta(meta)
+        else:
+            vocab, tokenizer = list(tokenizers.gpt2_vocab()), "gpt2"
+        vocab = _padded(vocab, cfg.vocab_size, name)
+        return TokenDataset(splits, vocab, tokenizer, name, notes="; no test split (nanoGPT has none)")
+    if fmt == "llmc":
+        splits = {}
+        for s in ("train", "val"):
+            files = sorted(path.glob(f"*_{s}_*.bin"))
+            if not files:
+                raise UserError(f"{path} has no llm.c {s} shards (*_{s}_*.bin)")
+            splits[s] = shards_lib.ShardedTokens([shards_lib.open_shard(f) for f in files])
+        splits["test"] = shards_lib.ShardedTokens([])
+        vocab = _padded(list(tokenizers.gpt2_vocab()), cfg.vocab_size, name)
+        return TokenDataset(splits, vocab, "gpt2", name, notes="; no test split (llm.c shards have none)")
+    raise UserError(f"data.format={fmt}: choose jaxnet, nanogpt or llmc")
+
+
+def _nanogpt_meta(path: Path) -> tuple[list[str], str]:
+    """The character vocabulary of nanoGPT's ``meta.pkl`` (``vocab_size``, ``itos``)."""
+    try:
+        with open(path, "rb") as f:
+            meta = pickle.load(f)  # noqa: S301 - nanoGPT's own format; the user's file
+        itos, size = meta["itos"], int(meta["vocab_size"])
+        vocab = [str(itos[i]) for i in range(size)]
+    except Exception as e:
+        what = f"{type(e).__name__}: {e}"
+        raise UserError(f"cannot read nanoGPT's {path} ({what}); it needs vocab_size and itos") from None
+    return vocab, "char"
+
+
+def load_or_prepare(cfg: Any, source: str, tokenizer: str = "gpt2", say: Any = print) -> TokenDataset:
+    """:func:`load` the corpus at ``cfg.path``; if that directory does not exist yet, first
+    ``jaxnet prepare`` ``source`` into it (an experiment's default corpus, ready on first use).
+
+    >>> ds = load_or_prepare(cfg.data, "shakespeare")    # doctest: +SKIP
+    """
+    path = Path(cfg.path)
+    if cfg.path and not path.exists() or sorted(path.glob("prepare-progress*.json")):
+        say(f"preparing {source} with the {tokenizer} tokenizer into {path} (once)")
+        prepare_lib.prepare(source, tokenizer, path, workers=1, progress=False, say=say)
+    return load(cfg)

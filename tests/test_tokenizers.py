@@ -1,0 +1,111 @@
+"""GPT-2's tokenizer (jaxnet.data.tokenizers) against a plain-Python byte-level BPE over the same
+vocab.bpe / encoder.json, and against token ids known from GPT-2's own release."""
+
+import json
+
+import numpy as np
+import pytest
+import regex
+
+from jaxnet.data import text, tokenizers
+
+# GPT-2's pre-tokenization pattern as its release (encoder.py) writes it.
+PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+class ReferenceBPE:
+    """The merge loop of byte-level BPE, written out: repeatedly merge the adjacent pair of lowest rank."""
+
+    def __init__(self) -> None:
+        files = tokenizers.gpt2_files()
+        self.encoder = json.loads(files["encoder.json"].read_text(encoding="utf-8"))
+        lines = files["vocab.bpe"].read_text(encoding="utf-8").split("\n")[1:]
+        merges = [tuple(line.split()) for line in lines if line.strip()]
+        self.ranks = {pair: i for i, pair in enumerate(merges)}
+        self.byte_char = _bytes_to_unicode()
+
+    def bpe(self, word: str) -> list[str]:
+        parts = list(word)
+        while len(parts) > 1:
+            inf = float("inf")
+            pairs = [(self.ranks.get((parts[i], parts[i + 1]), inf), i) for i in range(len(parts) - 1)]
+            rank, i = min(pairs)
+            if rank == float("inf"):
+                break
+            first, second = parts[i], parts[i + 1]
+            merged, j = [], 0
+            while j < len(parts):  # merge every occurrence of the pair, left to right
+                if j < len(parts) - 1 and parts[j] == first and parts[j + 1] == second:
+                    merged.append(first + second)
+                    j += 2
+                else:
+                    merged.append(parts[j])
+                    j += 1
+            parts = merged
+        return parts
+
+    def encode(self, s: str) -> list[int]:
+        ids = []
+        for piece in PATTERN.findall(s):
+            word = "".join(self.byte_char[b] for b in piece.encode("utf-8"))
+            ids += [self.encoder[t] for t in self.bpe(word)]
+        return ids
+
+
+STRINGS = [
+    "Hello world",
+    "To be, or not to be: that is the question.\n\nWhether 'tis nobler in the mind",
+    "naïve café — Ærøskøbing, 東京タワー, Привет мир! 🙂🙂 ½ + ¾ = 1¼",
+    "   leading spaces and trailing   \n\t tabs\r\n",
+    "numbers 1234567890 3.14159 and it's they're we've I'm you'll he'd",
+    "code: def f(x):\n    return x**2  # square\n",
+    "<|endoftext|> is plain text here",
+]
+
+
+@pytest.fixture(scope="module")
+def reference() -> ReferenceBPE:
+    return ReferenceBPE()
+
+
+@pytest.mark.parametrize("s", STRINGS)
+def test_gpt2_ids_equal_a_plain_python_bpe_over_the_same_files(reference, s):
+    ids = tokenizers.encode(s)
+    assert ids == reference.encode(s)
+    assert tokenizers.decode(ids) == s
+
+
+def test_gpt2_known_ids_vocabulary_and_end_of_text():
+    assert tokenizers.encode("Hello world") == [15496, 995]
+    assert tokenizers.encode(" the") == [262]
+    assert tokenizers.encode("<|endoftext|>", allow_eot=True) == [tokenizers.EOT_ID] == [50256]
+    assert 50256 not in tokenizers.encode("<|endoftext|>")  # ordinary text unless allowed
+    vocab = tokenizers.gpt2_vocab()
+    assert len(vocab) == 50257 and vocab[50256] == "<|endoftext|>" and vocab[262] == "Ġthe"
+    assert tokenizers.file_hashes() == tokenizers.FILE_SHA256
+    assert tokenizers.decode([15496, 995, 50300]) == "Hello world"  # padding ids beyond GPT-2's are skipped
+
+
+def test_data_tokenizer_gpt2_splits_a_text_file_and_decodes_it(tmp_path):
+    body = "The quick brown fox jumps over the lazy dog. Ünïcödé ✓\n" * 40
+    (tmp_path / "t.txt").write_text(body, encoding="utf-8")
+    ds = text.load_file(str(tmp_path / "t.txt"), "gpt2")
+    assert ds.num_classes == 50257 and ds.tokenizer == "gpt2"
+    whole = np.concatenate([ds.train, ds.val, ds.test])
+    np.testing.assert_array_equal(whole, tokenizers.encode(body))
+    assert ds.decode(ds.train[:9]) == "The quick brown fox jumps over the lazy dog"
+    np.testing.assert_array_equal(ds.encode("Hello world"), [15496, 995])
+    assert "perplexity" in ds.extra_metrics(1.0)

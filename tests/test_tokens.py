@@ -1,0 +1,186 @@
+"""data.name=tokens: memory-mapped shards give the in-memory text's batches, each process reads
+only its rows, nanoGPT's and llm.c's files are read as those projects write them, bad input is
+one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import psutil
+import pytest
+
+from jaxnet import cli
+from jaxnet.config import Config, DataConfig
+from jaxnet.data import shards, text, tokenizers, tokens
+from jaxnet.errors import UserError
+
+
+def llmc_write(path, ids):
+    """llm.c's write_datafile: 256 int32 header (magic, version, count), then uint16 tokens."""
+    header = np.zeros(256, np.int32)
+    header[0], header[1], header[2] = 20240520, 1, len(ids)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(ids, np.uint16).tobytes())
+
+
+def llmc_dir(tmp_path, train_parts, val):
+    d = tmp_path / "fineweb"
+    d.mkdir()
+    for i, part in enumerate(train_parts, 1):
+        llmc_write(d / f"fineweb_train_{i:06d}.bin", part)
+    llmc_write(d / "fineweb_val_000000.bin", val)
+    return d
+
+
+def cfg_for(path, **data):
+    cfg = Config()
+    cfg.data = DataConfig(name="tokens", path=str(path), seq_len=8, **data)
+    cfg.train.batch_size, cfg.train.eval_batch_size, cfg.seed = 6, 3, 5
+    return cfg
+
+
+def test_window_batches_over_shards_equal_the_in_memory_texts_and_each_process_reads_its_rows(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 50257, n) for n in (37, 5, 60)]  # windows cross shard boundaries
+    d = llmc_dir(tmp_path, parts, rng.integers(0, 50257, 30))
+    cfg = cfg_for(d)
+    ds = tokens.load(cfg.data)
+    whole = np.concatenate(parts).astype(np.int32)
+    assert len(ds.train) == 102 and ds.tokenizer == "gpt2" and ds.num_classes == 50257
+    ours = ds.train_batches(cfg, start_step=3)
+    theirs = text.train_batches(whole, batch_size=6, seq_len=8, mode="windows", seed=5, start_step=3)
+    for _ in range(5):
+        a, b = next(ours), next(theirs)
+        np.testing.assert_array_equal(a["tokens"], b["tokens"])
+        np.testing.assert_array_equal(a["targets"], b["targets"])
+    read = []
+    real = shards.ShardedTokens.__getitem__
+    spy = lambda self, i: read.append(np.asarray(i)) or real(self, i)
+    monkeypatch.setattr(shards.ShardedTokens, "__getitem__", spy)
+    rows = next(ds.train_batches(cfg, start_step=9, rows=slice(3, 6)))
+    full = text.window_batch(whole, 6, 8, 5, 9)
+    np.testing.assert_array_equal(rows["tokens"], full["tokens"][3:6])
+    touched = np.unique(np.concatenate([r.ravel() for r in read]))
+    offsets = np.random.default_rng([5, 2, 9]).integers(0, len(whole) - 8, size=6)
+    mine = np.unique(np.concatenate([np.arange(o, o + 9) for o in offsets[3:6]]))
+    np.testing.assert_array_equal(touched, mine)  # this process's rows only
+
+
+def test_evaluation_streams_the_first_eval_tokens_as_the_in_memory_text_evaluates_them(tmp_path):
+    rng = np.random.default_rng(1)
+    val = rng.integers(0, 50257, 50)
+    d = llmc_dir(tmp_path, [rng.integers(0, 50257, 40)], val)
+    for cap, n in ((0, 49), (20, 20)):
+        cfg = cfg_for(d)
+        cfg.train.eval_tokens = cap
+        ds = tokens.load(cfg.data)
+        ours = list(ds.eval_batches(cfg, "val", 3))
+        theirs = list(text.eval_batches(val[: n + 1].astype(np.int32), batch_size=3, seq_len=8, mode="windows"))
+        assert len(ours) == len(theirs) and sum(b["mask"].sum() for b in ours) == n
+        for a, b in zip(ours, theirs, strict=True):
+            for k in ("tokens", "targets", "mask"):
+                np.testing.assert_array_equal(a[k], b[k])
+    assert ds.size("test") == 0 and "no test split" in ds.describe()
+
+
+def test_nanogpt_train_bin_with_meta_pkl_is_read_as_nanogpt_writes_it(tmp_path):
+    d = tmp_path / "shakespeare_char"
+    d.mkdir()
+    chars = sorted(set("hello world\n"))
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = np.array([stoi[c] for c in "hello world\n" * 10], np.uint16)
+    ids[:100].tofile(d / "train.bin")  # as nanoGPT's prepare.py: np.array(ids, dtype=np.uint16).tofile(...)
+    ids[100:].tofile(d / "val.bin")
+    with open(d / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
+    ds = tokens.load(DataConfig(name="tokens", path=str(d)))
+    assert ds.vocab == chars and ds.tokenizer == "char" and len(ds.train) == 100 and len(ds.val) == 20
+    assert ds.decode(ds.train[0:11]) == "hello world"
+    padded = tokens.load(DataConfig(name="tokens", path=str(d), format="nanogpt", vocab_size=64))
+    assert padded.num_classes == 64
+    (d / "meta.pkl").unlink()  # a GPT-2 set: no meta.pkl
+    assert tokens.load(DataConfig(name="tokens", path=str(d))).num_classes == 50257
+
+
+def test_resident_memory_does_not_grow_with_the_corpus(tmp_path):
+    d = tmp_path / "big"
+    d.mkdir()
+    n = 48 * 2**20  # 96 MB of uint16 tokens
+    np.memmap(d / "train.bin", np.uint16, "w+", shape=(n,))[:] = 7
+    np.zeros(1000, np.uint16).tofile(d / "val.bin")
+    tokenizers.gpt2_vocab()  # the vocabulary's strings are no part of the corpus
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    cfg = cfg_for(d, format="nanogpt", vocab_size=50304)
+    ds = tokens.load(cfg.data)
+    batches = ds.train_batches(cfg, 0)
+    for _ in range(50):
+        next(batches)
+    assert len(ds.train) == n and ds.train.max_id() == 7  # read whole, in chunks, and let go
+    assert proc.memory_info().rss - before < 16 * 2**20
+
+
+def test_bad_corpora_are_one_line_with_exit_2_and_nothing_written(tmp_path, capsys):
+    d = llmc_dir(tmp_path, [np.arange(100)], np.arange(50))
+    small = tmp_path / "small"
+    small.mkdir()
+    np.arange(100, dtype=np.uint16).tofile(small / "train.bin")
+    np.arange(50, dtype=np.uint16).tofile(small / "val.bin")
+    with open(small / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 20, "itos": {i: chr(65 + i) for i in range(20)}}, f)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    shards.write_shard(cut / "train_000000.bin", np.arange(100, dtype=np.uint16))
+    shards.write_shard(cut / "val_000000.bin", np.arange(30, dtype=np.uint16))
+    entry = lambda f, n: {"tokens": n, "documents": 1, "max_id": 99, "shards": [{"file": f, "tokens": n, "sha256": ""}]}
+    manifest = {
+        "format": "jaxnet-corpus/1", "settings": {}, "tokenizer": {"name": "byte", "vocab_size": 257, "eot_id": 256},
+        "splits": {"train": entry("train_000000.bin", 90), "val": entry("val_000000.bin", 30),
+                   "test": {"tokens": 0, "documents": 0, "max_id": None, "shards": []}},
+    }  # fmt: skip
+    (cut / "corpus.json").write_text(json.dumps(manifest))
+    cases = {
+        "beyond the vocabulary": [f"data.path={small}", "data.vocab_size=0"],
+        "corpus.json says 90": [f"data.path={cut}"],
+        "smaller than the vocabulary": [f"data.path={d}", "data.vocab_size=1000"],
+        "no corpus.json": [f"data.path={tmp_path}"],
+    }
+    for i, (message, overrides) in enumerate(cases.items()):
+        work = tmp_path / f"run{i}"
+        assert cli.main(["train", "gpt2_shakespeare:smoke", *overrides, "--workdir", str(work)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and err.startswith("jaxnet: error:") and "\n" not in err, err
+        assert not work.exists()
+
+
+@pytest.mark.slow  # two runs with a 50,304-token softmax: 20 s alone, minutes on a loaded 2-core machine
+def test_train_on_tokens_then_resume_on_another_tokenizer_is_refused(tmp_path, capsys):
+    d = llmc_dir(tmp_path, [np.arange(300) % 50257], np.arange(60))
+    work = tmp_path / "run"
+    base = ["train", "gpt2_shakespeare:smoke", "train.steps=2", "train.eval_every=0", "train.checkpoint_every=0",
+            "optim.warmup_steps=1", "train.log_every=1", "--workdir", str(work)]  # fmt: skip
+    assert cli.main([*base, f"data.path={d}"]) == 0
+    saved = json.loads((work / "vocab.json").read_text())
+    assert saved["tokenizer"] == "gpt2" and len(saved["vocab"]) == 50304
+    chars = tmp_path / "chars"
+    chars.mkdir()
+    (np.arange(300) % 20).astype(np.uint16).tofile(chars / "train.bin")
+    np.arange(20, dtype=np.uint16).tofile(chars / "val.bin")
+    with open(chars / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 20, "itos": {i: chr(65 + i) for i in range(20)}}, f)
+    before = {p: p.stat().st_mtime_ns for p in work.rglob("*")}
+    capsys.readouterr()
+    assert cli.main([*base, "train.steps=4", f"data.path={chars}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "vocabulary does not match" in err and "\n" not in err
+    assert {p: p.stat().st_mtime_ns for p in work.rglob("*")} == before
+
+
+def test_open_shard_rejects_what_is_not_a_shard(tmp_path):
+    p = tmp_path / "x.bin"
+    np.zeros(300, np.int32).tofile(p)
+    with pytest.raises(UserError, match="not an llm.c token shard"):
+        shards.open_shard(p)

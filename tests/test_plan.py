@@ -397,6 +397,11 @@ def test_goal_in_tokens_epochs_and_steps_with_its_cost():
     default = p["goal"]
     assert default["steps"] == config.load_experiment("transformer_shakespeare:smoke").train.steps
     assert default["cost_usd"] is None
+    text = planner.describe({**p, "goal": planner.goal(p, tokens=1e9, price=3)})
+    line = next(x for x in text.splitlines() if "to reach" in x)
+    g = planner.goal(p, tokens=1e9, price=3)
+    assert line.startswith("  PREDICTED to reach 1,000,000,000 tokens: 3,906,250 steps in ")
+    assert f"{g['wall_days']:.3g} days" in line and f"${g['cost_usd']:.2f} at $3 per GPU-hour" in line
 
 
 def test_input_rate_per_host_from_the_batch_shape():

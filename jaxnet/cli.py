@@ -15,6 +15,7 @@
     jaxnet study async EXPERIMENT staleness=K1,K2,... [workers=W] [--comm-ms MS] [--jitter S] [--smoke]
                  [--workdir DIR] [key=value ...]
     jaxnet plan EXPERIMENT[:VARIANT] [key=value ...] --target h100|h200|a100 [--gpus N] [--max-batch] [--out FILE]
+                [--tokens N | --epochs E] [--price USD_PER_GPU_HOUR] [--calibrate FILE]
     jaxnet prepare SOURCE --tokenizer gpt2|byte|char --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
                    [--val-fraction F] [--test-fraction F] [--text-field NAME];  jaxnet prepare --merge --out DIR
     jaxnet list
@@ -166,6 +167,16 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpus", type=int, help="number of GPUs (default: the mesh's size, or 1)")
     plan.add_argument("--max-batch", action="store_true", help="also find the largest train.batch_size that fits")
     plan.add_argument("--out", help="write the plan as JSON to this file")
+    goal = plan.add_mutually_exclusive_group()
+    goal.add_argument("--tokens", type=float, help="goal: train on N tokens (e.g. 10e9); default: train.steps")
+    goal.add_argument("--epochs", type=float, help="goal: E passes over the training data; default: train.steps")
+    plan.add_argument("--price", type=float, metavar="USD", help="US dollars per GPU-hour: the goal's predicted cost")
+    plan.add_argument(
+        "--calibrate",
+        metavar="FILE",
+        help="a plan-vs-measured file from scripts/gpu_check.sh --only plan on this GPU kind: scale the step by "
+        "its measured/predicted ratio",
+    )
 
     _study_parser(commands)
     prep = commands.add_parser(
@@ -385,7 +396,10 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     if args.gpus is not None and args.gpus < 1:
         raise UserError(f"--gpus {args.gpus}: give a number of GPUs of at least 1")
-    planner.load_target(args.target)
+    target = planner.load_target(args.target)
+    planner.check_goal(args.tokens, args.epochs, args.price)
+    if args.calibrate is not None:
+        planner.load_calibration(args.calibrate, target)
     cfg = config.load_experiment(args.experiment, args.overrides)
     planner.gpus_for(cfg, args.gpus)
     missing = planner.plugin_missing()
@@ -398,7 +412,17 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)
-    report = planner.plan(cfg, args.target, args.gpus, max_batch=args.max_batch, say=print)
+    report = planner.plan(
+        cfg,
+        args.target,
+        args.gpus,
+        max_batch=args.max_batch,
+        tokens=args.tokens,
+        epochs=args.epochs,
+        price=args.price,
+        calibrate=args.calibrate,
+        say=print,
+    )
     report["command"] = shlex.join(["jaxnet", *(sys.argv[1:] if argv is None else argv)])
     print(planner.describe(report))
     if args.out:

@@ -29,6 +29,7 @@ import functools
 import importlib.machinery
 import importlib.metadata
 import importlib.resources
+import json
 import math
 import re
 import shlex
@@ -63,8 +64,9 @@ JAX_DEFAULT_POOL = 0.75  # JAX preallocates this fraction of a GPU's memory unle
 CAVEATS = [
     "compiled without a GPU: gemm tiles are XLA's defaults, not autotuned on the device",
     "cuDNN workspaces are not sized without a GPU: memory for cuDNN calls is a lower bound",
-    "predicted_step_s is a roofline bound (FLOPs / peak, bytes / bandwidth), not a measurement: "
-    "kernel launch gaps, communication and its overlap with compute are not modelled",
+    "predicted_step_s is the largest of three bounds (FLOPs / peak, bytes / bandwidth, kernels x the "
+    "target's launch_overhead_s), not a measurement: communication and its overlap with compute are not "
+    "modelled, and a step is slower than each bound when they do not overlap",
     "flops_per_step and bytes_per_step are per device; loops are counted as often as they run",
 ]
 
@@ -95,6 +97,12 @@ class Target:
     @property
     def bandwidth(self) -> float:
         return self.number("memory_bandwidth")
+
+    @property
+    def launch_overhead(self) -> float | None:
+        """Seconds one kernel launch costs at the least (``launch_overhead_s``; None if the file has none)."""
+        own = self.fields.get("launch_overhead_s")
+        return float(own) if own else None
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak FLOP/s for matrix products in ``dtype`` (float32 ones run on TF32 tensor cores)."""
@@ -371,6 +379,115 @@ def kernels(text: str) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# Kernel launches per step
+
+# Instructions that launch nothing on the GPU: values, views and tuples, and the second half of an
+# asynchronous pair (``*-done`` waits for the work its ``*-start`` launched).
+NO_LAUNCH = frozenset(
+    {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "add-dependency", "opt-barrier",
+     "domain"}
+)
+_CALLED = re.compile(r"\b(?:calls|to_apply)=(%[\w.\-]+)")
+_BRANCHES = re.compile(
+    r"(?:branch_computations=\{([^}]*)\}|true_computation=(%[\w.\-]+), false_computation=(%[\w.\-]+))"
+)
+_LOOP = re.compile(r"condition=(%[\w.\-]+), body=(%[\w.\-]+)")
+
+
+def _launch_kind(op: str, rest: str) -> str | None:
+    """What one instruction of a compiled GPU program launches per execution (None: nothing)."""
+    if op in NO_LAUNCH or op.endswith("-done"):
+        return None
+    if op == "fusion":
+        kind = re.search(r'"kind":"([^"]+)"', rest)
+        kind = kind.group(1) if kind else ""
+        return "gemm fusions" if "gemm" in kind else "cuDNN fusions" if "cudnn" in kind else "fusions"
+    if op == "custom-call":
+        target = re.search(r'custom_call_target="([^"]+)"', rest)
+        name = target.group(1) if target else ""
+        if name.startswith("__cudnn$fmha"):
+            return "cuDNN attention"
+        if name.startswith("__cudnn$conv"):
+            return "cuDNN convolutions"
+        if name.startswith("__cublas"):
+            return "cuBLAS"
+        return "other custom calls"
+    if op.removesuffix("-start") in COLLECTIVES:
+        return "collectives"
+    if op in ("copy", "copy-start"):
+        return "copies"
+    return "other"
+
+
+def launches(text: str) -> dict[str, Any]:
+    """The kernels a compiled GPU program launches per step, read from its optimized HLO text.
+
+    Every fusion is one kernel, every custom call (cuBLAS, cuDNN attention and convolution) one,
+    every collective one (its ``-start``; ``-done`` only waits), every copy one; values, views and
+    tuples none. A ``while`` loop with a known trip count ``n`` runs its body ``n`` times and never
+    its condition (XLA's GPU runtime skips it); one with an unknown trip count is counted as one
+    pass of its condition and body, so the count is then a lower bound (``unknown_trip_loops``).
+    A ``conditional`` counts its cheapest branch, a ``call`` (an async wrapper, a command buffer)
+    what it calls. Fusions that XLA's runtime splits into more than one kernel count once: the
+    total is a floor.
+
+    >>> launches(compiled.as_text())["total"]  # doctest: +SKIP
+    109
+    """
+    comps, entry = roofline._computations(text)
+    unknown: list[str] = []
+
+    @functools.cache
+    def count(name: str) -> tuple[tuple[str, int], ...]:
+        total: Counter = Counter()
+        for line_name, _, op, rest in _instructions("\n".join(comps.get(name, ()))):
+            if op == "while":
+                loop = _LOOP.search(rest)
+                trip = roofline._TRIP.search(rest)
+                if loop is None:
+                    continue
+                condition, body = loop.groups()
+                if trip:
+                    total.update({k: int(trip.group(1)) * n for k, n in count(body)})
+                else:
+                    unknown.append(line_name)
+                    total.update(dict(count(body)))
+                    total.update(dict(count(condition)))
+                continue
+            if op == "conditional":
+                found = _BRANCHES.search(rest)
+                if found:
+                    names = re.findall(r"%[\w.\-]+", found.group(1)) if found.group(1) else list(found.groups()[1:])
+                    cheapest = min((dict(count(b)) for b in names), key=lambda c: sum(c.values()), default={})
+                    total.update(cheapest)
+                total["other"] += 1  # the predicate's copy to the host
+                continue
+            if op in ("call", "async-start"):
+                called = _CALLED.search(rest)
+                if called:
+                    total.update(dict(count(called.group(1))))
+                continue
+            kind = _launch_kind(op, rest)
+            if kind:
+                total[kind] += 1
+        return tuple(sorted(total.items()))
+
+    by_kind = dict(count(entry))
+    return {
+        "total": sum(by_kind.values()),
+        "by_kind": by_kind,
+        "unknown_trip_loops": len(set(unknown)),
+        "note": "kernels launched per train step by the compiled program: each fusion, custom call, collective "
+        "and copy once, loop bodies times their known trip count"
+        + (
+            "; loops of unknown trip count counted once (a lower bound)"
+            if unknown
+            else ""
+        ),
+    }
+
+
 def hlo_cost(text: str) -> dict[str, float]:
     """XLA's cost analysis (FLOPs, bytes accessed) of a compiled module's text, every loop counted
     as often as it runs; JAX's ``cost_analysis()`` has none for a deviceless compile."""
@@ -381,6 +498,222 @@ def hlo_cost(text: str) -> dict[str, float]:
         extra, _ = roofline.loop_extra(text, client)
         cost = {k: cost[k] + extra[k] for k in cost}
     return cost
+
+
+# ---------------------------------------------------------------------------------------------
+# The input rate, the goal and calibration
+
+
+def step_bound(compute_s: float | None, memory_s: float, launch_s: float | None) -> tuple[str, float]:
+    """The predicted step: the largest of the compute, memory and launch bounds (a bound that is
+    None, no peak or no launch cost known, counts as 0), and which one it is.
+
+    >>> step_bound(6.6e-3, 10.3e-3, 4.4e-3)
+    ('memory', 0.0103)
+    """
+    bounds = {"compute": compute_s or 0.0, "memory": memory_s, "launch": launch_s or 0.0}
+    bound = max(bounds, key=bounds.get)
+    return bound, bounds[bound]
+
+
+def hosts_for(gpus: int) -> int:
+    """Hosts of a planned run: 8 GPUs to a host (one JAX process each), as :func:`topology` lays them."""
+    return max(gpus // 8, 1)
+
+
+def input_rate(run: Run, batch: dict[str, np.ndarray], rows: int, gpus: int, step_s: float) -> dict[str, Any]:
+    """What each host's input pipeline must deliver for the step to take ``step_s``: examples,
+    tokens and bytes per second per host (one process per host of 8 GPUs). Tokens come from the
+    batch's shape: a text run's ``rows x seq_len``, else the model input's length when it is a
+    2-D array of integer ids (a data source given from Python), else none (images are not tokens).
+    Bytes are those of the batch's arrays as the loader hands them over (their own dtypes)."""
+    hosts = hosts_for(gpus)
+    if run.text:
+        per_example = run.cfg.data.seq_len
+    else:
+        try:
+            inputs = np.asarray(run.task.model_inputs(batch)[0])
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+            inputs = None
+        integer = inputs is not None and np.issubdtype(inputs.dtype, np.integer)
+        per_example = int(inputs.shape[1]) if integer and inputs.ndim == 2 else None
+    sample_rows = max(len(next(iter(v for v in batch.values() if np.ndim(v)), [0])), 1)
+    batch_bytes = sum(np.asarray(v).nbytes for v in batch.values() if np.ndim(v)) * rows / sample_rows
+    per_s = 1 / step_s if step_s else None
+    return {
+        "hosts": hosts,
+        "tokens_per_example": per_example,
+        "tokens_per_step": rows * per_example if per_example else None,
+        "examples_per_s_per_host": rows / hosts * per_s if per_s else None,
+        "tokens_per_s_per_host": rows * per_example / hosts * per_s if per_s and per_example else None,
+        "bytes_per_s_per_host": batch_bytes / hosts * per_s if per_s else None,
+        "note": "what each host's loader must deliver to keep up with the predicted step (8 GPUs and one "
+        "process to a host; the global batch split evenly); tokens from the batch's shape",
+    }
+
+
+def _number(value: Any, flag: str, *, zero: bool) -> float:
+    """``value`` as a finite float, positive (or at least 0 with ``zero``), else a :class:`UserError`."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        need = "a number of at least 0" if zero else "a number above 0"
+        raise UserError(f"{flag} {value}: give {need} (e.g. {flag} {'3' if zero else '10e9'})")
+    return number
+
+
+def check_goal(tokens: float | None, epochs: float | None, price: float | None) -> None:
+    """Refuse a goal that cannot be planned: ``tokens`` and ``epochs`` together, either not above
+    0, a negative ``price`` (dollars per GPU-hour); each a one-line :class:`UserError`."""
+    if tokens is not None and epochs is not None:
+        raise UserError("give --tokens or --epochs, not both: the goal is one of them (or train.steps)")
+    if tokens is not None:
+        _number(tokens, "--tokens", zero=False)
+    if epochs is not None:
+        _number(epochs, "--epochs", zero=False)
+    if price is not None:
+        _number(price, "--price", zero=True)
+
+
+def _train_size(run: Run) -> int | None:
+    """The training split's size: tokens for a text dataset, else examples (None if unknown)."""
+    size = getattr(run.dataset, "size", None)
+    try:
+        return int(size("train")) if size else None
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return None
+
+
+def goal(
+    report: dict[str, Any],
+    *,
+    tokens: float | None = None,
+    epochs: float | None = None,
+    price: float | None = None,
+) -> dict[str, Any]:
+    """The predicted wall time, GPU-hours and (with ``price``, US dollars per GPU-hour) cost of
+    ``tokens`` tokens, ``epochs`` passes over the training split (``report["train_data"]``), or
+    else the config's ``train.steps`` steps, at the report's step (the calibrated one when there is
+    one). Training steps only: evaluation, checkpoints and start-up are not counted.
+
+    >>> goal(report, tokens=10e9, price=3)["cost_usd"]  # doctest: +SKIP
+    """
+    check_goal(tokens, epochs, price)
+    rows = report["batch_size"]
+    per_step = report["input_rate"]["tokens_per_step"]
+    data = report["train_data"]
+    size, text = data["size"], data["unit"] == "tokens"
+    if tokens is not None:
+        if not per_step:
+            raise UserError("--tokens needs a model that reads token sequences; give --epochs or train.steps=N")
+        steps, what = math.ceil(float(tokens) / per_step), f"{float(tokens):,.0f} tokens"
+    elif epochs is not None:
+        if not size:
+            raise UserError("--epochs needs a dataset whose training split has a known size; give train.steps=N")
+        per_epoch = size / per_step if text and per_step else size / rows
+        steps, what = math.ceil(float(epochs) * per_epoch), f"{float(epochs):g} epochs of {size:,} {data['unit']}"
+    else:
+        steps, what = data["steps"], f"train.steps={data['steps']}"
+    calibrated = report.get("calibration")
+    step_s = calibrated["calibrated_step_s"] if calibrated else report["prediction"]["predicted_step_s"]
+    seconds = steps * step_s
+    gpu_hours = seconds / 3600 * report["gpus"]
+    return {
+        "goal": what,
+        "steps": steps,
+        "tokens": steps * per_step if per_step else None,
+        "examples": steps * rows,
+        "epochs": steps * (per_step if text else rows) / size if size and (per_step or not text) else None,
+        "step_s": step_s,
+        "wall_s": seconds,
+        "wall_days": seconds / 86400,
+        "gpu_hours": gpu_hours,
+        "price_usd_per_gpu_hour": float(price) if price is not None else None,
+        "cost_usd": gpu_hours * float(price) if price is not None else None,
+        "label": ("CALIBRATED prediction" if calibrated else "PREDICTED (a lower bound on time and cost)")
+        + ", not measured: training steps only (no evaluation, checkpoints or start-up)",
+    }
+
+
+CALIBRATION_KIND = "plan-vs-measured"
+
+
+def load_calibration(path: str | Path, tgt: Target) -> dict[str, Any]:
+    """A measured-efficiency file: ``plan-vs-measured-<device>-<date>.json`` as ``scripts/gpu_check.sh
+    --only plan`` writes it on a GPU (each config's measured step over the plan's predicted one).
+    Refused with a one-line :class:`UserError`: a file that is missing, not such a record, a dry run
+    (measured on a CPU), measured on another GPU kind than ``tgt``, or without a measured ratio."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except OSError as e:
+        raise UserError(f"--calibrate {path}: cannot read it ({e.strerror})") from None
+    except ValueError:
+        raise UserError(f"--calibrate {path}: not JSON; give a plan-vs-measured file from gpu_check.sh") from None
+    if not isinstance(record, dict) or record.get("kind") != CALIBRATION_KIND:
+        raise UserError(
+            f"--calibrate {path}: not a {CALIBRATION_KIND} file; bash scripts/gpu_check.sh --only plan writes "
+            "one on a GPU"
+        )
+    if record.get("mode") != "gpu":
+        raise UserError(
+            f"--calibrate {path}: a dry run's file (measured on a CPU); calibrate with one measured on a GPU"
+        )
+    if record.get("device_kind") != tgt.device_kind:
+        raise UserError(
+            f"--calibrate {path}: measured on {record.get('device_kind')}, not on the target's {tgt.device_kind}; "
+            f"give a file measured on a {tgt.name} (or --target for that GPU)"
+        )
+    ratios = {
+        name: entry
+        for name, entry in (record.get("configs") or {}).items()
+        if isinstance(entry, dict) and (entry.get("ratio_measured_to_predicted") or {}).get("median_step_s")
+    }
+    if not ratios:
+        raise UserError(f"--calibrate {path}: no config in it has a measured/predicted step ratio")
+    return {"file": str(path), "date": record.get("date"), "device_kind": record["device_kind"], "configs": ratios}
+
+
+def apply_calibration(calibration: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The report's step scaled by a measured ratio of ``calibration`` (:func:`load_calibration`):
+    the same experiment at the same batch size gives its measured step itself; else the ratio of
+    a config whose prediction had the same bound; else the median of the file's ratios."""
+    prediction = report["prediction"]
+    configs = calibration["configs"]
+    name = report.get("experiment") or ""
+    same = next(
+        (
+            (n, e)
+            for n, e in configs.items()
+            if n in (name, name.split(":")[0]) and (e.get("measured") or {}).get("batch_size") == report["batch_size"]
+        ),
+        None,
+    )
+    if same and same[1]["measured"].get("median_step_s"):
+        used, basis = [same], f"{same[0]} measured at this batch size: its measured step"
+        ratio = same[1]["measured"]["median_step_s"] / prediction["predicted_step_s"]
+    else:
+        used = [(n, e) for n, e in configs.items() if (e.get("predicted") or {}).get("bound") == prediction["bound"]]
+        basis = f"configs whose prediction was {prediction['bound']}-bound too"
+        if not used:
+            used, basis = list(configs.items()), "every config in the file (none had this plan's bound)"
+        ratio = float(np.median([e["ratio_measured_to_predicted"]["median_step_s"] for _, e in used]))
+        basis = f"measured/predicted step of {', '.join(n for n, _ in used)} ({basis})"
+    step = prediction["predicted_step_s"] * ratio
+    return {
+        "file": calibration["file"],
+        "measured_on": calibration["device_kind"],
+        "date": calibration["date"],
+        "ratio": ratio,
+        "efficiency": 1 / ratio if ratio else None,
+        "basis": basis,
+        "calibrated_step_s": step,
+        "examples_per_s": report["batch_size"] / step if step else None,
+        "tokens_per_s": prediction["tokens_per_s"] / ratio if prediction["tokens_per_s"] and ratio else None,
+        "label": "CALIBRATED: the predicted step times a measured/predicted ratio from one GPU run",
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,18 +832,33 @@ def plan(
     dataset: Any = None,
     task: tasks.Task | None = None,
     max_batch: bool = False,
+    tokens: float | None = None,
+    epochs: float | None = None,
+    price: float | None = None,
+    calibrate: str | Path | None = None,
     say: Any = None,
 ) -> dict[str, Any]:
     """Compile ``cfg``'s train and eval steps for ``gpus`` GPUs of kind ``target`` on this machine
-    (no GPU needed) and report memory, FLOPs, kernels and a predicted step time (a roofline
-    bound). ``model``, ``dataset`` and ``task`` are those :func:`jaxnet.train` takes. With
-    ``max_batch``, also the largest ``train.batch_size`` that fits with 10 % headroom.
+    (no GPU needed) and report memory, FLOPs, kernels and a predicted step time: the largest of a
+    compute, a memory and a kernel-launch bound. ``model``, ``dataset`` and ``task`` are those
+    :func:`jaxnet.train` takes. With ``max_batch``, also the largest ``train.batch_size`` that fits
+    with 10 % headroom.
+
+    The goal (``report["goal"]``) is ``tokens`` tokens or ``epochs`` passes over the training data,
+    else the config's ``train.steps``: its predicted wall time and GPU-hours, and with ``price``
+    (US dollars per GPU-hour) its cost. ``calibrate`` is a plan-vs-measured file written by
+    ``scripts/gpu_check.sh --only plan`` on a GPU of this kind: its measured/predicted ratio
+    scales the step (``report["calibration"]``), and the goal uses the calibrated step.
 
     >>> plan(load_experiment("gpt2_small"), target="h100")["fits"]  # doctest: +SKIP
     True
+    >>> eight = plan(load_experiment("gpt2_small", ["mesh.fsdp=8"]), "h100", 8, tokens=10e9, price=3)  # doctest: +SKIP
+    >>> eight["goal"]["wall_days"], eight["goal"]["cost_usd"]  # doctest: +SKIP
     """
     say = say or (lambda line: None)
     tgt = load_target(target)
+    check_goal(tokens, epochs, price)
+    calibration = load_calibration(calibrate, tgt) if calibrate is not None else None
     gpus = gpus_for(cfg, gpus)
     topo = topology(target, gpus)
     planned, notes = _for_gpu(cfg, model is not None)
@@ -544,8 +892,11 @@ def plan(
     peak = tgt.peak_flops(dtype)
     compute_s = flops_device / peak if peak else None
     memory_s = cost["bytes"] / tgt.bandwidth
-    step_s = max(compute_s or 0.0, memory_s)
-    tokens = rows * planned.data.seq_len if run.text else None
+    launched = launches(text)
+    launch_s = launched["total"] * tgt.launch_overhead if tgt.launch_overhead else None
+    bound, step_s = step_bound(compute_s, memory_s, launch_s)
+    rate = input_rate(run, first, rows, gpus, step_s)
+    per_step_tokens = rate["tokens_per_step"]
     report: dict[str, Any] = {
         "experiment": cfg.experiment,
         "target": target,
@@ -574,24 +925,40 @@ def plan(
         "bytes_per_step": {"per_device": cost["bytes"], "note": "XLA's bytes accessed by every fused kernel"},
         "prediction": {
             "predicted_step_s": step_s,
-            "bound": "compute" if (compute_s or 0.0) >= memory_s else "memory",
+            "bound": bound,
             "compute_s": compute_s,
             "memory_s": memory_s,
+            "launch_s": launch_s,
+            "kernels_per_step": launched["total"],
+            "launch_overhead_s": tgt.launch_overhead,
             "peak_flops": peak,
             "peak_dtype": dtype,
             "memory_bandwidth": tgt.bandwidth,
             "examples_per_s": rows / step_s if step_s else None,
-            "tokens_per_s": tokens / step_s if tokens and step_s else None,
+            "tokens_per_s": per_step_tokens / step_s if per_step_tokens and step_s else None,
             "mfu_bound": analytic / step_s / (peak * gpus) if analytic and peak and step_s else None,
-            "label": "PREDICTED (roofline bound from the target's data-sheet peaks), not measured",
+            "label": "PREDICTED (the largest of the compute, memory and launch bounds from the target's data "
+            "sheet and launch cost), not measured",
         },
-        "kernels": kernels(text),
+        "input_rate": rate,
+        "train_data": {
+            "size": _train_size(run),
+            "unit": "tokens" if run.text else "examples",
+            "steps": cfg.train.steps,
+            "note": "the training split's size (for --epochs) and the config's train.steps (the default goal)",
+        },
+        "kernels": {**kernels(text), "launches": launched},
         "compile_s": round(compile_s, 2),
         "eval_compile_s": round(eval_s, 2),
         "versions": _versions(),
         "target_source": tgt.source,
         "caveats": notes + CAVEATS,
     }
+    if calibration is not None:
+        report["calibration"] = apply_calibration(calibration, report)
+        again = input_rate(run, first, rows, gpus, report["calibration"]["calibrated_step_s"])
+        rate["calibrated"] = {k: v for k, v in again.items() if k.endswith("_per_s_per_host")}
+    report["goal"] = goal(report, tokens=tokens, epochs=epochs, price=price)
     if max_batch:
         report["max_batch_size"] = search_batch(run, first, tgt, say)
     return report
@@ -653,6 +1020,65 @@ def _gib(n: float | None) -> str:
     return "-" if n is None else parallel.size(n)
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.3g} ms"
+
+
+def _us(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e6 * seconds:.3g} us"
+
+
+def _per_s(value: float | None, unit: str) -> str | None:
+    return None if value is None else f"{value:,.0f} {unit}/s"
+
+
+def _input_line(report: dict[str, Any]) -> str:
+    r = report["input_rate"]
+    rates = [
+        _per_s(r["examples_per_s_per_host"], "examples"),
+        _per_s(r["tokens_per_s_per_host"], "tokens"),
+        None if r["bytes_per_s_per_host"] is None else f"{r['bytes_per_s_per_host'] / 1e6:,.1f} MB/s",
+    ]
+    line = f"  input per host ({r['hosts']} host{'s' if r['hosts'] > 1 else ''}, 8 GPUs each at most): PREDICTED "
+    line += ", ".join(x for x in rates if x)
+    if "calibrated" in r:
+        c = r["calibrated"]
+        line += "; CALIBRATED " + ", ".join(
+            x
+            for x in (_per_s(c["examples_per_s_per_host"], "examples"), _per_s(c["tokens_per_s_per_host"], "tokens"))
+            if x
+        )
+    return line
+
+
+def _calibration_lines(report: dict[str, Any]) -> list[str]:
+    c = report.get("calibration")
+    if not c:
+        return []
+    return [
+        f"  CALIBRATED step {_ms(c['calibrated_step_s'])} = predicted x {c['ratio']:.3g} (measured efficiency "
+        f"{100 * c['efficiency']:.0f} % of the bound) from {c['file']} ({c['measured_on']}, {c['date']}): {c['basis']}"
+    ]
+
+
+def _goal_line(report: dict[str, Any]) -> str:
+    g = report["goal"]
+    seconds = g["wall_s"]
+    plain = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else (
+        f"{seconds:.3g} s"
+    )
+    when = f"{g['wall_days']:.3g} days ({plain})"
+    cost = ""
+    if g["cost_usd"] is not None:
+        dollars = f"{g['cost_usd']:,.0f}" if g["cost_usd"] >= 100 else f"{g['cost_usd']:.2f}"
+        cost = f", ${dollars} at ${g['price_usd_per_gpu_hour']:g} per GPU-hour"
+    word = "CALIBRATED" if report.get("calibration") else "PREDICTED"
+    return (
+        f"  {word} to reach {g['goal']}: {g['steps']:,} steps in {when}, {g['gpu_hours']:,.3g} GPU-hours{cost} "
+        "(training steps only)"
+    )
+
+
 def describe(report: dict[str, Any]) -> str:
     """The plan as a few lines of text for the terminal."""
     m, f, p, k = report["memory"], report["flops_per_step"], report["prediction"], report["kernels"]
@@ -670,11 +1096,23 @@ def describe(report: dict[str, Any]) -> str:
         "jaxnet.flops "
         + (f"{f['jaxnet_flops_py'] / 1e9:.3f} G for all devices" if f["jaxnet_flops_py"] else "n/a")
         + f"; bytes per device {report['bytes_per_step']['per_device'] / 1e9:.3f} GB",
-        f"  PREDICTED step {1e3 * p['predicted_step_s']:.3g} ms ({p['bound']}-bound roofline, peak "
-        f"{(p['peak_flops'] or 0) / 1e12:.0f} TFLOP/s {p['peak_dtype']}, {p['memory_bandwidth'] / 1e12:.2f} TB/s)"
+        f"  PREDICTED step {1e3 * p['predicted_step_s']:.3g} ms, {p['bound']}-bound (compute "
+        f"{_ms(p['compute_s'])} at {(p['peak_flops'] or 0) / 1e12:.0f} TFLOP/s {p['peak_dtype']}, memory "
+        f"{_ms(p['memory_s'])} at {p['memory_bandwidth'] / 1e12:.2f} TB/s, launch {_ms(p['launch_s'])} = "
+        f"{p['kernels_per_step']:,} kernels x {_us(p['launch_overhead_s'])})"
         + (f", {p['tokens_per_s']:,.0f} tokens/s" if p["tokens_per_s"] else f", {p['examples_per_s']:,.0f} examples/s")
         + (f", MFU at most {100 * p['mfu_bound']:.1f} %" if p["mfu_bound"] else ""),
-        f"  kernels: cuDNN attention {k['cudnn_attention']['forward']} forward + {k['cudnn_attention']['backward']} "
+        *_calibration_lines(report),
+        _input_line(report),
+        _goal_line(report),
+        f"  kernels per step {report['kernels']['launches']['total']:,} ("
+        + ", ".join(f"{n} {c:,}" for n, c in report["kernels"]["launches"]["by_kind"].items())
+        + (
+            f"; {report['kernels']['launches']['unknown_trip_loops']} loops of unknown trip count counted once"
+            if report["kernels"]["launches"]["unknown_trip_loops"]
+            else ""
+        )
+        + f"): cuDNN attention {k['cudnn_attention']['forward']} forward + {k['cudnn_attention']['backward']} "
         f"backward, gemm fusions {k['gemm_fusions'] or '-'}, matmul dtypes {k['matmul_dtypes'] or '-'}"
         + (
             ", collectives " + ", ".join(f"{n} {c['count']} ({_gib(c['bytes'])})" for n, c in k["collectives"].items())

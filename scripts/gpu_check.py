@@ -644,6 +644,11 @@ def compare_plan(predicted: dict[str, Any] | None, measured: dict[str, Any]) -> 
         "memory_arguments": memory["arguments"],
         "step_s": prediction["predicted_step_s"],
         "bound": prediction["bound"],
+        # the three bounds the step is the largest of (plans made before the launch floor lack launch_s)
+        "compute_s": prediction.get("compute_s"),
+        "memory_s": prediction.get("memory_s"),
+        "launch_s": prediction.get("launch_s"),
+        "kernels_per_step": prediction.get("kernels_per_step"),
         "label": prediction.get("label"),
     }
     analysis = measured.get("memory_analysis") or {}

@@ -38,9 +38,11 @@ from jaxnet.errors import UserError  # noqa: E402
 
 GPT2 = [
     ("gpt2_small", ["--max-batch"], "h100", 1),
-    ("gpt2_small", ["mesh.fsdp=8"], "h100", 8),
+    ("gpt2_small", ["mesh.fsdp=8", "--tokens", "10e9", "--price", "3"], "h100", 8),
     ("gpt2_small", [], "h200", 1),
 ]
+# The options of jaxnet plan a record may carry after its overrides, and the keyword of jaxnet.plan each sets.
+OPTIONS = {"--tokens": "tokens", "--epochs": "epochs", "--price": "price"}
 
 
 def cifar10_shaped(cfg: config.Config) -> Dataset:
@@ -70,18 +72,23 @@ def main(argv: list[str]) -> int:
     date = datetime.date.today().isoformat()
     out = ROOT / "benchmarks" / "results"
     for name, overrides, target, gpus in records(argv[0] if argv else "all"):
-        command = shlex.join(["jaxnet", "plan", name, *overrides, "--target", target, "--gpus", str(gpus)])
-        command = command.replace(" --max-batch", "") + (" --max-batch" if "--max-batch" in overrides else "")
-        print(command, flush=True)
         max_batch = "--max-batch" in overrides
         overrides = [o for o in overrides if o != "--max-batch"]
+        options = {}
+        while overrides and overrides[-2:-1] and overrides[-2] in OPTIONS:
+            options[OPTIONS[overrides[-2]]] = float(overrides[-1])
+            overrides = overrides[:-2]
+        flags = [x for k, v in options.items() for x in (f"--{k}", f"{v:g}")]
+        command = shlex.join(["jaxnet", "plan", name, *overrides, "--target", target, "--gpus", str(gpus), *flags])
+        command += " --max-batch" if max_batch else ""
+        print(command, flush=True)
         cfg = config.load_experiment(name, overrides)
         try:
-            report = planner.plan(cfg, target, gpus, max_batch=max_batch)
+            report = planner.plan(cfg, target, gpus, max_batch=max_batch, **options)
         except UserError as e:
             if name not in PLACEHOLDERS:
                 raise
-            report = planner.plan(cfg, target, gpus, dataset=PLACEHOLDERS[name](cfg))
+            report = planner.plan(cfg, target, gpus, dataset=PLACEHOLDERS[name](cfg), **options)
             report["caveats"].insert(0, f"planned on zero data of the dataset's shapes: {e}")
         report.update(
             command=command,

@@ -482,10 +482,24 @@ def largest(r: dict) -> str:
     )
 
 
+BOUNDS = ("compute", "memory", "launch")
+
+
+def input_rate(record: dict) -> str:
+    """A plan record's predicted input rate per host: tokens/s for a language model, else examples/s."""
+    rate = record.get("input_rate") or {}
+    if rate.get("tokens_per_s_per_host"):
+        return f"{rate['tokens_per_s_per_host'] / 1e6:,.2f} M tokens/s"
+    if rate.get("examples_per_s_per_host"):
+        return f"{rate['examples_per_s_per_host']:,.0f} examples/s"
+    return "-"
+
+
 def render_plan() -> str:
     """The plans compiled for GPUs on a CPU-only machine (benchmarks/results/plan-*.json): per
-    device memory and verdict from the compiled program, FLOPs from XLA's cost analysis, and the
-    step time and MFU as the PREDICTED roofline bound they are."""
+    device memory and verdict from the compiled program, FLOPs from XLA's cost analysis, the
+    kernels launched per step, and the step time (the largest of the compute, memory and launch
+    bounds, which one named), MFU and input rate per host as the PREDICTIONS they are."""
     files = sorted((ROOT / "benchmarks" / "results").glob("plan-*.json"))
     if not files:
         return "No plan records yet: `python scripts/record_plans.py` writes them."
@@ -493,9 +507,10 @@ def render_plan() -> str:
     rows.sort(key=lambda r: (r["experiment"] != "gpt2_small", r["experiment"], r["target"], r["gpus"]))
     lines = [
         "| command | GPUs | batch | fits | memory per device (args + temp) | GFLOP/step per device | "
-        "**predicted** step (bound) | **predicted** MFU bound | cuDNN attention | matmuls | collectives | compile "
+        "kernels/step | **predicted** step (bound) | compute / memory / launch bounds | **predicted** MFU bound "
+        "| **predicted** input per host | cuDNN attention | matmuls | collectives | compile "
         "| largest batch that fits (`--max-batch`) | file |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         m, p, k = r["memory"], r["prediction"], r["kernels"]
@@ -503,13 +518,15 @@ def render_plan() -> str:
         collectives = ", ".join(f"{n} {c['count']}" for n, c in k["collectives"].items()) or "-"
         matmuls = ", ".join(f"{d} {n}" for d, n in k["matmul_dtypes"].items()) or "-"
         mfu = f"{100 * p['mfu_bound']:.0f} %" if p.get("mfu_bound") else "-"
+        kernels = f"{p['kernels_per_step']:,}" if p.get("kernels_per_step") is not None else "-"
+        three = " / ".join("-" if p.get(f"{b}_s") is None else f"{1e3 * p[f'{b}_s']:.2f}" for b in BOUNDS) + " ms"
         lines.append(
             f"| `{r['command']}` | {r['gpus']} x {r['target'].upper()} | {r['batch_size']} "
             f"| {'yes' if r['fits'] else '**no**'} "
             f"| {m['total'] / 2**30:.2f} GiB of {m['device'] / 2**30:.1f} ({m['arguments'] / 2**30:.2f} + "
             f"{m['temp'] / 2**30:.2f}) "
-            f"| {r['flops_per_step']['per_device'] / 1e9:,.1f} "
-            f"| {1e3 * p['predicted_step_s']:.2f} ms ({p['bound']}) | {mfu} "
+            f"| {r['flops_per_step']['per_device'] / 1e9:,.1f} | {kernels} "
+            f"| {1e3 * p['predicted_step_s']:.2f} ms ({p['bound']}) | {three} | {mfu} | {input_rate(r)} "
             f"| {attention['forward']} fwd + {attention['backward']} bwd | {matmuls} | {collectives} "
             f"| {r['compile_s']:.0f} s | {largest(r)} | [{Path(r['_file']).name}]({r['_file']}) |"
         )
@@ -518,8 +535,10 @@ def render_plan() -> str:
     lines.append(
         f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}, "
         f"cuDNN {v['nvidia-cudnn-cu12']}; {rows[0]['date']}). Memory, FLOPs, kernels and collectives are read "
-        "from the compiled program; the step time and MFU are **predictions** (a roofline bound from the "
-        "data-sheet peaks in jaxnet/targets and XLA's bytes accessed), not measurements. Not known without a "
+        "from the compiled program; the step time, MFU and input rate are **predictions**, not measurements: "
+        "the step is the largest of three bounds, FLOPs / the data-sheet peak, XLA's bytes accessed / the "
+        "bandwidth, and the kernels launched per step x the launch cost in jaxnet/targets (3.25 us, a "
+        "published measurement cited there); the bound that wins is named. Not known without a "
         "GPU: autotuned gemm tiles, cuDNN workspaces (memory is a lower bound), measured step time and "
         "compute/communication overlap. The LSTMs are planned on their lax.scan path (the cuDNN LSTM cannot be "
         "traced without a GPU). Compile times are this CPU's, under load."

@@ -61,7 +61,8 @@ def test_transformers_compile_to_cudnn_attention_and_bf16_matmuls(spec):
     f = p["flops_per_step"]
     assert f["cudnn_attention_by_formula"] > 0
     assert 1.0 <= f["ratio_xla_to_flops_py"] < 1.15 and f["source"].startswith("xla")
-    assert p["prediction"]["predicted_step_s"] == max(p["prediction"]["compute_s"], p["prediction"]["memory_s"])
+    bounds = [p["prediction"][f"{b}_s"] for b in ("compute", "memory", "launch")]
+    assert p["prediction"]["predicted_step_s"] == max(bounds)
 
 
 def test_attention_flops_by_formula_match_flops_py():
@@ -233,3 +234,269 @@ def test_other_jax_processes_do_not_load_the_plugin_and_plan_says_how_to():
         f"JAX was imported without the CUDA plugin wheels on its path; start Python with "
         f"PYTHONPATH={planner.plan_dir()} JAX_PLATFORMS=cpu (or use the jaxnet plan command)",
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch floor, the goal, the input rate, calibration
+
+
+def independent_kernel_count(text: str) -> tuple[int, int]:
+    """Kernels per run of a compiled GPU module, read from its text with nothing of jaxnet's:
+    computations are the blocks between a header line ending in ``{`` and a line ``}``; in the
+    entry and in what it runs, each fusion, custom call, copy and collective start is one kernel; a
+    ``while`` runs its body ``known_trip_count`` times (and its condition never), or, with no known
+    trip count, once with its condition. Returns (kernels, loops of unknown trip count)."""
+    blocks: dict[str, list[str]] = {}
+    entry = name = None
+    for line in text.split("\n"):
+        if line.endswith("{") and not line.startswith(" ") and "(" in line:
+            head = line.split(" (")[0].split()
+            name = head[-1]
+            if head[0] == "ENTRY":
+                entry = name
+            blocks[name] = []
+        elif line == "}":
+            name = None
+        elif name is not None:
+            blocks[name].append(line)
+    launching = ("fusion", "custom-call", "copy", "copy-start", "all-reduce-start", "all-gather-start",
+                 "reduce-scatter", "all-to-all", "collective-permute-start", "all-reduce", "all-gather")
+
+    def opcode(line: str) -> str:
+        rhs = line.split(" = ", 1)[1]
+        depth = 0
+        for i, ch in enumerate(rhs):  # skip the result type, which may be a tuple with spaces inside
+            depth += ch in "({["
+            depth -= ch in ")}]"
+            if ch == " " and depth == 0:
+                return rhs[i + 1 :].split("(", 1)[0]
+        return ""
+
+    def count(block: str) -> tuple[int, int]:
+        kernels = unknown = 0
+        for line in blocks[block]:
+            if " = " not in line:
+                continue
+            op = opcode(line)
+            if op == "while":
+                cond = line.split("condition=")[1].split(",")[0]
+                body = line.split("body=")[1].split(",")[0]
+                k, u = count(body)
+                if '"known_trip_count":{"n":"' in line:
+                    n = int(line.split('"known_trip_count":{"n":"')[1].split('"')[0])
+                    kernels, unknown = kernels + n * k, unknown + u
+                else:
+                    c, v = count(cond)
+                    kernels, unknown = kernels + k + c, unknown + u + v + 1
+            elif op in launching:
+                kernels += 1
+        return kernels, unknown
+
+    return count(entry)
+
+
+def compile_for_h100(fn, *args) -> str:
+    """``fn`` compiled for one H100 without one: the optimized HLO text."""
+    import jax
+
+    device = planner.topology("h100", 1).devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args]
+    return jax.jit(fn).lower(*abstract).compile().as_text()
+
+
+@pytest.fixture(scope="module")
+def looped_program() -> str:
+    """A small program with a scan of 5 (known trip count), a while loop of data-dependent length
+    (unknown trip count) around a matrix product, and work outside both."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def fn(x, w, n):
+        def step(c, _):
+            return jnp.tanh(c @ w) + 1.0, None
+
+        y, _ = jax.lax.scan(step, x, None, length=5)
+        z, _ = jax.lax.while_loop(lambda c: c[1] < n, lambda c: (jnp.sin(c[0] @ w) * 2.0, c[1] + 1), (y, 0))
+        return jnp.exp(z).sum() + jnp.log1p(y).mean()
+
+    return compile_for_h100(fn, np.zeros((64, 64), np.float32), np.zeros((64, 64), np.float32), np.int32(3))
+
+
+def test_kernel_count_of_a_compiled_program_matches_an_independent_reading_of_its_text(looped_program):
+    """planner.launches on a program with a known-trip-count scan (5) and an unknown-trip-count
+    while loop gives the total of a separate parser written here, reports the one loop of unknown
+    trip count, and counts the scan's body 5 times: one pass with the scan's length 1 fewer
+    launches fewer kernels by exactly the body's count x 4."""
+    found = planner.launches(looped_program)
+    expected, unknown = independent_kernel_count(looped_program)
+    assert found["total"] == expected and expected > 10
+    assert found["unknown_trip_loops"] == unknown == 1
+    assert "lower bound" in found["note"]
+    assert sum(found["by_kind"].values()) == found["total"] and found["by_kind"]["gemm fusions"] >= 2
+    once = looped_program.replace('"known_trip_count":{"n":"5"}', '"known_trip_count":{"n":"1"}')
+    assert once != looped_program
+    body = (expected - independent_kernel_count(once)[0]) // 4
+    assert body >= 2 and found["total"] - planner.launches(once)["total"] == 4 * body
+
+
+def test_kernel_count_of_a_plan_agrees_with_its_calls_and_gemms():
+    """transformer_shakespeare:smoke's launches: its 4 cuDNN attention calls and its gemm fusions
+    are those kernels() finds by another route, and the prediction's kernels_per_step is the
+    total."""
+    p = plan_of("transformer_shakespeare:smoke")
+    launched = p["kernels"]["launches"]
+    assert launched["by_kind"]["cuDNN attention"] == 4
+    assert launched["by_kind"]["gemm fusions"] == sum(p["kernels"]["gemm_fusions"].values())
+    assert launched["unknown_trip_loops"] == 0 and launched["total"] == p["prediction"]["kernels_per_step"]
+    assert 100 < launched["total"] < 400
+
+
+def test_the_step_is_the_largest_of_the_compute_memory_and_launch_bounds():
+    """The smoke Transformer (a few hundred kernels of tiny work) is launch-bound: its launch bound
+    is kernels x the target's 3.25 us, above the compute and memory bounds, and is the step; the
+    full gpt2_small record's step is its memory bound (the largest of its three)."""
+    p = plan_of("transformer_shakespeare:smoke")["prediction"]
+    assert p["launch_overhead_s"] == 3.25e-6 == planner.load_target("h100").launch_overhead
+    assert p["launch_s"] == pytest.approx(p["kernels_per_step"] * 3.25e-6)
+    assert p["bound"] == "launch" and p["predicted_step_s"] == p["launch_s"]
+    assert p["launch_s"] > 10 * p["compute_s"] and p["launch_s"] > p["memory_s"]
+    assert p["examples_per_s"] == pytest.approx(8 / p["launch_s"])
+
+
+def test_each_bound_wins_when_it_is_the_largest():
+    """step_bound picks the largest of the three, each in turn, and a missing bound counts as 0;
+    the smoke Transformer's own compute and memory bounds with a launch cost of 1e-12 s a kernel
+    would be compute- or memory-bound."""
+    assert planner.step_bound(3.0, 2.0, 1.0) == ("compute", 3.0)
+    assert planner.step_bound(1.0, 2.0, 0.5) == ("memory", 2.0)
+    assert planner.step_bound(1.0, 2.0, 4.0) == ("launch", 4.0)
+    assert planner.step_bound(None, 2.0, None) == ("memory", 2.0)
+    p = plan_of("transformer_shakespeare:smoke")["prediction"]
+    bound, step = planner.step_bound(p["compute_s"], p["memory_s"], p["kernels_per_step"] * 1e-12)
+    assert bound in ("compute", "memory") and step == max(p["compute_s"], p["memory_s"])
+
+
+def test_goal_in_tokens_epochs_and_steps_with_its_cost():
+    """The smoke Transformer (batch 8 x 32 tokens = 256 a step): 1e6 tokens are ceil(1e6 / 256) =
+    3907 steps; its wall time is steps x the step; GPU-hours wall / 3600 x 1 GPU; at $2.5 an hour
+    that many dollars. Two epochs of its training split are ceil(2 x tokens / 256) steps; with no
+    goal, train.steps."""
+    p = plan_of("transformer_shakespeare:smoke")
+    step = p["prediction"]["predicted_step_s"]
+    g = planner.goal(p, tokens=1e6, price=2.5)
+    assert g["steps"] == 3907 and g["tokens"] == 3907 * 256
+    assert g["wall_s"] == pytest.approx(3907 * step) and g["wall_days"] == pytest.approx(3907 * step / 86400)
+    assert g["gpu_hours"] == pytest.approx(3907 * step / 3600)
+    assert g["cost_usd"] == pytest.approx(2.5 * 3907 * step / 3600)
+    assert g["label"].startswith("PREDICTED")
+    size = p["train_data"]["size"]
+    assert p["train_data"]["unit"] == "tokens" and size > 1000
+    assert planner.goal(p, epochs=2)["steps"] == -(-2 * size // 256)
+    default = p["goal"]
+    assert default["steps"] == config.load_experiment("transformer_shakespeare:smoke").train.steps
+    assert default["cost_usd"] is None
+    text = planner.describe({**p, "goal": planner.goal(p, tokens=1e9, price=3)})
+    line = next(x for x in text.splitlines() if "to reach" in x)
+    g = planner.goal(p, tokens=1e9, price=3)
+    assert line.startswith("  PREDICTED to reach 1,000,000,000 tokens: 3,906,250 steps in ")
+    assert f"{g['wall_days']:.3g} days" in line and f"${g['cost_usd']:.2f} at $3 per GPU-hour" in line
+
+
+def test_input_rate_per_host_from_the_batch_shape():
+    """Examples, tokens and bytes per second per host: batch 8 of 32 int32 tokens and targets at
+    the predicted step, one host."""
+    p = plan_of("transformer_shakespeare:smoke")
+    r, step = p["input_rate"], p["prediction"]["predicted_step_s"]
+    assert r["hosts"] == 1 and r["tokens_per_example"] == 32 and r["tokens_per_step"] == 256
+    assert r["examples_per_s_per_host"] == pytest.approx(8 / step)
+    assert r["tokens_per_s_per_host"] == pytest.approx(256 / step)
+    assert r["bytes_per_s_per_host"] == pytest.approx(2 * 8 * 32 * 4 / step)
+    assert [planner.hosts_for(n) for n in (1, 8, 16, 64)] == [1, 1, 2, 8]
+
+
+def test_a_python_data_source_of_token_ids_has_a_token_rate():
+    """jaxnet.plan with arrays of token ids given from Python (not a text dataset): tokens per
+    example are the ids' length, 12, and the rates follow from the batch of 16."""
+    import flax.linen as nn
+    import numpy as np
+
+    import jaxnet
+
+    class Bag(nn.Module):
+        @nn.compact
+        def __call__(self, ids, train=False):
+            return nn.Dense(3)(nn.Embed(50, 8)(ids).mean(axis=1))
+
+    ids = np.random.default_rng(0).integers(0, 50, size=(64, 12)).astype(np.int32)
+    data = jaxnet.data.arrays(train={"ids": ids, "label": np.zeros(64, np.int32)}, num_classes=3)
+    cfg = jaxnet.apply_overrides(jaxnet.Config(), ["train.batch_size=16", "data.name=arrays"])
+    task = jaxnet.tasks.classification(inputs="ids", target="label")
+    p = jaxnet.plan(cfg, "h100", model=Bag(), dataset=data, task=task, tokens=16 * 12 * 10)
+    r, step = p["input_rate"], p["prediction"]["predicted_step_s"]
+    assert r["tokens_per_example"] == 12 and r["tokens_per_step"] == 192
+    assert r["tokens_per_s_per_host"] == pytest.approx(192 / step)
+    assert r["examples_per_s_per_host"] == pytest.approx(16 / step)
+    assert p["goal"]["steps"] == 10 and p["train_data"] == {**p["train_data"], "size": 64, "unit": "examples"}
+
+
+def calibration_file(tmp_path: Path, report: dict, measured_step: float, device_kind: str, name: str) -> Path:
+    """A plan-vs-measured file as scripts/gpu_check.py's plan part writes it on a GPU."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import gpu_check
+
+    measured = {"device_kind": device_kind, "batch_size": report["batch_size"], "median_step_s": measured_step}
+    record = {
+        "kind": "plan-vs-measured",
+        "mode": "gpu",
+        "device_kind": device_kind,
+        "date": "2026-11-30",
+        "configs": {name: {"target": "h100", **gpu_check.compare_plan(report, measured)}},
+    }
+    path = tmp_path / f"plan-vs-measured-{device_kind.split()[1].lower()}.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_calibration_scales_the_step_by_the_measured_ratio(tmp_path):
+    """A file whose transformer_shakespeare:smoke step was measured at 2.5 x the prediction: the
+    same config's calibrated step is the measured one; another launch-bound config takes the
+    ratio 2.5; the goal then uses the calibrated step and says so."""
+    p = plan_of("transformer_shakespeare:smoke")
+    step = p["prediction"]["predicted_step_s"]
+    path = calibration_file(tmp_path, p, 2.5 * step, "NVIDIA H100 80GB HBM3", "transformer_shakespeare:smoke")
+    calibration = planner.load_calibration(path, planner.load_target("h100"))
+    same = planner.apply_calibration(calibration, p)
+    assert same["calibrated_step_s"] == pytest.approx(2.5 * step) and same["ratio"] == pytest.approx(2.5)
+    assert same["efficiency"] == pytest.approx(0.4) and "at this batch size" in same["basis"]
+    other = {**p, "experiment": "bert_shakespeare", "prediction": {**p["prediction"], "predicted_step_s": 1e-3}}
+    scaled = planner.apply_calibration(calibration, other)
+    assert scaled["calibrated_step_s"] == pytest.approx(2.5e-3) and "launch-bound" in scaled["basis"]
+    calibrated = {**p, "calibration": same}
+    g = planner.goal(calibrated, tokens=256 * 100)
+    assert g["wall_s"] == pytest.approx(100 * 2.5 * step) and g["label"].startswith("CALIBRATED")
+
+
+def test_bad_goal_price_and_calibration_are_one_line_and_exit_2(tmp_path, capsys):
+    """--tokens 0, a negative price, --tokens with --epochs, a calibration file measured on an H200
+    for an H100 plan, a dry run's file: one line on stderr each, exit 2, before any compile."""
+    p = plan_of("transformer_shakespeare:smoke")
+    h200 = calibration_file(tmp_path, p, 1e-3, "NVIDIA H200", "transformer_shakespeare:smoke")
+    dry = tmp_path / "dry.json"
+    dry.write_text(json.dumps({**json.loads(h200.read_text()), "mode": "dry-run (CPU)"}))
+    base = ["plan", "transformer_shakespeare:smoke", "--target", "h100"]
+    cases = {
+        "--tokens 0": ("--tokens", "0"),
+        "--price -1": ("--price", "-1"),
+        "--tokens": ("--tokens", "1e9", "--epochs", "2"),
+        "measured on NVIDIA H200, not on the target's NVIDIA H100 80GB HBM3": ("--calibrate", str(h200)),
+        "a dry run's file": ("--calibrate", str(dry)),
+        "cannot read it": ("--calibrate", str(tmp_path / "absent.json")),
+    }
+    for expected, extra in cases.items():
+        assert cli.main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("jaxnet: error: ") and expected in err[0], err
+    with pytest.raises(planner.UserError, match="--epochs nan"):
+        planner.check_goal(None, float("nan"), None)

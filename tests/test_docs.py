@@ -109,6 +109,8 @@ def check_command(words: list[str]) -> None:
     if words[0] == "python" and len(words) > 1 and words[1].endswith(".py"):
         assert (ROOT / words[1]).is_file(), words[1]
         return
+    if words[0] == "bash" and len(words) > 1:
+        words = words[1:]
     if words[0].startswith(("scripts/", "./scripts/")):
         assert (ROOT / words[0]).is_file(), words[0]
         return

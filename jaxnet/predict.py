@@ -389,6 +389,31 @@ def _variables(workdir: Path, model: Any, inputs: dict[str, Any], saved: dict[st
     return dict(jax.tree_util.tree_unflatten(treedef, leaves))
 
 
+def export_run(
+    workdir: str | os.PathLike, out: str | os.PathLike, format: str, *, step: int | str | None = None
+) -> str:
+    """``jaxnet export``: write run ``workdir`` (checkpoint ``step``, default the newest) to ``out`` in
+    ``format`` (see :meth:`Trained.export`). ``out`` is checked before the run is loaded. Returns the
+    line to print."""
+    out = Path(out)
+    if format not in EXPORT_FORMATS:
+        raise UserError(f"--format {format}: expected one of {', '.join(EXPORT_FORMATS)}")
+    if format == "hf" and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} {'is not empty' if out.is_dir() else 'is a file'}; give a new or empty directory")
+    if format == "jax" and out.exists():
+        raise UserError(f"--out {out} exists; give a new file name (nothing is overwritten)")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: directory {out.parent} does not exist")
+    trained = load(workdir, step)
+    if format == "hf" and trained.config.model.name != "transformer":
+        raise UserError(
+            f"{workdir} trained a {trained.config.model.name}; a GPT-2 checkpoint (--format hf) holds a Transformer. "
+            "Use --format jax"
+        )
+    written = trained.export(out, format=format)
+    return json.dumps({"step": trained.step, "format": format, "out": str(written)})
+
+
 OUTPUTS = ("logits", "probs", "argmax")
 """What ``jaxnet predict`` writes: the model's outputs, their softmax, or the index of the largest."""
 

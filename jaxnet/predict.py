@@ -320,7 +320,7 @@ def hf_model(spec: str | os.PathLike) -> tuple[Config, Any, dict[str, Any]]:
     vocab = fields.pop("vocab")
     params = hf_gpt2.nested(hf_gpt2.to_params(hf_gpt2.read_tensors(directory), hf))
     cfg = Config()
-    cfg.model = TransformerConfig(**fields)
+    cfg.model = TransformerConfig(**fields, vocab_used=vocab)
     cfg.data.seq_len = fields["context"]
     cfg.train.init_from = str(spec)
     cfg.train.eval_batch_size = 32

@@ -129,6 +129,7 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
         except UserError as e:
             raise UserError(f"train.init_from={spec}: {e}") from None
         theirs = {f"params/{path}": value for path, value in flat.items()}
+        _check_ids(run.dataset, hf_gpt2.model_fields(hf)["vocab"], spec)
         origin = f"GPT-2 checkpoint {source}"
     else:
         source, step = parse(spec)
@@ -174,6 +175,18 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
             + (f", {fresh} fresh (train.init_skip)" if fresh else "")
         )
     return taken
+
+
+def _check_ids(dataset: Any, vocab: int, spec: str) -> None:
+    """The data's token ids are ids the GPT-2 predicts: an id past its vocabulary (a padding id,
+    never predicted) as a target would make the loss infinite."""
+    for split in ("train", "val", "test"):
+        tokens = getattr(dataset, split, None)
+        if isinstance(tokens, np.ndarray) and tokens.dtype.kind in "iu" and tokens.size and tokens.max() >= vocab:
+            raise UserError(
+                f"the {split} data holds token id {int(tokens.max())}, past the {vocab} ids of train.init_from={spec}, "
+                "which it never predicts; tokenize with the checkpoint's tokenizer (GPT-2's: data.tokenizer=gpt2)"
+            )
 
 
 def _some(names: list[str], n: int = 4) -> str:

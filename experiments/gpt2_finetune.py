@@ -5,7 +5,7 @@ Command:  jaxnet train gpt2_finetune train.init_from=hf:checkpoints/gpt2     (a 
           jaxnet train gpt2_finetune:smoke train.init_from=hf:DIR            (a small GPT-2, on a CPU)
 Result:   not trained here: no published weights can be downloaded on this machine; the smoke variant
           is trained in tests/test_hf_gpt2.py from a GPT-2 that transformers saves with random weights
-Time:     smoke: about half a minute on a 2-core CPU
+Time:     smoke: under a minute on a 2-core CPU
 
 The model's shape (layers, width, heads, context, vocabulary, GELU, LayerNorm epsilon) comes from
 the checkpoint's config.json: this file sets none of it, and a ``model.*`` override that

@@ -22,7 +22,7 @@ ensure_env() {
   fi
   # Reinstall only when the declared dependencies change. JAXNET_REFERENCE=1 (scripts/test sets it
   # unless told JAXNET_REFERENCE=0) adds the reference extra: CPU torch and transformers, GPT-2's
-  # reference for tests/test_hf_gpt2.py (about a minute more, once).
+  # reference for tests/test_hf_gpt2.py.
   local want have extras="test"
   [ "${JAXNET_REFERENCE:-0}" = 1 ] && extras="test,reference"
   want=$( (cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-data.txt"; echo "$extras") \

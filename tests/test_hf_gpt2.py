@@ -3,9 +3,8 @@
 The reference is transformers itself (the ``reference`` extra: torch and transformers): a
 ``GPT2LMHeadModel`` with random weights (its LayerNorm scales and biases moved off 1 and 0 so they
 take part) saved by ``save_pretrained``. jaxnet's logits and next-token loss equal transformers'
-to float32 rounding: |difference| <= 1e-5 + 1e-5 * |logit| (the largest seen is about 1e-6 on
-logits of size 2). The checks of bad input need no torch: their checkpoints are written with
-safetensors alone.
+to float32 rounding: |difference| <= 1e-5 + 1e-5 * |logit|, the loss within 1e-5 nats. The
+checks of bad input need no torch: their checkpoints are written with safetensors alone.
 """
 
 from __future__ import annotations

@@ -159,12 +159,13 @@ class Trained:
         from jax import export as jax_export
 
         specs = self.inputs["inputs"]
-        batch = jax_export.symbolic_shape("batch")[0]
+        # Every symbolic dimension from one scope: jax.export refuses to mix scopes in one function.
+        names = ["batch"] + [f"d{i}_{j}" for i, s in enumerate(specs) for j, d in enumerate(s["shape"]) if d is None]
+        symbols = dict(zip(names, jax_export.symbolic_shape(", ".join(names)), strict=True))
+        batch = symbols["batch"]
         args = []
         for i, spec in enumerate(specs):
-            dims = [
-                d if d is not None else jax_export.symbolic_shape(f"d{i}_{j}")[0] for j, d in enumerate(spec["shape"])
-            ]
+            dims = [d if d is not None else symbols[f"d{i}_{j}"] for j, d in enumerate(spec["shape"])]
             args.append(jax.ShapeDtypeStruct((batch, *dims), np.dtype(spec["dtype"])))
         params, model_state = self.params, self.model_state
 

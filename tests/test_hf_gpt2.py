@@ -297,6 +297,18 @@ def test_export_refuses_a_bad_format_and_a_non_empty_directory_and_writes_nothin
     np.testing.assert_allclose(
         jaxnet.load(f"hf:{out}").predict(tokens), jaxnet.load(run).predict(tokens)[..., :245], rtol=1e-6, atol=1e-6
     )
+    # --format jax: jax.export's program of the same run (a text input of any length: symbolic dimensions)
+    from jax import export as jax_export
+
+    blob = tmp_path / "model.jax"
+    assert cli.main(["export", "--workdir", str(run), "--format", "jax", "--out", str(blob)]) == 0
+    exported = jax_export.deserialize(bytearray(blob.read_bytes()))
+    np.testing.assert_allclose(
+        np.asarray(exported.call(tokens.astype(np.int32))), jaxnet.load(run).predict(tokens), rtol=1e-6, atol=1e-6
+    )
+    assert "exists; give a new file name" in fails(
+        ["export", "--workdir", str(run), "--format", "jax", "--out", str(blob)], capsys
+    )
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 

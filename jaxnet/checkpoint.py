@@ -697,7 +697,21 @@ def load_params(workdir: str | os.PathLike, step: int | str | None = None) -> An
 
         params = jaxnet.load_params("runs/mine")
         params["Dense_0"]["kernel"].shape   # (3, 16)
+
+    ``"hf:PATH"`` reads a Hugging Face GPT-2 checkpoint directory instead, as the parameters of
+    jaxnet's Transformer (:mod:`jaxnet.models.hf_gpt2`; ``step`` does not apply)::
+
+        params = jaxnet.load_params("hf:checkpoints/gpt2")
+        params["block_0"]["attention"]["qkv"]["kernel"].shape   # (768, 3, 12, 64)
     """
+    from jaxnet.models import hf_gpt2
+
+    if hf_gpt2.is_hf(workdir):
+        if step is not None:
+            raise UserError(f"{workdir} is a Hugging Face checkpoint, which has no steps; leave step unset")
+        directory = hf_gpt2.hf_dir(workdir)
+        hf = hf_gpt2.read_config(directory)
+        return hf_gpt2.nested(hf_gpt2.to_params(hf_gpt2.read_tensors(directory), hf))
     return load_state(workdir, step)["params"]
 
 

@@ -6,7 +6,9 @@
                  [--members-at-once K] [--max-members N] [--add]
     jaxnet eval --workdir DIR [--split test|val] [--step N|best] [key=value ...]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
-    jaxnet sample --workdir DIR [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
+    jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,...] [--tokens N] [--temperature T] [--top-k K]
+                  [--seed S]
+    jaxnet export --workdir DIR --format hf|jax --out PATH [--step N|best]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
                  [--compare-devices] [--roofline]
     jaxnet study batch-scaling EXPERIMENT batch=B1,B2,... [--target V] [--lr-rule linear|sqrt|none]
@@ -133,6 +135,22 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--temperature", type=float, default=0.8, help="0 = always the likeliest token")
     sample.add_argument("--top-k", type=int, default=0, help="draw from the k likeliest tokens only (0 = all)")
     sample.add_argument("--seed", type=int, default=0, help="random seed of the draws")
+    sample.add_argument(
+        "--ids", default=None, metavar="I,J,...", help="the prompt as token ids; prints token ids (hf: checkpoints)"
+    )
+
+    export = commands.add_parser(
+        "export",
+        help="write a trained run out: a Hugging Face GPT-2 checkpoint (hf) or jax.export's StableHLO (jax)",
+        description="--format hf writes a Transformer run as config.json + model.safetensors into the new or empty "
+        "directory --out, which transformers.GPT2LMHeadModel.from_pretrained loads (the vocabulary's padding rows "
+        "dropped); --format jax writes the inference function with its weights to the file --out (Trained.export). "
+        "Nothing is written unless the whole export is.",
+    )
+    export.add_argument("--workdir", required=True, help="run directory of a training run")
+    export.add_argument("--format", required=True, choices=("hf", "jax"), help="hf (GPT-2 checkpoint) or jax")
+    export.add_argument("--out", required=True, metavar="PATH", help="hf: a new or empty directory; jax: a new file")
+    export.add_argument("--step", type=_checkpoint_step, default=None, help="checkpoint step N, or best")
 
     bench = commands.add_parser(
         "bench",
@@ -205,6 +223,16 @@ def _checkpoint_step(text: str) -> int | str:
     if text == "best" or (text.isdigit() and text.isascii()):
         return text if text == "best" else int(text)
     raise argparse.ArgumentTypeError(f"{text!r} is not a checkpoint step: give a step number or best")
+
+
+def _ids(text: str | None) -> list[int] | None:
+    """``--ids 464,3290`` as token ids."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and p.isascii() for p in parts):
+        raise UserError(f"--ids {text!r}: give token ids as numbers separated by commas, e.g. --ids 464,3290")
+    return [int(p) for p in parts]
 
 
 def _study_parser(commands: argparse._SubParsersAction) -> None:
@@ -346,10 +374,23 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "sample":
         from jaxnet.sample import sample
 
+        if args.ids is not None and args.prompt is not None:
+            raise UserError("give the prompt as --prompt TEXT or as --ids I,J,..., not both")
         text = sample(
-            args.workdir, args.prompt, args.tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed
+            args.workdir,
+            args.prompt,
+            args.tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            ids=_ids(args.ids),
         )
         print(text)
+        return 0
+    if args.command == "export":
+        from jaxnet.predict import export_run
+
+        print(export_run(args.workdir, args.out, args.format, step=args.step))
         return 0
     raise AssertionError(args.command)
 

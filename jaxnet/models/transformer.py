@@ -73,6 +73,21 @@ class TransformerConfig(ModelConfig):
         choices=("auto", "xla", "xla_head_major", "cudnn"),
     )
     remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
+    gelu: str = field(
+        "tanh",
+        "the MLP's GELU: tanh = the tanh approximation (GPT-2's gelu_new), exact = x * Phi(x) with erf",
+        choices=("tanh", "exact"),
+    )
+    norm_eps: float = field(1e-6, "LayerNorm epsilon (GPT-2's is 1e-5)", low=0.0)
+    context: int = field(
+        0, "rows of the learned position table and positions a decoding cache holds (0 = data.seq_len)", low=0
+    )
+    vocab_used: int = field(
+        0,
+        "ids the model predicts: logits of ids at or above it (a vocabulary padded to a round size) are masked "
+        "and never predicted (0 = every id)",
+        low=0,
+    )
 
     def validate(self) -> None:
         if self.width % self.heads:
@@ -103,9 +118,13 @@ class TransformerConfig(ModelConfig):
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``
         tokens, with a context of ``seq_len`` (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
+        if self.context and seq_len > self.context:
+            raise UserError(
+                f"data.seq_len={seq_len} is longer than model.context={self.context}, the positions the model has"
+            )
         return TransformerLanguageModel(
             outputs,
-            seq_len,
+            self.context or seq_len,
             self.layers,
             self.width,
             self.heads,
@@ -118,6 +137,9 @@ class TransformerConfig(ModelConfig):
             attention=self.attention,
             remat=self.remat,
             causal=self.causal,
+            gelu=self.gelu,
+            norm_eps=self.norm_eps,
+            vocab_used=self.vocab_used,
         )
 
 
@@ -263,11 +285,14 @@ class Block(nn.Module):
     param_dtype: Dtype = jnp.float32
     attention: str = "xla"
     causal: bool = True
+    gelu: str = "tanh"
+    norm_eps: float = 1e-6
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool) -> jnp.ndarray:
         width = x.shape[-1]
         norm = lambda name: nn.LayerNorm(
+            epsilon=self.norm_eps,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             name=name,
@@ -303,7 +328,7 @@ class Block(nn.Module):
             name="mlp_out",
             kernel_init=_normal(self.out_std, ("mlp", "embed")),
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-        )(nn.gelu(y))
+        )(nn.gelu(y, approximate=self.gelu == "tanh"))
         return nn.with_logical_constraint(x + drop(y), ("batch", None, None))
 
 
@@ -311,7 +336,12 @@ class TransformerLanguageModel(nn.Module):
     """Token ids (batch, time) -> logits (batch, time, vocab), float32: next-token logits when
     ``causal``, per-position logits of a bidirectional encoder otherwise.
 
-    ``context`` is the longest sequence (and the size of the decoding cache).
+    ``context`` is the longest sequence (and the size of the decoding cache). ``gelu`` is the
+    MLP's activation (``"tanh"``: the tanh approximation, GPT-2's ``gelu_new``; ``"exact"``: with
+    erf), ``norm_eps`` every LayerNorm's epsilon, and ``vocab_used`` (when above 0 and below
+    ``vocab_size``) the ids that can be predicted: the logits of the padding ids above it are the
+    dtype's lowest number, so a vocabulary padded to a round size (GPT-2's 50,257 to 50,304)
+    never predicts them.
     """
 
     vocab_size: int
@@ -328,6 +358,9 @@ class TransformerLanguageModel(nn.Module):
     attention: str = "xla"
     remat: bool = False
     causal: bool = True
+    gelu: str = "tanh"
+    norm_eps: float = 1e-6
+    vocab_used: int = 0
 
     @nn.compact
     def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
@@ -367,9 +400,12 @@ class TransformerLanguageModel(nn.Module):
                 self.param_dtype,
                 self.attention,
                 self.causal,
+                self.gelu,
+                self.norm_eps,
                 name=f"block_{i}",
             )(x, positions, train, decode)
         x = nn.LayerNorm(
+            epsilon=self.norm_eps,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             name="norm_out",
@@ -388,7 +424,11 @@ class TransformerLanguageModel(nn.Module):
                 kernel_init=_normal(0.02, ("embed", "vocab")),
             )(x)
         logits = nn.with_logical_constraint(logits, ("batch", None, "vocab"))
-        return logits.astype(jnp.promote_types(self.dtype, jnp.float32))
+        logits = logits.astype(jnp.promote_types(self.dtype, jnp.float32))
+        if 0 < self.vocab_used < self.vocab_size:  # padding ids: never predicted, no gradient to their rows
+            used = jnp.arange(self.vocab_size) < self.vocab_used
+            logits = jnp.where(used, logits, jnp.finfo(logits.dtype).min)
+        return logits
 
 
 register("transformer", TransformerConfig, inputs="tokens")

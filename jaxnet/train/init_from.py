@@ -7,12 +7,19 @@ the paths it matches freshly initialised (a new head); every other path must be 
 the same shape. A carried ``carry`` collection (an LSTM's state between batches) belongs to the data
 position, not to what was learned, and is never taken over.
 
+``train.init_from=hf:PATH`` starts from a Hugging Face GPT-2 checkpoint instead (a directory
+``save_pretrained`` wrote, :mod:`jaxnet.models.hf_gpt2`): :func:`with_hf_shape` gives the
+Transformer that checkpoint's shape before the run is built, and :func:`load` maps its tensors
+onto the Transformer's paths (the vocabulary padded with masked rows where the data's is larger).
+
+>>> cfg = with_hf_shape(cfg)                   # doctest: +SKIP
 >>> init = load(cfg, run, Path("runs/new"))   # doctest: +SKIP
 >>> state = run.init_state(init)               # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -23,9 +30,53 @@ import numpy as np
 from jaxnet import checkpoint, parallel
 from jaxnet.config import Config
 from jaxnet.errors import UserError
+from jaxnet.models import TransformerConfig, hf_gpt2
 from jaxnet.models.adapters.paths import joined
 
 CARRIED = "carry"  # model state of the data position, left fresh
+
+
+def with_hf_shape(cfg: Config) -> Config:
+    """``cfg`` with the Transformer's shape taken from the GPT-2 checkpoint ``train.init_from=hf:PATH``
+    names (layers, width, heads, MLP ratio, GELU, LayerNorm epsilon, positions, tied embeddings,
+    vocabulary); ``cfg`` itself when ``init_from`` names no such checkpoint.
+
+    A ``model.*`` value left at the Transformer's default takes the checkpoint's; one the experiment
+    or an override set to something else is a one-line :class:`UserError` naming both. ``data.seq_len``
+    0 becomes the checkpoint's context; a longer one than it has is refused.
+    """
+    spec = cfg.train.init_from
+    if not hf_gpt2.is_hf(spec):
+        return cfg
+    if cfg.model.name != "transformer":
+        raise UserError(f"train.init_from={spec} is a GPT-2 checkpoint, a Transformer; set model.name=transformer")
+    hf = hf_gpt2.read_config(hf_gpt2.hf_dir(spec))
+    fields = hf_gpt2.model_fields(hf)
+    fields["vocab_used"] = fields.pop("vocab")
+    defaults = TransformerConfig()
+    taken, conflicts = {}, []
+    for key, theirs in fields.items():
+        ours = getattr(cfg.model, key)
+        if ours == theirs:
+            continue
+        if ours == getattr(defaults, key):
+            taken[key] = theirs
+        else:
+            conflicts.append(f"model.{key}={ours} here, {theirs} in the checkpoint")
+    if conflicts:
+        raise UserError(
+            f"train.init_from={spec} contradicts this experiment: {'; '.join(conflicts)}; leave those keys unset "
+            "(the checkpoint's shape is taken) or start from a checkpoint of this shape"
+        )
+    model = dataclasses.replace(cfg.model, **taken)
+    context = fields["context"]
+    if cfg.data.seq_len > context:
+        raise UserError(
+            f"data.seq_len={cfg.data.seq_len} is longer than the {context} positions of train.init_from={spec}; "
+            f"set data.seq_len={context} or less"
+        )
+    data = dataclasses.replace(cfg.data, seq_len=cfg.data.seq_len or context)
+    return dataclasses.replace(cfg, model=model, data=data)
 
 
 def parse(spec: str) -> tuple[Path, int | None]:
@@ -68,15 +119,28 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
     spec = cfg.train.init_from
     if not spec or resuming(workdir):
         return None
-    source, step = parse(spec)
-    if source.resolve() == workdir.resolve():
-        raise UserError(f"train.init_from={spec} is this run's own workdir; name another run's directory")
-    try:
-        saved = checkpoint.load_state(source, step)
-    except UserError as e:
-        raise UserError(f"train.init_from={spec}: {e}") from None
-    theirs = variables(saved)
     ours = variables(run.abstract_state())
+    if hf_gpt2.is_hf(spec):
+        source = hf_gpt2.hf_dir(spec)
+        hf = hf_gpt2.read_config(source)
+        rows = ours.get("params/embed/embedding")
+        try:
+            flat = hf_gpt2.to_params(hf_gpt2.read_tensors(source), hf, None if rows is None else rows.shape[0])
+        except UserError as e:
+            raise UserError(f"train.init_from={spec}: {e}") from None
+        theirs = {f"params/{path}": value for path, value in flat.items()}
+        _check_ids(run.dataset, hf_gpt2.model_fields(hf)["vocab"], spec)
+        origin = f"GPT-2 checkpoint {source}"
+    else:
+        source, step = parse(spec)
+        if source.resolve() == workdir.resolve():
+            raise UserError(f"train.init_from={spec} is this run's own workdir; name another run's directory")
+        try:
+            saved = checkpoint.load_state(source, step)
+        except UserError as e:
+            raise UserError(f"train.init_from={spec}: {e}") from None
+        theirs = variables(saved)
+        origin = f"{source} (step {int(saved['step'])})"
     skip = re.compile(cfg.train.init_skip) if cfg.train.init_skip else None
     skipped = lambda name: skip is not None and skip.search(name) is not None
     if skip is not None and not any(skipped(n) for n in [*ours, *theirs]):
@@ -107,10 +171,22 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
     if parallel.is_primary():
         fresh = len(ours) - len(taken)
         print(
-            f"starting from {source} (step {int(saved['step'])}): {len(taken)} arrays taken over"
+            f"starting from {origin}: {len(taken)} arrays taken over"
             + (f", {fresh} fresh (train.init_skip)" if fresh else "")
         )
     return taken
+
+
+def _check_ids(dataset: Any, vocab: int, spec: str) -> None:
+    """The data's token ids are ids the GPT-2 predicts: an id past its vocabulary (a padding id,
+    never predicted) as a target would make the loss infinite."""
+    for split in ("train", "val", "test"):
+        tokens = getattr(dataset, split, None)
+        if isinstance(tokens, np.ndarray) and tokens.dtype.kind in "iu" and tokens.size and tokens.max() >= vocab:
+            raise UserError(
+                f"the {split} data holds token id {int(tokens.max())}, past the {vocab} ids of train.init_from={spec}, "
+                "which it never predicts; tokenize with the checkpoint's tokenizer (GPT-2's: data.tokenizer=gpt2)"
+            )
 
 
 def _some(names: list[str], n: int = 4) -> str:

@@ -569,6 +569,7 @@ def train(
     """
     started = time.time()
     environment = observe.environment()  # at the start: the commit, versions and command the run was launched with
+    cfg = init_from.with_hf_shape(cfg)  # train.init_from=hf:PATH: the checkpoint's shape, before the model is built
     config_lib.validate(cfg)
     trackers_lib.check(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)

@@ -14,9 +14,9 @@ multiple of 64), the padding ids masked (``model.vocab_used``) so they are never
 AdamW (0.9, 0.95) at 3e-5 after 50 warmup steps, cosine decay, weight decay 0.1, clipping at
 1.0; 8 sequences of 1,024 tokens a step.
 
-The text is Shakespeare's complete works; GPT-2's weights only make sense on GPT-2's token ids,
-so the text is tokenized with GPT-2's BPE (``data.tokenizer=gpt2``) where this jaxnet has it,
-and read as bytes otherwise (then only the shape of the run is GPT-2's).
+The text is a corpus of GPT-2 tokens prepared by ``jaxnet prepare`` (``data.name=tokens``,
+``data.path``; GPT-2's weights only make sense on GPT-2's token ids); the default,
+corpora/shakespeare-gpt2, is prepared from the shipped Shakespeare on first use.
 
 jaxnet never downloads weights. On a machine with internet access, ``transformers`` writes the
 published GPT-2 as such a directory::
@@ -28,23 +28,22 @@ Variants: ``smoke`` fine-tunes whatever small GPT-2 ``train.init_from`` names on
 bytes (its vocabulary must be at most 256), context 32, for 10 steps.
 """
 
-from jaxnet.config import Config, DataConfig
+from jaxnet.config import Config
 from jaxnet.data import TextDataset
 from jaxnet.data import load as load_data
+from jaxnet.data.tokens import load_or_prepare
 from jaxnet.models import TransformerConfig
 
 VARIANTS = ("default", "smoke")
 VOCAB = 50304  # GPT-2's 50,257 padded to a multiple of 64
-# GPT-2's BPE where this jaxnet has it (data.tokenizer=gpt2), the bytes of the text otherwise.
-_TOKENIZERS = dict(DataConfig.__dataclass_fields__["tokenizer"].metadata)["choices"]
-TOKENIZER = "gpt2" if "gpt2" in _TOKENIZERS else "byte"
 
 
 def get_config(variant: str = "default") -> Config:
     """The config of ``variant`` (one of VARIANTS); ``train.init_from=hf:PATH`` names the checkpoint."""
     cfg = Config()
-    cfg.data.name = "shakespeare"
-    cfg.data.tokenizer = TOKENIZER
+    cfg.data.name = "tokens"
+    cfg.data.path = "corpora/shakespeare-gpt2"
+    cfg.data.vocab_size = VOCAB
     cfg.data.seq_len = 1024
     cfg.model = TransformerConfig(dropout=0.0)  # the shape: the checkpoint's
     cfg.train.init_from = "hf:checkpoints/gpt2"
@@ -62,6 +61,7 @@ def get_config(variant: str = "default") -> Config:
     cfg.train.eval_every = 250
     cfg.train.checkpoint_every = 250
     if variant == "smoke":
+        cfg.data.name, cfg.data.path, cfg.data.vocab_size = "shakespeare", "", 0
         cfg.data.tokenizer = "byte"
         cfg.data.seq_len = 32
         cfg.optim.lr = 1e-3
@@ -76,9 +76,7 @@ def get_config(variant: str = "default") -> Config:
 
 
 def data(cfg: Config) -> TextDataset:
-    """The shipped text, its vocabulary padded to 50,304 ids when it is GPT-2's (the padding is never predicted)."""
-    text = load_data(cfg.data)
-    if cfg.data.tokenizer == "byte" or len(text.vocab) >= VOCAB:
-        return text
-    unused = [f"<unused {i}>" for i in range(VOCAB - len(text.vocab))]
-    return TextDataset(text.train, text.val, text.test, text.vocab + unused, text.tokenizer, text.name)
+    """The corpus at data.path (the default one prepared on first use), or the smoke variant's shipped text."""
+    if cfg.data.name == "tokens":
+        return load_or_prepare(cfg.data, "shakespeare", "gpt2")
+    return load_data(cfg.data)

@@ -1,8 +1,9 @@
 """Write the committed plan records: every shipped experiment compiled for one H100, gpt2_small on
-1 and 8 H100s (fsdp=8) and on one H200, from this CPU-only machine (XLA deviceless compilation).
+1 and 8 H100s (fsdp=8) and on one H200, and the families `jaxnet study devices` compares on one H200,
+from this CPU-only machine (XLA deviceless compilation).
 
     JAX_PLATFORMS=cpu python scripts/record_plans.py            # all records, then the README table
-    JAX_PLATFORMS=cpu python scripts/record_plans.py gpt2       # only gpt2_small's (or: others, or one NAME)
+    JAX_PLATFORMS=cpu python scripts/record_plans.py gpt2       # only gpt2_small's (or: others, devices, or one NAME)
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date. Memory, FLOPs, bytes and kernels
@@ -41,6 +42,10 @@ GPT2 = [
     ("gpt2_small", ["mesh.fsdp=8", "--tokens", "10e9", "--price", "3"], "h100", 8),
     ("gpt2_small", [], "h200", 1),
 ]
+# The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.
+DEVICES = [(name, [], "h200", 1) for name in ("cnn_fashion_mnist", "lstm_ptb_small", "transformer_shakespeare")]
+# Experiments whose shape comes from a checkpoint that is not shipped (a Hugging Face GPT-2): not planned.
+UNPLANNED = {"gpt2_finetune"}
 # The options of jaxnet plan a record may carry after its overrides, and the keyword of jaxnet.plan each sets.
 OPTIONS = {"--tokens": "tokens", "--epochs": "epochs", "--price": "price"}
 
@@ -62,10 +67,12 @@ def records(which: str) -> list[tuple[str, list[str], str, int]]:
         return GPT2
     if which == "gpt2-max-batch":
         return GPT2[:1]
+    if which == "devices":
+        return DEVICES
     if which in config.list_experiments():
         return [(which, [], "h100", 1)]
-    others = [(name, [], "h100", 1) for name in config.list_experiments() if name != "gpt2_small"]
-    return others if which == "others" else GPT2 + others
+    others = [(name, [], "h100", 1) for name in config.list_experiments() if name not in {"gpt2_small", *UNPLANNED}]
+    return others + DEVICES if which == "others" else GPT2 + others + DEVICES
 
 
 def main(argv: list[str]) -> int:

@@ -563,6 +563,58 @@ def headline() -> str:
     return "\n".join(lines)
 
 
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def render_devices() -> str:
+    """GPU against CPU per family: the newest `jaxnet study devices` record, measured columns beside
+    the H100/H200 examples/s that jaxnet plan predicts, each labelled."""
+    files = sorted((ROOT / "benchmarks" / "results" / "studies").glob("devices-*.json"))
+    if not files:
+        return "No `jaxnet study devices` record yet."
+    path = files[-1]
+    r = json.loads(path.read_text())
+    rel = str(path.relative_to(ROOT))
+    env = r["environment"]
+    targets = [t for t in ("h100", "h200") if any(t in f.get("predicted", {}) for f in r["families"].values())]
+    head = ["family", "CPU examples/s (measured)", "GPU examples/s (measured)"]
+    head += [f"{t.upper()} examples/s (**predicted**)" for t in targets]
+    head += [f"{t.upper()} / CPU (**predicted**)" for t in targets]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cpu_device = "?"
+    for family, row in r["families"].items():
+        cpu, gpu = row.get("cpu") or {}, row.get("gpu") or {}
+        cpu_device = cpu.get("device", cpu_device)
+        measured_gpu = _rate(gpu.get("examples_per_s")) if gpu else "not measured yet"
+        cells = [family, _rate(cpu.get("examples_per_s")), measured_gpu]
+        predicted = row.get("predicted", {})
+        cells += [
+            f"{_rate(predicted[t]['examples_per_s'])} ({predicted[t]['bound']}-bound)" if t in predicted else "-"
+            for t in targets
+        ]
+        cells += [
+            f"{predicted[t]['speedup_over_cpu']:,.0f}x" if predicted.get(t, {}).get("speedup_over_cpu") else "-"
+            for t in targets
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    png = rel.replace(".json", ".png")
+    return "\n".join(
+        [
+            f"`{env['command']}` ({env['date'][:10]}, jax {env['versions']['jax']}; "
+            f"[record]({rel})): the CPU column from the newest committed `jaxnet bench` record ({cpu_device}), "
+            "the predicted columns from the committed `jaxnet plan` records of each family's experiment on one GPU "
+            "(the largest of the compute, memory and kernel-launch bounds of the step compiled for that GPU on a "
+            "CPU-only machine). **The predicted columns are not measurements**; the measured GPU column fills in "
+            "when a `jaxnet bench --compare-devices` record from a GPU is committed.",
+            "",
+            *lines,
+            "",
+            f"![GPU against CPU, measured and predicted]({png})",
+        ]
+    )
+
+
 BLOCKS = {
     "headline": headline,
     "results": render,
@@ -572,6 +624,7 @@ BLOCKS = {
     "cpu": render_cpu,
     "sweep": render_sweep,
     "plan": render_plan,
+    "devices": render_devices,
 }
 
 

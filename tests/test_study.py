@@ -119,6 +119,25 @@ def test_devices_study_with_cpu_results_only_says_so_and_invents_no_gpu(tmp_path
     assert all(r["gpu"] is None and r["speedup"] is None for r in record["families"].values())
 
 
+def test_devices_study_shows_predicted_gpu_columns_from_the_committed_plan_records(tmp_path, capsys):
+    """Beside the measured CPU figure, each family gets the H100 and H200 examples/s of the newest
+    committed one-GPU plan record of its experiment, labelled predicted, and no measured GPU cell."""
+    results = ROOT / "benchmarks/results"
+    assert cli.main(["study", "devices", "--results", str(results), "--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "H100 examples/s (PREDICTED)" in out and "H200 examples/s (PREDICTED)" in out and "not a measurement" in out
+    rows = json.loads((tmp_path / "devices.json").read_text())["families"]
+    for family, experiment in (("cnn", "cnn_fashion_mnist"), ("transformer", "transformer_shakespeare")):
+        for target in ("h100", "h200"):
+            newest = sorted(results.glob(f"plan-{experiment}-{target}-*.json"))[-1]
+            plan = json.loads(newest.read_text())
+            cell = rows[family]["predicted"][target]
+            assert cell["examples_per_s"] == plan["prediction"]["examples_per_s"] and "PREDICTED" in cell["label"]
+            cpu = rows[family]["cpu"]["examples_per_s"]
+            assert cell["speedup_over_cpu"] == round(plan["prediction"]["examples_per_s"] / cpu, 1)
+        assert rows[family]["gpu"] is None
+
+
 def test_devices_study_computes_the_speedup_from_a_compare_devices_record(tmp_path, capsys):
     def bench(platform: str, rates: dict, **extra) -> dict:
         env = {"platform": platform, "device": "NVIDIA H100" if platform == "gpu" else "cpu", "cpu_count": 16}

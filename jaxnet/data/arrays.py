@@ -6,9 +6,10 @@
 Batches are dicts with the split's keys. Training batch ``step`` holds the examples a permutation
 drawn from ``(seed, epoch)`` puts there (:func:`jaxnet.data.pipeline.batch_indices`), so a
 resumed run sees exactly the batches an uninterrupted one would. Evaluation batches walk a split
-in order; the last one is padded with zeros and carries ``mask`` (1 = a real example), which the
-evaluator uses as the examples' weight. Arrays are taken as they are (normalise them yourself),
-except that 64-bit numbers become 32-bit, as JAX computes by default.
+in order; the last one is padded with zeros and carries ``mask`` (1 = a real example), so the
+padding never counts (a task's metrics are averaged over its own units: tokens for a token
+task). Arrays are taken as they are (normalise them yourself), except that 64-bit numbers
+become 32-bit, as JAX computes by default.
 """
 
 from __future__ import annotations

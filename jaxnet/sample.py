@@ -124,6 +124,29 @@ def generate(
     return np.asarray(text[len(prompt) :], np.int32)
 
 
+def _refuse_without_vocabulary(workdir: Path) -> None:
+    """A one-line error for a run whose data was token ids given from Python or an experiment
+    file's ``data(cfg)``: it never had a vocabulary, so say how to generate ids instead."""
+    import json
+
+    from jaxnet.config import RUN_KEY
+
+    try:
+        data = json.loads((workdir / "config.json").read_text())[RUN_KEY]["trained"]["data"]
+        given, kind = data["from"], data["kind"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a run from before the record: read_vocab says what is missing
+    if given == "config":
+        return
+    where = "from Python" if given == "python" else "by its experiment file's data(cfg)"
+    raise UserError(
+        f"{workdir} was trained on token ids given {where} ({kind}), so it has no vocab.json to turn a prompt into "
+        "ids and ids into text; generate ids from Python: trained = jaxnet.load(workdir); "
+        "jaxnet.generate(trained.model.module, trained.params, prompt_ids, 200), then decode them with the "
+        "tokenizer that made your ids"
+    )
+
+
 def sample(
     workdir: str | os.PathLike,
     prompt: str | None = None,
@@ -164,6 +187,8 @@ def sample(
             "sampling needs a causal model"
         )
     # The vocabulary comes from the run directory, so sampling does not need the training text.
+    if not (workdir / "vocab.json").exists():
+        _refuse_without_vocabulary(workdir)
     vocab, tokenizer = read_vocab(workdir / "vocab.json")
     dummy = np.zeros(2, np.int32)
     dataset = TextDataset(dummy, dummy[:0], dummy[:0], vocab, tokenizer, name="vocab.json")

@@ -1,6 +1,7 @@
-"""Evaluation averages each metric over the units it is defined on (tokens for a token task,
-examples for a classifier), checked against an independent computation: numpy's mean over the
-outputs of ``jaxnet.load(...).predict`` on the same split, with a last batch that needs padding."""
+"""Runs on a user's own arrays. Evaluation averages each metric over the units it is defined on
+(tokens for a token task, examples for a classifier), checked against an independent computation:
+numpy's mean over the outputs of ``jaxnet.load(...).predict`` on the same split, with a last batch
+that needs padding; and ``jaxnet sample`` on a run of token ids without a vocabulary."""
 
 from __future__ import annotations
 
@@ -112,3 +113,20 @@ def test_classifier_on_arrays_reports_the_mean_over_examples(tmp_path):
         want = numpy_metrics(trained.predict(batch["x"]), batch["label"])
         assert summary[split]["loss"] == pytest.approx(want["loss"], abs=1e-5)
         assert summary[split]["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
+
+
+def test_sample_on_a_run_of_token_ids_from_python_says_what_it_lacks_and_the_call_works(token_run, capsys):
+    from jaxnet import cli
+
+    workdir = token_run[0]
+    assert cli.main(["sample", "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"jaxnet: error: {workdir} was trained on token ids given from Python (arrays), so it has no vocab.json to "
+        "turn a prompt into ids and ids into text; generate ids from Python: trained = jaxnet.load(workdir); "
+        "jaxnet.generate(trained.model.module, trained.params, prompt_ids, 200), then decode them with the "
+        "tokenizer that made your ids"
+    )
+    trained = jaxnet.load(workdir)  # the call the message gives
+    ids = jaxnet.generate(trained.model.module, trained.params, np.array([1, 2, 3]), 20)
+    assert ids.shape == (20,) and 0 <= ids.min() and ids.max() < 13

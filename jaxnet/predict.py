@@ -83,11 +83,16 @@ class Trained:
             return self.model.apply(variables, *inputs, train=False, mutable=[CARRIED])[0]
         return self.model.apply(variables, *inputs, train=False)
 
-    def preprocess(self, inputs: Any) -> tuple[np.ndarray, ...]:
+    def preprocess(self, inputs: Any, *, cast: bool = False) -> tuple[np.ndarray, ...]:
         """``inputs`` as the model takes them in training: checked against the run's record (shape of
         an example, dtype), cast as training cast them, and images normalised with the training
         images' statistics (:func:`jaxnet.data.pipeline.normalize`). ``inputs`` is an array (a
-        model of one input), a tuple of arrays in the model's order, or a dict by batch key."""
+        model of one input), a tuple of arrays in the model's order, or a dict by batch key.
+
+        An input of another width of the same kind (int64 ids for int32, float64 for float32) is
+        converted; one of another kind (integers for a model trained on floats, floats for
+        uint8 images) is an error naming both dtypes unless ``cast=True`` converts it (integer
+        targets only from whole numbers in range)."""
         specs = self.inputs["inputs"]
         keys = [s["key"] for s in specs]
         if isinstance(inputs, Mapping):
@@ -103,7 +108,7 @@ class Trained:
             raise UserError(f"the model takes {len(specs)} inputs ({', '.join(keys)}); got {len(given)}")
         prepared = []
         for spec, value in zip(specs, given, strict=True):
-            x = _checked(np.asarray(value), spec)
+            x = _checked(np.asarray(value), spec, cast)
             stats = _normalized(self.inputs, spec)
             prepared.append(x if stats is None else pipeline.normalize(x, *stats))
         lengths = {len(x) for x in prepared}
@@ -111,11 +116,16 @@ class Trained:
             raise UserError(f"the inputs have different numbers of examples ({', '.join(map(str, lengths))})")
         return tuple(prepared)
 
-    def predict(self, inputs: Any, batch_size: int | None = None) -> Any:
+    def predict(self, inputs: Any, batch_size: int | None = None, *, cast: bool = False) -> Any:
         """The model's outputs (for a classifier, logits) for every example of ``inputs`` (see
-        :meth:`preprocess`), as numpy arrays, computed ``batch_size`` examples at a time (default:
-        the run's ``train.eval_batch_size``); the last batch is padded, so one program serves all."""
-        xs = self.preprocess(inputs)
+        :meth:`preprocess`, and for ``cast`` an input of another dtype kind than training's),
+        as numpy arrays, computed ``batch_size`` examples at a time (default: the run's
+        ``train.eval_batch_size``); the last batch is padded, so one program serves all::
+
+            trained.predict(x)                     # x as the run trained on it (inputs.json)
+            trained.predict(x_int, cast=True)      # integers to a run trained on float32: converted
+        """
+        xs = self.preprocess(inputs, cast=cast)
         n = len(xs[0])
         if n == 0:
             raise UserError("the inputs hold no examples; give at least one")
@@ -229,8 +239,13 @@ def _with_carry(model_state: dict[str, Any], rows: int, zeros: Any) -> dict[str,
     return {**model_state, CARRIED: carry}
 
 
-def _checked(x: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
-    """``x`` (a batch of one input) checked against its record and cast to the dtype the model was trained on."""
+KINDS = {"b": "boolean", "i": "integer", "u": "integer", "f": "floating-point"}
+"""The dtype kinds an input may have, by numpy's ``dtype.kind``; within one, any width is converted."""
+
+
+def _checked(x: np.ndarray, spec: dict[str, Any], cast: bool = False) -> np.ndarray:
+    """``x`` (a batch of one input) checked against its record and cast to the dtype the model was
+    trained on: silently within a kind (int64 -> int32), only with ``cast`` across kinds."""
     key, shape, dtype = spec["key"], tuple(spec["shape"]), np.dtype(spec["dtype"])
     wanted = "(N, " + ", ".join("any" if d is None else str(d) for d in shape) + ")"
     if x.ndim != len(shape) + 1 or any(d is not None and d != got for d, got in zip(shape, x.shape[1:], strict=True)):
@@ -241,8 +256,19 @@ def _checked(x: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
         )
     if x.dtype == dtype:
         return x
-    if x.dtype.kind not in "biuf" or (dtype.kind in "biu" and x.dtype.kind == "f"):
-        raise UserError(f"input {key!r} is {x.dtype}; the run was trained on {dtype} {wanted}")
+    if x.dtype.kind not in KINDS:
+        raise UserError(f"input {key!r} is {x.dtype}, not numbers; the run was trained on {dtype} {wanted}")
+    if KINDS[x.dtype.kind] != KINDS.get(dtype.kind):
+        if not cast:
+            raise UserError(
+                f"input {key!r} is {x.dtype} ({KINDS[x.dtype.kind]}) but the run was trained on {dtype} {wanted}; "
+                f"convert it (x.astype('{dtype}')) or pass cast=True (jaxnet predict: --cast) to convert it here"
+            )
+        if dtype.kind in "iu" and x.dtype.kind == "f" and x.size and not np.array_equal(x, np.round(x)):
+            raise UserError(
+                f"input {key!r} holds non-integer values (e.g. {x[x != np.round(x)].flat[0]}) "
+                f"that cannot become the {dtype} the run was trained on; round them first"
+            )
     if dtype.kind in "iu" and x.size:
         info = np.iinfo(dtype)
         low, high = x.min(), x.max()
@@ -427,9 +453,11 @@ def predict_file(
     step: int | str | None = None,
     batch_size: int | None = None,
     output: str = "logits",
+    cast: bool = False,
 ) -> str:
     """``jaxnet predict``: the model's outputs for the array in the ``.npy`` file ``input_path``
-    (raw inputs, as the training data held them), written to ``out_path`` as ``.npy``. Every
+    (raw inputs, as the training data held them; ``cast`` converts another dtype kind, see
+    :meth:`Trained.preprocess`), written to ``out_path`` as ``.npy``. Every
     input is checked before anything is computed. Returns the line to print."""
     if output not in OUTPUTS:
         raise AssertionError(output)
@@ -451,7 +479,7 @@ def predict_file(
     if not out_path.parent.is_dir():
         raise UserError(f"--out {out_path}: directory {out_path.parent} does not exist")
     trained = load(workdir, step)
-    outputs = trained.predict(x, batch_size)
+    outputs = trained.predict(x, batch_size, cast=cast)
     if not isinstance(outputs, (np.ndarray, jax.Array)):
         raise UserError(f"model {trained.model.name} returns {type(outputs).__name__}, not one array; use jaxnet.load")
     if output == "probs":

@@ -124,18 +124,6 @@ def generate(
     return np.asarray(text[len(prompt) :], np.int32)
 
 
-def gpt2_tokenizer() -> Any:
-    """GPT-2's tokenizer, the module ``jaxnet.data.tokenizers`` (``encode``, ``decode``, ``EOT_ID``),
-    or None where this jaxnet has none: sampling a GPT-2 checkpoint (``hf:PATH``) then takes and
-    prints token ids only."""
-    import importlib
-
-    try:
-        return importlib.import_module("jaxnet.data.tokenizers")
-    except ModuleNotFoundError:
-        return None
-
-
 def sample_hf(
     spec: str,
     prompt: str | None,
@@ -147,19 +135,14 @@ def sample_hf(
     ids: list[int] | None = None,
 ) -> str:
     """:func:`sample` of a GPT-2 checkpoint ``hf:PATH`` before any training. With ``ids`` (token
-    ids) the continuation's ids are returned, space-separated; a text ``prompt`` needs GPT-2's
-    tokenizer (:func:`gpt2_tokenizer`) and returns text. Without either, generation starts from
-    ``<|endoftext|>`` (GPT-2's last id)."""
+    ids) the continuation's ids are returned, space-separated; a text ``prompt`` is encoded with
+    GPT-2's tokenizer (:mod:`jaxnet.data.tokenizers`) and text returned. Without either,
+    generation starts from ``<|endoftext|>`` (GPT-2's last id)."""
+    from jaxnet.data import tokenizers as tokenizer
     from jaxnet.predict import hf_model
 
     cfg, model, params = hf_model(spec)
     vocab = params["embed"]["embedding"].shape[0]
-    tokenizer = gpt2_tokenizer()
-    if prompt and tokenizer is None:
-        raise UserError(
-            "a text prompt for a GPT-2 checkpoint needs GPT-2's tokenizer (jaxnet.data.tokenizers), which this "
-            "jaxnet lacks; give the prompt as token ids: --ids 464,3290"
-        )
     if ids is not None:
         start = np.asarray(ids, np.int32)
         if start.size and (start.min() < 0 or start.max() >= vocab):
@@ -169,9 +152,32 @@ def sample_hf(
     else:
         start = np.asarray([vocab - 1], np.int32)  # GPT-2's <|endoftext|>: a new document
     out = generate(model, params, start, tokens, temperature=temperature, top_k=top_k, seed=seed)
-    if ids is not None or tokenizer is None or vocab != getattr(tokenizer, "VOCAB_SIZE", vocab):
+    if ids is not None or vocab != tokenizer.VOCAB_SIZE:
         return " ".join(map(str, out.tolist()))
     return (prompt or "") + tokenizer.decode(out.tolist())
+
+
+def _refuse_without_vocabulary(workdir: Path) -> None:
+    """A one-line error for a run whose data was token ids given from Python or an experiment
+    file's ``data(cfg)``: it never had a vocabulary, so say how to generate ids instead."""
+    import json
+
+    from jaxnet.config import RUN_KEY
+
+    try:
+        data = json.loads((workdir / "config.json").read_text())[RUN_KEY]["trained"]["data"]
+        given, kind = data["from"], data["kind"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a run from before the record: read_vocab says what is missing
+    if given == "config":
+        return
+    where = "from Python" if given == "python" else "by its experiment file's data(cfg)"
+    raise UserError(
+        f"{workdir} was trained on token ids given {where} ({kind}), so it has no vocab.json to turn a prompt into "
+        "ids and ids into text; generate ids from Python: trained = jaxnet.load(workdir); "
+        "jaxnet.generate(trained.model.module, trained.params, prompt_ids, 200), then decode them with the "
+        "tokenizer that made your ids"
+    )
 
 
 def sample(
@@ -221,6 +227,8 @@ def sample(
             "sampling needs a causal model"
         )
     # The vocabulary comes from the run directory, so sampling does not need the training text.
+    if not (workdir / "vocab.json").exists():
+        _refuse_without_vocabulary(workdir)
     vocab, tokenizer = read_vocab(workdir / "vocab.json")
     dummy = np.zeros(2, np.int32)
     dataset = TextDataset(dummy, dummy[:0], dummy[:0], vocab, tokenizer, name="vocab.json")

@@ -11,8 +11,11 @@ so the built-in tasks below are instances of the same contract a user writes::
     )
 
 Evaluation is exact over a whole split: the loss and every metric are computed for each
-example on its own (a batch of one) and averaged with the example's weight, so padding rows
-(``mask`` 0) never count and a split of any size gives the same numbers as one pass over it.
+example on its own (a batch of one) and averaged with the example's weight, the number of units
+its values are means over: the task's ``weight`` (the built-in tasks count their labels, so a
+token task averages over tokens and a classifier over examples), else its ``mask`` summed, else 1.
+Padding (``mask`` 0, per example or per position) never counts, and a split of any size gives
+the same numbers as one pass over it.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ class Task:
     scalar, the mean over the batch, minimised in training. ``metrics``: name -> a scalar mean
     over the batch, logged in training and evaluation. ``eval_loss``: the loss reported in
     evaluation if it differs (e.g. without label smoothing). ``weight``: per-example weight of a
-    batch in evaluation (e.g. its number of predicted tokens), ``mask`` or 1 by default.
+    batch in evaluation, the number of units the example's loss and metrics are means over (e.g.
+    its predicted tokens, :func:`positions`; zero for padding); by default ``mask`` summed over
+    each example (1 per real example for data with one mask value per example) or 1.
     ``finalize``: derives metrics from the split means (e.g. R^2 from the mean squared error and
     the target's variance); names starting with ``_`` are helpers it may consume.
     ``transform``: a host-side ``(batch, rng) -> batch`` applied to every batch before it goes to
@@ -138,12 +143,46 @@ def hits(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
     return (label_logit >= logits.max(-1)).astype(jnp.float32)
 
 
+def expand_mask(mask: Any, shape: tuple[int, ...]) -> Any:
+    """``mask`` (one value per example, or per position: the leading axes of ``shape``) spread over
+    an array of ``shape``, so that a mask of one value per example covers all of its positions.
+
+    Numpy broadcasting aligns trailing axes, which would pair an example's mask ``(rows,)`` with
+    the positions ``(rows, length)`` wrongly; this aligns leading axes::
+
+        expand_mask(np.array([1, 0]), (2, 3))   # [[1, 1, 1], [0, 0, 0]]
+    """
+    xp = jnp if isinstance(mask, jax.Array) else np
+    extra = len(shape) - xp.ndim(mask)
+    if extra < 0:
+        raise UserError(
+            f"the batch's mask has shape {tuple(xp.shape(mask))}, more axes than the values it masks {tuple(shape)}; "
+            "give one mask value per example or per position"
+        )
+    return xp.broadcast_to(xp.reshape(mask, (*xp.shape(mask), *(1,) * extra)), shape)
+
+
 def _masked_mean(values: jnp.ndarray, batch: Batch) -> jnp.ndarray:
-    """Mean of ``values`` over the positions ``batch["mask"]`` marks (all of them without one)."""
+    """Mean of ``values`` over the positions ``batch["mask"]`` marks (all of them without one); a
+    mask of one value per example marks all of the example's positions."""
     if "mask" not in batch:
         return values.mean()
-    mask = batch["mask"].astype(values.dtype)
+    mask = expand_mask(jnp.asarray(batch["mask"]), values.shape).astype(values.dtype)
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def positions(batch: Batch, key: str) -> jnp.ndarray:
+    """How many positions of ``batch[key]`` each example has that count (``mask`` marks them: one
+    value per example or per position): the evaluation weight of a task whose metrics are means
+    over those positions, e.g. the predicted tokens of a language model, one per example for a
+    classifier."""
+    labels = jnp.asarray(batch[key])
+    rows = labels.shape[0]
+    if "mask" in batch:
+        counted = expand_mask(jnp.asarray(batch["mask"], jnp.float32), labels.shape)
+    else:
+        counted = jnp.ones(labels.shape, jnp.float32)
+    return counted.reshape(rows, -1).sum(-1)
 
 
 def _label_task(name: str, inputs: str, target: str, label_smoothing: float, **extra: Any) -> Task:
@@ -162,6 +201,7 @@ def _label_task(name: str, inputs: str, target: str, label_smoothing: float, **e
         metrics={"accuracy": accuracy},
         name=name,
         eval_loss=None if optim.off(label_smoothing) else plain_loss,
+        weight=lambda batch: positions(batch, target),  # the loss and accuracy are means over the labels
         labels=target,
         **extra,
     )
@@ -191,7 +231,7 @@ def masked_lm(vocab_size: int, mask_rate: float = 0.15, label_smoothing: float =
 
     def corrupt(batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
         tokens = batch["tokens"]
-        valid = batch["mask"] > 0 if "mask" in batch else np.ones(tokens.shape, bool)
+        valid = expand_mask(batch["mask"] > 0, tokens.shape) if "mask" in batch else np.ones(tokens.shape, bool)
         draw = rng.random(tokens.shape)
         chosen = (draw < mask_rate) & valid
         kind = rng.random(tokens.shape)
@@ -368,10 +408,12 @@ __all__ = [
     "classification",
     "cross_entropy",
     "builtin",
+    "expand_mask",
     "for_batch",
     "from_name",
     "hits",
     "lm",
     "masked_lm",
+    "positions",
     "regression",
 ]

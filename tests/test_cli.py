@@ -285,7 +285,8 @@ BAD_INPUT = [
     ),
     bad(
         ["predict", "--workdir", "{run}", "--input", "{images_float}", "--out", "o.npy"],
-        "input 'image' is float32; the run was trained on uint8",
+        "input 'image' is float32 (floating-point) but the run was trained on uint8",
+        "jaxnet predict: --cast",
     ),
     bad(["predict", "--workdir", "{run}", "--input", "{images}", "--out", "no/o.npy"], "directory no does not exist"),
     bad(

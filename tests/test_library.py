@@ -90,6 +90,57 @@ def test_an_indexable_dataset_trains_exactly_like_the_same_arrays(tmp_path):
     assert runs["rows"]["test"] == runs["arrays"]["test"]
 
 
+class Ragged(Rows):
+    """Rows whose item ``odd`` has one feature too few."""
+
+    def __init__(self, columns: dict[str, np.ndarray], odd: int):
+        super().__init__(columns)
+        self.odd = odd
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        item = super().__getitem__(i)
+        return {**item, "x": item["x"][:2]} if i == self.odd else item
+
+
+def test_items_of_different_shapes_name_the_split_item_key_and_shapes(tmp_path):
+    data = jaxnet.data.arrays(train=Rows(DATA["train"]), val=Ragged(DATA["val"], odd=13))
+    with pytest.raises(jaxnet.UserError) as info:
+        task = jaxnet.tasks.regression()
+        jaxnet.train(config("train.steps=4"), tmp_path / "run", model=MLP(), dataset=data, task=task)
+    assert str(info.value) == (
+        "val split: item 13's 'x' has shape (2,) but item 0's has (3,); "
+        "give every item the same shape (pad or crop them)"
+    )
+
+
+def test_a_ragged_item_from_an_experiment_file_is_exit_2_and_one_line(tmp_path, capsys):
+    from jaxnet import cli
+
+    path = tmp_path / "ragged.py"
+    path.write_text(
+        "import flax.linen as nn\nimport numpy as np\nimport jaxnet\n\n"
+        "class Linear(nn.Module):\n"
+        "    @nn.compact\n"
+        "    def __call__(self, x, train=False):\n        return nn.Dense(1)(x)[:, 0]\n\n"
+        "def model(cfg):\n    return Linear()\n\n"
+        "class Items:\n"
+        "    def __len__(self):\n        return 8\n"
+        "    def __getitem__(self, i):\n"
+        "        return {'x': np.ones(3 if i != 5 else 4, np.float32), 'y': np.float32(i)}\n\n"
+        "def data(cfg):\n    return jaxnet.data.arrays(train=Items())\n\n"
+        "def task(cfg):\n    return jaxnet.tasks.regression()\n\n"
+        "def get_config(variant):\n"
+        "    return jaxnet.apply_overrides(jaxnet.Config(), ['data.name=arrays', "
+        "'train.batch_size=8', 'train.steps=1', 'train.progress=false'])\n"
+    )
+    assert cli.main(["train", str(path), "--workdir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [
+        "jaxnet: error: train split: item 5's 'x' has shape (4,) but item 0's has (3,); "
+        "give every item the same shape (pad or crop them)"
+    ]
+
+
 def vector_loss(out, batch):
     return (out - batch["y"]) ** 2
 

@@ -166,7 +166,11 @@ def test_step_best_reads_the_best_checkpoint_the_run_names(mlp_run, tmp_path):
     "inputs, message",
     [
         (np.zeros((4, 8, 8), np.uint8), "input 'image' has shape (4, 8, 8); the run was trained on uint8 (N, 8, 8, 1)"),
-        (np.zeros((4, 8, 8, 1), np.float32), "input 'image' is float32; the run was trained on uint8"),
+        (
+            np.zeros((4, 8, 8, 1), np.float32),
+            "input 'image' is float32 (floating-point) but the run was trained on uint8 (N, 8, 8, 1); "
+            "convert it (x.astype('uint8')) or pass cast=True (jaxnet predict: --cast)",
+        ),
         (np.full((4, 8, 8, 1), 300), "holds values 300..300, outside uint8's 0..255"),
         ({"x": np.zeros((4, 8, 8, 1), np.uint8)}, "the inputs have no 'image'; the model takes image"),
     ],
@@ -176,6 +180,36 @@ def test_bad_inputs_to_predict_are_one_line_errors(image_run, inputs, message):
     with pytest.raises(jaxnet.UserError) as e:
         trained.predict(inputs)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_another_dtype_kind_than_training_is_an_error_unless_cast(mlp_run):
+    # The run trained on float32 x; integers were silently converted before.
+    trained = jaxnet.load(mlp_run[0], model=MLP())
+    x = np.array([[1, -2, 3], [0, 4, -1], [2, 2, 2]], np.int64)
+    with pytest.raises(jaxnet.UserError) as e:
+        trained.predict(x)
+    assert str(e.value) == (
+        "input 'x' is int64 (integer) but the run was trained on float32 (N, 3); convert it (x.astype('float32')) "
+        "or pass cast=True (jaxnet predict: --cast) to convert it here"
+    )
+    want = trained.predict(x.astype(np.float32))
+    np.testing.assert_array_equal(trained.predict(x, cast=True), want)
+    np.testing.assert_array_equal(trained.predict(x.astype(np.float64)), want)  # another width of floats: converted
+
+
+def test_built_in_image_runs_take_their_raw_integers_and_cast_floats_only_when_asked(image_run, quadrants, tmp_path):
+    trained = jaxnet.load(image_run[0])
+    images = quadrants.test[0][:5]
+    want = trained.predict(images)
+    np.testing.assert_array_equal(trained.predict(images.astype(np.int64)), want)  # integers of another width
+    np.save(tmp_path / "floats.npy", images.astype(np.float32))
+    argv = ["predict", "--workdir", str(image_run[0]), "--input", str(tmp_path / "floats.npy")]
+    assert cli.main([*argv, "--out", str(tmp_path / "refused.npy")]) == 2
+    assert not (tmp_path / "refused.npy").exists()
+    assert cli.main([*argv, "--out", str(tmp_path / "cast.npy"), "--cast"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "cast.npy"), want, rtol=1e-6)
+    with pytest.raises(jaxnet.UserError, match=r"holds non-integer values \(e.g. 0.5\) that cannot become the uint8"):
+        trained.predict(np.full(images.shape, 0.5), cast=True)  # a cast never truncates silently
 
 
 def test_a_run_from_before_the_record_still_fails_in_one_line_without_its_data(mlp_run, tmp_path):

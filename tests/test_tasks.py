@@ -80,6 +80,37 @@ def test_lm_loss_counts_each_unmasked_token_once():
     np.testing.assert_allclose(float(sums["accuracy"]), ((logits.argmax(-1) == targets) * mask).sum(), rtol=1e-5)
 
 
+def test_lm_over_padded_example_batches_averages_over_tokens_not_examples():
+    # A user's own token arrays: evaluation pads the last batch with whole rows and marks real
+    # examples with one mask value each; every token of a real example counts once.
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(11, 5, 7)).astype(np.float32)
+    targets = rng.integers(0, 7, (11, 5)).astype(np.int32)
+    got = split_sums(tasks.lm(), logits, {"tokens": targets, "targets": targets}, batch_size=4)
+    ce = -np.take_along_axis(log_softmax(logits), targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(got["loss"], ce.mean(), rtol=1e-5)
+    np.testing.assert_allclose(got["accuracy"], (logits.argmax(-1) == targets).mean(), rtol=1e-6)
+    loss, _ = tasks.lm().train_values(jnp.asarray(logits), {"targets": targets, "mask": np.ones(11, np.float32)})
+    np.testing.assert_allclose(loss, ce.mean(), rtol=1e-5)  # a mask per example covers its tokens in training too
+
+
+def test_masked_lm_with_one_mask_value_per_example_never_chooses_padding_rows():
+    tokens = np.random.default_rng(5).integers(0, 20, (6, 40)).astype(np.int32)
+    mask = np.array([1, 1, 1, 1, 0, 0], np.float32)
+    out = tasks.masked_lm(20, mask_rate=0.5).transform({"tokens": tokens, "mask": mask}, np.random.default_rng(0))
+    assert out["mask"].shape == (6, 40)
+    assert not out["mask"][4:].any() and out["mask"][:4].mean() == pytest.approx(0.5, abs=0.1)
+
+
+def test_a_declared_weight_is_what_evaluation_averages_with():
+    # A user's task of one value per example whose examples stand for different numbers of items.
+    task = tasks.Task(inputs="x", loss=lambda out, b: jnp.mean(out), weight=lambda b: b["n"] * b["mask"])
+    out = np.array([1.0, 2.0, 4.0], np.float32)
+    n = np.array([1.0, 3.0, 0.0], np.float32)
+    got = split_sums(task, out, {"x": out, "n": n}, batch_size=2)
+    assert got["loss"] == pytest.approx((1.0 * 1 + 2.0 * 3) / 4)
+
+
 def test_masked_lm_corrupts_15_percent_80_10_10_and_predicts_the_originals():
     vocab = 50
     rng = np.random.default_rng(3)

@@ -291,3 +291,24 @@ def test_encoding_a_character_outside_a_char_vocabulary_names_it():
     assert "%" not in ds.vocab
     with pytest.raises(UserError, match="'%'"):
         ds.encode("the fox %")
+
+
+@pytest.mark.parametrize(
+    "name, ids, why",
+    [
+        ("train.bin", np.arange(40, 340, dtype=np.uint16), "not UTF-8 at byte 176"),  # nanoGPT's uint16 ids
+        ("ids.txt", np.array([72, 105, 33, 10], np.uint16), "a NUL byte at character 1"),  # small ids decode as text
+    ],
+)
+def test_a_file_of_token_ids_is_not_taken_for_text_and_points_to_the_tokens_data(tmp_path, name, ids, why):
+    from jaxnet.data.text import load_file
+
+    path = tmp_path / name
+    ids.tofile(path)
+    with pytest.raises(UserError) as info:
+        load_file(str(path), "char")
+    assert str(info.value) == (
+        f"data.path={path} looks like token ids, not text ({why}); train on pre-tokenized ids with "
+        "data.name=tokens data.path=DIR (a directory holding them, e.g. nanoGPT's train.bin and val.bin)"
+    )
+    assert "tokenizer=byte" not in str(info.value)

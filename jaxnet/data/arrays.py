@@ -6,9 +6,10 @@
 Batches are dicts with the split's keys. Training batch ``step`` holds the examples a permutation
 drawn from ``(seed, epoch)`` puts there (:func:`jaxnet.data.pipeline.batch_indices`), so a
 resumed run sees exactly the batches an uninterrupted one would. Evaluation batches walk a split
-in order; the last one is padded with zeros and carries ``mask`` (1 = a real example), which the
-evaluator uses as the examples' weight. Arrays are taken as they are (normalise them yourself),
-except that 64-bit numbers become 32-bit, as JAX computes by default.
+in order; the last one is padded with zeros and carries ``mask`` (1 = a real example), so the
+padding never counts (a task's metrics are averaged over its own units: tokens for a token
+task). Arrays are taken as they are (normalise them yourself), except that 64-bit numbers
+become 32-bit, as JAX computes by default.
 """
 
 from __future__ import annotations
@@ -46,8 +47,25 @@ class _Indexable:
         return len(self.source)
 
     def take(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        items = [self.source[int(i)] for i in idx]
-        return {k: np.stack([np.asarray(item[k]) for item in items]).astype(self.spec[k][1]) for k in self.keys}
+        """Items ``idx`` stacked per key; a one-line error for an item unlike item 0 (a key missing,
+        another shape), which stacking would report without saying which."""
+        columns: dict[str, list[np.ndarray]] = {k: [] for k in self.keys}
+        for i in idx:
+            item = self.source[int(i)]
+            for key in self.keys:
+                if not isinstance(item, Mapping) or key not in item:
+                    raise UserError(
+                        f"{self.split} split: item {int(i)} has no {key!r} (item 0 has {', '.join(self.keys)}); "
+                        "give every item the same keys"
+                    )
+                value = np.asarray(item[key])
+                if value.shape != self.spec[key][0]:
+                    raise UserError(
+                        f"{self.split} split: item {int(i)}'s {key!r} has shape {value.shape} but item 0's has "
+                        f"{self.spec[key][0]}; give every item the same shape (pad or crop them)"
+                    )
+                columns[key].append(value)
+        return {k: np.stack(v).astype(self.spec[k][1]) for k, v in columns.items()}
 
 
 class _Arrays:

@@ -315,6 +315,17 @@ def load_shakespeare(tokenizer: str = "char") -> TextDataset:
     return _from_token_splits([tokenize(t, tokenizer) for t in shakespeare_splits()], tokenizer, "shakespeare")
 
 
+TOKEN_FILE_SUFFIXES = (".bin", ".npy", ".u16", ".u32")
+"""Suffixes of files of token ids (nanoGPT's train.bin, llm.c's shards, numpy arrays)."""
+
+
+def _token_ids(path: str, why: str) -> UserError:
+    return UserError(
+        f"data.path={path} looks like token ids, not text ({why}); train on pre-tokenized ids with "
+        "data.name=tokens data.path=DIR (a directory holding them, e.g. nanoGPT's train.bin and val.bin)"
+    )
+
+
 def load_file(path: str, tokenizer: str = "char") -> TextDataset:
     """A UTF-8 text file, split 90/5/5 by position."""
     file = Path(path)
@@ -323,9 +334,13 @@ def load_file(path: str, tokenizer: str = "char") -> TextDataset:
     try:
         text = file.read_bytes() if tokenizer == "byte" else file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
+        if file.suffix.lower() in TOKEN_FILE_SUFFIXES:
+            raise _token_ids(path, f"not UTF-8 at byte {e.start}") from None
         raise UserError(f"{path} is not UTF-8 text (byte {e.start}); convert it or use data.tokenizer=byte") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
+    if tokenizer != "byte" and "\0" in text:  # small ids as uint16 decode as UTF-8 with NUL bytes
+        raise _token_ids(path, f"a NUL byte at character {text.index(chr(0))}")
     if not text.strip():  # str or bytes
         what = "is empty" if not text else "has only whitespace"
         raise UserError(f"data.path={path} {what}; give a text file to train on")

@@ -164,7 +164,6 @@ def prepare_images(
     seconds = time.perf_counter() - start
     counts = ", ".join(f"{s} {v['records']:,}" for s, v in manifest["splits"].items())
     note = f"; left out {len(skipped)} unreadable image(s), e.g. {skipped[0]}" if skipped else ""
-    say(
-        f"wrote {manifest_path}: {counts} images ({total / max(seconds, 1e-9):,.0f} images/s, {workers} worker(s)){note}"
-    )
+    rate = total / max(seconds, 1e-9)
+    say(f"wrote {manifest_path}: {counts} images ({rate:,.0f} images/s, {workers} worker(s)){note}")
     return manifest

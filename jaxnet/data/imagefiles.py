@@ -64,6 +64,10 @@ MANIFEST = "images.json"
 FORMAT = "jaxnet-images/1"
 
 
+class CorruptImage(UserError):
+    """An image file that cannot be read or decoded (skipped, counted, with ``data.skip_corrupt``)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding and the per-row transforms (pure functions of the bytes and the random numbers)
 
@@ -92,7 +96,7 @@ def decode(data: bytes, name: str, channels: int) -> np.ndarray:
     except UserError:
         raise
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, DecompressionBombError ...
-        raise UserError(
+        raise CorruptImage(
             f"{name} is not a readable image ({type(e).__name__}: {str(e)[:120]}); replace or remove it, or set "
             "data.skip_corrupt=true to skip unreadable images"
         ) from None
@@ -369,7 +373,7 @@ class BatchWork:
                     images[j] = self.image(i, rng)
                     labels[j] = self.source.labels[i]
                     break
-                except UserError:
+                except CorruptImage:
                     if not self.skip_corrupt or tries == n - 1:
                         raise
                     skipped += 1

@@ -13,13 +13,15 @@ the 55,000 training images (5,000 are held out for validation).
 Steps run five to a compiled call (``train.steps_per_call=0``, auto, picks the most that divide
 the log, evaluation and checkpoint intervals).
 
-Variants: ``smoke`` trains 60 steps on the same data in a few seconds, for tests.
+Variants: ``smoke`` trains 60 steps on the same data in a few seconds, for tests. ``folder`` trains
+the same model on the same images read as PNG files from class folders (``data.name=folder``),
+decoded in a grain worker process: write them first with ``python scripts/write_image_folder.py``.
 """
 
 from jaxnet.config import Config
 from jaxnet.models import ConvNetConfig
 
-VARIANTS = ("default", "smoke")
+VARIANTS = ("default", "smoke", "folder")
 
 
 def get_config(variant: str = "default") -> Config:
@@ -36,6 +38,9 @@ def get_config(variant: str = "default") -> Config:
     cfg.train.eval_every = 500
     cfg.train.checkpoint_every = 500
     cfg.train.steps_per_call = 0  # auto: 5 steps per compiled call here (faster on a CPU); 1 in a sweep
+    if variant == "folder":  # the same images as PNG files (scripts/write_image_folder.py)
+        cfg.data.name = "folder"
+        cfg.data.path = "data/fashion-mnist-png"
     if variant == "smoke":
         cfg.optim.warmup_steps = 10
         cfg.train.steps = 60

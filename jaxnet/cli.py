@@ -21,6 +21,7 @@
                 [--tokens N | --epochs E] [--price USD_PER_GPU_HOUR] [--calibrate FILE]
     jaxnet prepare SOURCE --tokenizer gpt2|byte|char --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
                    [--val-fraction F] [--test-fraction F] [--text-field NAME];  jaxnet prepare --merge --out DIR
+    jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
@@ -116,7 +117,13 @@ def _parser() -> argparse.ArgumentParser:
         "--probs, class indices with --argmax. A run of your own model from Python: use jaxnet.load(RUN, model=...).",
     )
     predict.add_argument("--workdir", required=True, help="run directory of a training run")
-    predict.add_argument("--input", required=True, metavar="FILE.npy", help="inputs, one row per example (numpy.save)")
+    predict.add_argument(
+        "--input",
+        required=True,
+        metavar="FILE.npy",
+        help="inputs, one row per example (numpy.save); or, for a run on images, an image file or a directory of them "
+        "(sorted by path)",
+    )
     predict.add_argument("--out", required=True, metavar="FILE.npy", help="where the outputs go (logits by default)")
     predict.add_argument("--step", default=None, metavar="N|best", help="checkpoint step, or best (default: newest)")
     predict.add_argument(
@@ -203,11 +210,14 @@ def _parser() -> argparse.ArgumentParser:
     _study_parser(commands)
     prep = commands.add_parser(
         "prepare",
-        help="tokenize text once into token shards (llm.c's layout) plus corpus.json, for data.name=tokens",
+        help="tokenize text once into token shards (llm.c's layout) plus corpus.json, for data.name=tokens; "
+        "or pack an image folder into ArrayRecord shards (jaxnet prepare images DIR), for data.name=arrayrecord",
         description="SOURCE: shakespeare, ptb, a text file, a .jsonl/.jsonl.gz file (one document per line), a glob "
-        "pattern or a directory of them. Killed, it continues when run again.",
+        "pattern or a directory of them; or `images DIR`, an image folder with a subdirectory per class. Killed, it "
+        "continues when run again.",
     )
-    prep.add_argument("source", nargs="?", help="shakespeare, ptb, a file, a glob pattern or a directory")
+    prep.add_argument("source", nargs="?", help="shakespeare, ptb, a file, a glob pattern or a directory; or images")
+    prep.add_argument("folder", nargs="?", help="with SOURCE images: the image folder to pack")
     prep.add_argument("--tokenizer", default="gpt2", choices=("gpt2", "byte", "char"), help="default: gpt2")
     prep.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and corpus.json")
     prep.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: one per core)")
@@ -217,6 +227,8 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--val-fraction", type=float, default=0.01, help="documents held out for validation")
     prep.add_argument("--test-fraction", type=float, default=0.01, help="documents held out for test")
     prep.add_argument("--text-field", default="text", help="the field of a JSONL line that holds its text")
+    prep.add_argument("--shard-images", type=int, default=5000, metavar="N", help="images: records per shard file")
+    prep.add_argument("--skip-corrupt", action="store_true", help="images: leave unreadable images out (counted)")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
 
     commands.add_parser("list", help="list the experiments that can be trained, with their results and times")
@@ -295,6 +307,25 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             return 0
         if not args.source:
             raise UserError("jaxnet prepare needs a SOURCE (shakespeare, ptb, a file, a pattern or a directory)")
+        if args.source == "images":
+            if not args.folder:
+                raise UserError("jaxnet prepare images needs the image folder: jaxnet prepare images DIR --out DIR")
+            from jaxnet.data import prepare_images
+
+            prepare_images.prepare_images(
+                args.folder,
+                args.out,
+                workers=args.workers,
+                shard_images=args.shard_images,
+                skip_corrupt=args.skip_corrupt,
+                progress=not args.quiet,
+            )
+            return 0
+        if args.folder:
+            raise UserError(
+                f"jaxnet prepare {args.source} {args.folder}: text takes one SOURCE (a glob pattern or directory for "
+                "many files); `jaxnet prepare images DIR` packs an image folder"
+            )
         prepare.prepare(
             args.source,
             args.tokenizer,

@@ -30,7 +30,7 @@ import numpy as np
 from jaxnet import checkpoint, models, xla_options
 from jaxnet import config as config_lib
 from jaxnet.config import Config
-from jaxnet.data import pipeline
+from jaxnet.data import imagefiles, pipeline
 from jaxnet.errors import UserError
 from jaxnet.models import adapters
 from jaxnet.models.adapters.paths import joined
@@ -441,6 +441,17 @@ def export_run(
     return json.dumps({"step": trained.step, "format": format, "out": str(written)})
 
 
+def _image_files(workdir: Path, input_path: Path) -> np.ndarray:
+    """Raw image files (one, or every image under a directory, sorted by path) as the uint8 images a
+    run on images takes: decoded, resized on the short side and center-cropped to the run's size
+    (:func:`jaxnet.data.imagefiles.read_image_files`), as its evaluation prepared them."""
+    specs = record.read_inputs(workdir)["inputs"]
+    shape = specs[0]["shape"] if len(specs) == 1 else None
+    if shape is None or len(shape) != 3 or shape[0] != shape[1] or shape[2] not in (1, 3):
+        raise UserError(f"{workdir} was not trained on square images (its inputs: {specs}); give a .npy file")
+    return imagefiles.read_image_files(imagefiles.image_paths(input_path), shape[0], shape[2])
+
+
 OUTPUTS = ("logits", "probs", "argmax")
 """What ``jaxnet predict`` writes: the model's outputs, their softmax, or the index of the largest."""
 
@@ -457,23 +468,27 @@ def predict_file(
 ) -> str:
     """``jaxnet predict``: the model's outputs for the array in the ``.npy`` file ``input_path``
     (raw inputs, as the training data held them; ``cast`` converts another dtype kind, see
-    :meth:`Trained.preprocess`), written to ``out_path`` as ``.npy``. Every
+    :meth:`Trained.preprocess`), or for an image file or every image file under a directory
+    (sorted by path) of a run trained on images, written to ``out_path`` as ``.npy``. Every
     input is checked before anything is computed. Returns the line to print."""
     if output not in OUTPUTS:
         raise AssertionError(output)
     input_path, out_path = Path(input_path), Path(out_path)
     if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size {batch_size}: give a number of examples of at least 1")
-    if not input_path.is_file():
-        what = "is a directory" if input_path.is_dir() else "does not exist"
-        raise UserError(f"--input {input_path} {what}; give a .npy file (numpy.save) of the inputs")
-    try:
-        x = np.load(input_path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        message = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"cannot read --input {input_path} as a .npy array: {message[:200]}") from None
-    if not isinstance(x, np.ndarray):
-        raise UserError(f"--input {input_path} is an .npz archive; give one array in a .npy file (numpy.save)")
+    images = input_path.is_dir() or input_path.suffix.lower() in imagefiles.IMAGE_SUFFIXES
+    if not input_path.exists() or (not images and not input_path.is_file()):
+        raise UserError(f"--input {input_path} does not exist; give a .npy file (numpy.save), an image or a directory")
+    if not images:
+        try:
+            x = np.load(input_path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            message = (str(e).strip().splitlines() or [""])[0]
+            raise UserError(f"cannot read --input {input_path} as a .npy array: {message[:200]}") from None
+        if not isinstance(x, np.ndarray):
+            raise UserError(f"--input {input_path} is an .npz archive; give one array in a .npy file (numpy.save)")
+    else:
+        x = _image_files(Path(workdir), input_path)
     if out_path.is_dir():
         raise UserError(f"--out {out_path} is a directory; give a file name such as {out_path / 'outputs.npy'}")
     if not out_path.parent.is_dir():

@@ -36,11 +36,25 @@ class DataConfig(Checked):
     name: str = field(
         "fashion_mnist",
         "dataset ('arrays' = data given from Python or by an experiment file's data(cfg))",
-        choices=("fashion_mnist", "mnist", "cifar10", "ptb", "shakespeare", "text", "tokens", "arrays"),
+        choices=(
+            "fashion_mnist",
+            "mnist",
+            "cifar10",
+            "ptb",
+            "shakespeare",
+            "text",
+            "tokens",
+            "folder",
+            "arrayrecord",
+            "arrays",
+        ),
     )
     dir: str = field("", "directory holding the dataset files ('' = the standard location)")
     path: str = field(
-        "", "text file to train a language model on (data.name=text), or a token corpus directory (data.name=tokens)"
+        "",
+        "text file to train a language model on (data.name=text), a token corpus directory (data.name=tokens), an "
+        "image folder with a subdirectory per class (data.name=folder), or jaxnet prepare images' directory or a glob "
+        "of ArrayRecord shards (data.name=arrayrecord)",
     )
     format: str = field(
         "",
@@ -68,7 +82,34 @@ class DataConfig(Checked):
         choices=("", "stream", "windows"),
     )
     val_size: int = field(5000, "image datasets: training examples held out for validation", low=0)
-    augment: bool = field(False, "random crop (4 px padding) and horizontal flip")
+    augment: bool = field(
+        False,
+        "random crop (4 px padding) and horizontal flip; image files (folder, arrayrecord): random resized crop, flip",
+    )
+    image_size: int = field(
+        0,
+        "folder, arrayrecord: images are resized to this on their short side and cropped square (0 = the images' own "
+        "size, when they all share one)",
+        low=0,
+    )
+    workers: int = field(
+        -1,
+        "folder, arrayrecord: grain worker processes decoding images (-1 = the cores left after the training "
+        "process's own, at least 1; 0 = decode in the training process)",
+        low=-1,
+    )
+    skip_corrupt: bool = field(
+        False, "folder, arrayrecord: skip unreadable images (counted) instead of stopping with an error naming it"
+    )
+    upscale: bool = field(
+        False, "folder, arrayrecord: enlarge images smaller than data.image_size instead of stopping with an error"
+    )
+    mean: str = field(
+        "",
+        "folder, arrayrecord: per-channel mean of the pixels scaled to 0..1, comma-separated, e.g. 0.485,0.456,0.406 "
+        "('' = computed from a fixed sample of training images)",
+    )
+    std: str = field("", "folder, arrayrecord: per-channel std, as data.mean ('' = computed)")
     prefetch: int = field(2, "batches prepared ahead of the step on a background thread", low=0)
     mask_rate: float = field(
         0.15,

@@ -14,8 +14,9 @@ import numpy as np
 
 from jaxnet import tasks
 from jaxnet.config import Config, DataConfig
-from jaxnet.data import images, pipeline, text, tokens
+from jaxnet.data import imagefiles, images, pipeline, text, tokens
 from jaxnet.data.arrays import ArrayDataset, arrays
+from jaxnet.data.imagefiles import ImageFiles
 from jaxnet.data.pipeline import split_validation
 from jaxnet.data.text import TextDataset
 from jaxnet.data.tokens import TokenDataset
@@ -138,8 +139,13 @@ TEXT_LOADERS = {
     "tokens": tokens.load,  # token files on disk (jaxnet prepare, nanoGPT, llm.c), memory-mapped
 }
 
+FILE_LOADERS = {
+    "folder": imagefiles.load_folder,  # an image folder, a subdirectory per class, decoded a batch at a time
+    "arrayrecord": imagefiles.load_arrayrecord,  # image records of ArrayRecord shards (jaxnet prepare images)
+}
 
-def load(cfg: DataConfig) -> Dataset | TextDataset:
+
+def load(cfg: DataConfig) -> Dataset | TextDataset | ImageFiles:
     """Read the dataset named by ``cfg.name``.
 
     Image datasets hold out ``cfg.val_size`` training examples for validation; text datasets
@@ -147,6 +153,8 @@ def load(cfg: DataConfig) -> Dataset | TextDataset:
     """
     if cfg.name in TEXT_LOADERS:
         return TEXT_LOADERS[cfg.name](cfg)
+    if cfg.name in FILE_LOADERS:
+        return FILE_LOADERS[cfg.name](cfg)
     if cfg.name not in LOADERS:  # data.name=arrays: data given from Python, which no file holds
         raise UserError(
             f"data.name={cfg.name} is data given from Python or an experiment file's data(cfg), which jaxnet cannot "
@@ -161,4 +169,15 @@ def load(cfg: DataConfig) -> Dataset | TextDataset:
     return Dataset(train=train, val=val, test=splits["test"], num_classes=num_classes, name=cfg.name)
 
 
-__all__ = ["ArrayDataset", "Dataset", "TextDataset", "TokenDataset", "arrays", "load", "LOADERS", "TEXT_LOADERS"]
+__all__ = [
+    "ArrayDataset",
+    "Dataset",
+    "ImageFiles",
+    "TextDataset",
+    "TokenDataset",
+    "arrays",
+    "load",
+    "LOADERS",
+    "TEXT_LOADERS",
+    "FILE_LOADERS",
+]

@@ -9,7 +9,9 @@ Two records, written at the start of training:
   ``ids``, how many there are); for images the per-channel ``mean`` and ``std`` of the training
   images that :func:`jaxnet.data.pipeline.normalize` applies (``(x / 255 - mean) / std``); and
   ``outputs``, the output count a built-in model was built with. A text run's vocabulary is in
-  ``vocab.json``.
+  ``vocab.json``. A run on image files (``data.name=folder`` or ``arrayrecord``) also records
+  ``image_files``: the class names (label ids in order), the image size and channel count, and
+  how a raw image file becomes the model's input (``jaxnet predict --input`` of image files).
 * ``trained`` under ``_run`` in ``config.json``: where the model, data and task came from (the
   config, an experiment file, or Python arguments), the model's class and module, the task's name
   and the data's kind (``built-in``, ``arrays`` or ``dataset``), so that ``jaxnet eval`` and
@@ -53,6 +55,11 @@ def inputs(run: Any) -> dict[str, Any]:
             # The images as the data holds them; predict normalises them as training did.
             spec = {"shape": list(dataset.train[0].shape[1:]), "dtype": str(dataset.train[0].dtype)}
             record["normalize"] = {"key": key, "mean": dataset.mean.tolist(), "std": dataset.std.tolist()}
+        elif isinstance(dataset, data_lib.ImageFiles) and key == "image":
+            # Raw images prepared as evaluation prepares them (resized, center-cropped), then normalised.
+            spec = {"shape": [dataset.image_size, dataset.image_size, dataset.channels], "dtype": "uint8"}
+            record["normalize"] = {"key": key, "mean": dataset.mean.tolist(), "std": dataset.std.tolist()}
+            record["image_files"] = dataset.inputs_record()
         elif isinstance(dataset, text_lib.TextDataset):
             # Any length of text; ids below the vocabulary's size (and a task's extra ids, such as a mask token).
             spec = {"shape": [None] * (value.ndim - 1), "dtype": str(value.dtype)}

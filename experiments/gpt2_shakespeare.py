@@ -3,8 +3,8 @@
 Command:  jaxnet prepare shakespeare --tokenizer gpt2 --out corpora/shakespeare-gpt2
           jaxnet train gpt2_shakespeare data.path=corpora/shakespeare-gpt2
           jaxnet sample --workdir runs/gpt2_shakespeare --prompt "ROMEO:" --tokens 100
-Result:   not yet recorded (python scripts/record_result.py gpt2_shakespeare)
-Time:     not yet recorded
+Result:   val 5.397 nats per GPT-2 token (perplexity 221), test 5.151 (perplexity 173)
+Time:     15 min on a shared 2-core CPU (878 s, load 1-7; python scripts/record_result.py gpt2_shakespeare)
 
 Four pre-LayerNorm blocks, 128 wide, 4 heads, context 128, tied embeddings, GPT-2's vocabulary
 padded to 50,304 (6.6 M parameters, 6.4 M of them the embedding): the road from text to GPT-2

@@ -60,6 +60,9 @@ def test_window_batches_over_shards_equal_the_in_memory_texts_and_each_process_r
     real = shards.ShardedTokens.__getitem__
     spy = lambda self, i: read.append(np.asarray(i)) or real(self, i)
     monkeypatch.setattr(shards.ShardedTokens, "__getitem__", spy)
+    real_windows = shards.ShardedTokens.windows  # rows read as contiguous copies
+    spy_windows = lambda self, s, n: read.append(np.asarray(s)[:, None] + np.arange(n)) or real_windows(self, s, n)
+    monkeypatch.setattr(shards.ShardedTokens, "windows", spy_windows)
     rows = next(ds.train_batches(cfg, start_step=9, rows=slice(3, 6)))
     full = text.window_batch(whole, 6, 8, 5, 9)
     np.testing.assert_array_equal(rows["tokens"], full["tokens"][3:6])

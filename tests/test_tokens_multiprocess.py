@@ -67,7 +67,13 @@ def _install(tokens):
         seen(np.arange(start, max(start, stop)))
         return read(self, start, stop)
 
-    shards.__getitem__, shards.read = spy_getitem, spy_read
+    windows = shards.windows
+
+    def spy_windows(self, starts, length):
+        seen(np.asarray(starts, np.int64)[:, None] + np.arange(length))
+        return windows(self, starts, length)
+
+    shards.__getitem__, shards.read, shards.windows = spy_getitem, spy_read, spy_windows
 
     def recorded(batches, record):
         i = 0

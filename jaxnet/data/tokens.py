@@ -83,6 +83,23 @@ class TokenDataset(text_lib.TextDataset):
             f"vocabulary {len(self.vocab):,}{self.notes}"
         )
 
+    def train_batches(self, cfg: Any, start_step: int, rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
+        """Endless training batches from ``start_step`` on; only rows ``rows`` of each: the
+        batches of :meth:`jaxnet.data.text.TextDataset.train_batches` for the same ids, window
+        rows read as contiguous copies (:meth:`~jaxnet.data.shards.ShardedTokens.windows`)."""
+        if batching(cfg) != "windows":
+            yield from super().train_batches(cfg, start_step, rows)
+            return
+        batch_size, seq_len = cfg.train.batch_size, cfg.data.seq_len
+        text_lib.check_batching(len(self.train), batch_size, seq_len, "windows")
+        step = start_step
+        while True:
+            offsets = text_lib.window_offsets(len(self.train), batch_size, seq_len, cfg.seed, step)[rows]
+            block = self.train.windows(offsets, seq_len + 1)
+            x, y = np.ascontiguousarray(block[:, :-1]), np.ascontiguousarray(block[:, 1:])
+            yield {"tokens": x, "targets": y, "reset": np.asarray(1, np.int32)}
+            step += 1
+
     def eval_rows(self, cfg: Any, split: str) -> int:
         """Rows of an evaluation batch of ``split`` (0 = empty split)."""
         n = self._predictions(cfg, split)

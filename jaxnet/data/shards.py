@@ -122,6 +122,20 @@ def _advise(tokens: np.memmap, advice: str) -> None:
             pass
 
 
+def _release_range(tokens: np.memmap, shard: Shard, start: int, stop: int) -> None:
+    """``MADV_DONTNEED`` the pages of tokens ``start:stop`` of ``shard``'s map ``tokens``."""
+    raw = getattr(tokens, "_mmap", None)
+    if raw is None or not hasattr(mmap, "MADV_DONTNEED") or not hasattr(raw, "madvise"):
+        return
+    base = shard.offset % mmap.ALLOCATIONGRANULARITY  # np.memmap maps from the granule below the offset
+    first = base + start * shard.dtype.itemsize
+    first -= first % mmap.PAGESIZE
+    try:
+        raw.madvise(mmap.MADV_DONTNEED, first, base + stop * shard.dtype.itemsize - first)
+    except (OSError, ValueError):
+        pass
+
+
 def open_shard(path: str | os.PathLike, expected_tokens: int | None = None) -> Shard:
     """An llm.c shard, its header and size checked (and its count against ``expected_tokens``,
     a manifest's); a one-line :class:`UserError` if they disagree."""
@@ -231,13 +245,20 @@ class ShardedTokens:
             raise IndexError(f"windows of {length} tokens out of range 0..{len(self) - 1}")
         out = np.empty((len(starts), length), np.int32)
         which = np.searchsorted(self.ends, starts, side="right")
+        touched, crossed = [], False
         for r, (start, i) in enumerate(zip(starts.tolist(), which.tolist(), strict=True)):
             if start + length <= self.ends[i]:
                 a = start - int(self.starts[i])
                 out[r] = self._map(i)[a : a + length]
+                touched.append((i, a, a + length))
             else:  # across a shard boundary
                 out[r] = self.read(start, start + length)
-        self._release()
+                crossed = True
+        if crossed:
+            self._release()
+        else:  # only the pages read: releasing whole maps costs more the more of them were touched
+            for i, a, b in touched:
+                _release_range(self._maps[i], self.shards[i], a, b)
         return out
 
     def read(self, start: int, stop: int) -> np.ndarray:

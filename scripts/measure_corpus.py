@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -301,6 +302,7 @@ def main() -> None:
 
     from jaxnet import observe
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the temporary corpora are still deleted
     tmp_root = Path(args.tmp or tempfile.gettempdir())
     need = int(sum(args.sizes_gb) * 1e9 * 1.05) + 4 * VAL_TOKENS + (1 << 30)
     free = shutil.disk_usage(tmp_root).free

@@ -7,8 +7,9 @@ or more, llm.c's layout for LLaMA 3). nanoGPT's ``train.bin``/``val.bin`` are th
 with no header (uint16).
 
 :class:`ShardedTokens` shows a list of such files as one 1-D array of int32 token ids: ``len``,
-indexing by an integer array (any shape) and slicing. Nothing is read until indexed, and only the
-pages indexed are, so resident memory does not grow with the corpus.
+indexing by an integer array (any shape) through memory maps, and slicing and
+:meth:`ShardedTokens.windows` (a window batch's rows) with ``pread``. Nothing is read
+until asked for, and only what is asked for, so resident memory does not grow with the corpus.
 
 >>> write_shard("train_000000.bin", np.arange(10, dtype=np.uint16))        # doctest: +SKIP
 >>> tokens = ShardedTokens([open_shard("train_000000.bin")])               # doctest: +SKIP
@@ -271,13 +272,13 @@ class ShardedTokens:
                 pass
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Tokens ``start:stop`` as int32 (a copy; across shard boundaries too)."""
+        """Tokens ``start:stop`` as int32 (a copy, read from the files; across shard boundaries too)."""
         stop = max(start, stop)
         parts = []
         for i in range(len(self.shards)):
             a, b = max(start, int(self.starts[i])), min(stop, int(self.ends[i]))
             if a < b:
-                parts.append(np.asarray(self._map(i)[a - self.starts[i] : b - self.starts[i]], np.int32))
+                parts.append(self._pread(i, a - int(self.starts[i]), b - a).astype(np.int32))
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
     def max_id(self, chunk: int = 1 << 20) -> int:

@@ -158,12 +158,16 @@ def loader_rate(path: Path, batches: int) -> dict:
         times.append(time.perf_counter() - t)
     assert batch["tokens"].shape == (BATCH, SEQ)
     per_batch = float(np.median(times))
+    fifth = max(1, batches // 5)
     return {
         "batch_shape": [BATCH, SEQ],
         "batches": batches,
         "median_batch_s": per_batch,
         "tokens_per_s": BATCH * SEQ / per_batch,
         "tokens_per_s_mean": BATCH * SEQ * batches / float(np.sum(times)),
+        # The first batches after the corpus is written (and a training run) read slower than later ones.
+        "tokens_per_s_mean_first_fifth": BATCH * SEQ * fifth / float(np.sum(times[:fifth])),
+        "tokens_per_s_mean_last_fifth": BATCH * SEQ * fifth / float(np.sum(times[-fifth:])),
         "corpus_tokens": len(ds.train),
         "corpus_shards": len(ds.train.shards),
     }
@@ -292,7 +296,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes-gb", type=float, nargs="+", default=[1.0, 8.0], help="synthetic corpus sizes")
     parser.add_argument("--steps", type=int, default=40, help="training steps of each memory run")
-    parser.add_argument("--loader-batches", type=int, default=200)
+    parser.add_argument("--loader-batches", type=int, default=1000)
     parser.add_argument("--loss-steps", type=int, default=40)
     parser.add_argument("--skip-prepare", action="store_true")
     parser.add_argument("--skip-losses", action="store_true")

@@ -264,10 +264,10 @@ class ShardedTokens:
             raise UserError(f"{shard.path} ended early (read {len(data)} of {size} bytes); prepare it again")
         return np.frombuffer(data, shard.dtype)
 
-    def __del__(self) -> None:
+    def __del__(self, close: Any = os.close) -> None:  # os itself may be gone at interpreter exit
         for fd in getattr(self, "_fds", {}).values():
             try:
-                os.close(fd)
+                close(fd)
             except OSError:
                 pass
 

@@ -33,7 +33,7 @@ def test_too_little_disk_is_refused_before_anything_is_written(tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow  # two training runs, a loader run, a prepare and two more runs: about 100 s here
+@pytest.mark.slow  # two training runs, a loader run, a prepare and two more runs: 45 to 100 s here
 def test_the_script_records_memory_loader_and_identical_losses(tmp_path):
     out = tmp_path / "r.json"
     command = [sys.executable, str(SCRIPT), "--sizes-gb", "0.01", "0.02", "--steps", "3", "--loader-batches", "3"]

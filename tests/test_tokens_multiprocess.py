@@ -219,7 +219,7 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow  # 4 training runs and a prepare in subprocesses: about 80 s on the loaded 2-core machine
+@pytest.mark.slow  # 4 training runs and a prepare in subprocesses: 35 to 60 s on the shared 2-core machine
 def test_two_processes_train_from_shards_like_one_and_each_reads_only_its_rows(runs):
     tmp, corpus = runs["tmp"], runs["corpus"]
     assert "on 2 cpu device(s)" in runs["two"].stdout and "data=2" in runs["two"].stdout

@@ -1,4 +1,4 @@
-"""``data.name=tokens``: a language model trained from token files on disk, memory-mapped.
+"""``data.name=tokens``: a language model trained from token files on disk, read a batch at a time.
 
 ``data.path`` is a directory in one of three layouts (``data.format``, found from the files when
 left empty):
@@ -196,7 +196,8 @@ def _padded(vocab: list[str], size: int, name: str) -> list[str]:
 
 
 def load(cfg: Any) -> TokenDataset:
-    """The corpus at ``cfg.path`` (a :class:`~jaxnet.config.DataConfig`), memory-mapped."""
+    """The corpus at ``cfg.path`` (a :class:`~jaxnet.config.DataConfig`): its files are opened and their
+    ids read as batches need them (nanoGPT's and llm.c's files are scanned once for their largest id)."""
     if not cfg.path:
         raise UserError("data.name=tokens needs data.path=DIR, a directory made by jaxnet prepare (or nanoGPT, llm.c)")
     path = Path(cfg.path)

@@ -60,6 +60,9 @@ def test_window_batches_over_shards_equal_the_in_memory_texts_and_each_process_r
     real = shards.ShardedTokens.__getitem__
     spy = lambda self, i: read.append(np.asarray(i)) or real(self, i)
     monkeypatch.setattr(shards.ShardedTokens, "__getitem__", spy)
+    real_windows = shards.ShardedTokens.windows  # rows read as contiguous copies
+    spy_windows = lambda self, s, n: read.append(np.asarray(s)[:, None] + np.arange(n)) or real_windows(self, s, n)
+    monkeypatch.setattr(shards.ShardedTokens, "windows", spy_windows)
     rows = next(ds.train_batches(cfg, start_step=9, rows=slice(3, 6)))
     full = text.window_batch(whole, 6, 8, 5, 9)
     np.testing.assert_array_equal(rows["tokens"], full["tokens"][3:6])
@@ -184,3 +187,24 @@ def test_open_shard_rejects_what_is_not_a_shard(tmp_path):
     np.zeros(300, np.int32).tofile(p)
     with pytest.raises(UserError, match="not an llm.c token shard"):
         shards.open_shard(p)
+
+
+def test_windows_read_rows_across_shards_with_few_files_open(tmp_path, monkeypatch):
+    """Rows read with pread equal numpy's slices of the concatenated ids, across several shard
+    boundaries, with uint16 and uint32 shards, while at most OPEN_FILES files stay open."""
+    monkeypatch.setattr(shards, "OPEN_FILES", 2)
+    rng = np.random.default_rng(3)
+    parts = [rng.integers(0, 60000, n).astype(np.uint16) for n in (3, 1, 7, 2)] + [
+        rng.integers(70000, 100000, 10).astype(np.uint32)
+    ]
+    for i, part in enumerate(parts):
+        shards.write_shard(tmp_path / f"train_{i:06d}.bin", part)
+    t = shards.ShardedTokens([shards.open_shard(tmp_path / f"train_{i:06d}.bin") for i in range(len(parts))])
+    whole = np.concatenate([p.astype(np.int64) for p in parts])
+    starts = np.arange(len(whole) - 6 + 1)[::-1]  # every start, last first: each file opened again
+    got = t.windows(starts, 6)
+    assert got.dtype == np.int32 and got.shape == (len(starts), 6)
+    np.testing.assert_array_equal(got, whole[starts[:, None] + np.arange(6)])
+    assert len(t._fds) <= 2
+    with pytest.raises(IndexError):
+        t.windows(np.array([len(whole) - 5]), 6)

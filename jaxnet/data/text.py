@@ -382,12 +382,22 @@ def stream_batch(
     return {"tokens": tokens[starts], "targets": tokens[starts + 1], "reset": np.asarray(k == 0, np.int32)}
 
 
+def window_offsets(num_tokens: int, batch_size: int, seq_len: int, seed: int, step: int) -> np.ndarray:
+    """Where the ``batch_size`` rows of window batch ``step`` start among ``num_tokens`` tokens:
+    drawn from ``(seed, step)`` alone, so any process can compute any row.
+
+    >>> window_offsets(1000, 4, 8, seed=0, step=3).shape
+    (4,)
+    """
+    return np.random.default_rng([seed, 2, step]).integers(0, num_tokens - seq_len, size=batch_size)
+
+
 def window_batch(
     tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int, rows: slice = slice(None)
 ) -> dict[str, np.ndarray]:
     """Batch ``step`` of window batching: rows start at offsets drawn from ``(seed, step)``; only
     rows ``rows`` of it, all by default."""
-    offsets = np.random.default_rng([seed, 2, step]).integers(0, len(tokens) - seq_len, size=batch_size)[rows]
+    offsets = window_offsets(len(tokens), batch_size, seq_len, seed, step)[rows]
     idx = offsets[:, None] + np.arange(seq_len)[None, :]
     # Unrelated windows: a model with carried state starts every batch from zeros.
     return {"tokens": tokens[idx], "targets": tokens[idx + 1], "reset": np.asarray(1, np.int32)}

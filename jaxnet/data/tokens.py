@@ -1,4 +1,4 @@
-"""``data.name=tokens``: a language model trained from token files on disk, memory-mapped.
+"""``data.name=tokens``: a language model trained from token files on disk, read a batch at a time.
 
 ``data.path`` is a directory in one of three layouts (``data.format``, found from the files when
 left empty):
@@ -83,6 +83,23 @@ class TokenDataset(text_lib.TextDataset):
             f"vocabulary {len(self.vocab):,}{self.notes}"
         )
 
+    def train_batches(self, cfg: Any, start_step: int, rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
+        """Endless training batches from ``start_step`` on; only rows ``rows`` of each: the
+        batches of :meth:`jaxnet.data.text.TextDataset.train_batches` for the same ids, window
+        rows read as contiguous copies (:meth:`~jaxnet.data.shards.ShardedTokens.windows`)."""
+        if batching(cfg) != "windows":
+            yield from super().train_batches(cfg, start_step, rows)
+            return
+        batch_size, seq_len = cfg.train.batch_size, cfg.data.seq_len
+        text_lib.check_batching(len(self.train), batch_size, seq_len, "windows")
+        step = start_step
+        while True:
+            offsets = text_lib.window_offsets(len(self.train), batch_size, seq_len, cfg.seed, step)[rows]
+            block = self.train.windows(offsets, seq_len + 1)
+            x, y = np.ascontiguousarray(block[:, :-1]), np.ascontiguousarray(block[:, 1:])
+            yield {"tokens": x, "targets": y, "reset": np.asarray(1, np.int32)}
+            step += 1
+
     def eval_rows(self, cfg: Any, split: str) -> int:
         """Rows of an evaluation batch of ``split`` (0 = empty split)."""
         n = self._predictions(cfg, split)
@@ -97,38 +114,57 @@ class TokenDataset(text_lib.TextDataset):
         n = max(0, len(getattr(self, split)) - 1)
         return min(n, cfg.train.eval_tokens) if cfg.train.eval_tokens else n
 
-    def eval_batches(self, cfg: Any, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    def eval_batches(
+        self, cfg: Any, split: str, batch_size: int, rows: slice = slice(None)
+    ) -> Iterator[dict[str, np.ndarray]]:
         """The first ``train.eval_tokens`` predictions of ``split``, as
-        :func:`jaxnet.data.text.eval_batches` makes them from the same ids, read a batch at a time."""
+        :func:`jaxnet.data.text.eval_batches` makes them from the same ids, read a batch at a time;
+        only rows ``rows`` of each batch (a process's share), all by default.
+
+        With window batching (the default) only the tokens of those rows are read; contiguous
+        streams (``data.batching=stream``) read the whole capped split and keep the rows.
+        """
         tokens, n, seq_len = getattr(self, split), self._predictions(cfg, split), cfg.data.seq_len
         if n < 1:
             return iter(())
         if batching(cfg) == "stream":  # contiguous streams need the whole (capped) split at once
-            return text_lib.eval_batches(tokens.read(0, n + 1), batch_size=batch_size, seq_len=seq_len, mode="stream")
-        return window_eval_batches(tokens, n, batch_size, seq_len)
+            ids = tokens.read(0, n + 1)
+            batches = text_lib.eval_batches(ids, batch_size=batch_size, seq_len=seq_len, mode="stream")
+            return ({k: v[rows] if np.ndim(v) else v for k, v in b.items()} for b in batches)
+        return window_eval_batches(tokens, n, batch_size, seq_len, rows)
 
 
 def window_eval_batches(
-    tokens: shards_lib.ShardedTokens | np.ndarray, n: int, batch_size: int, seq_len: int
+    tokens: shards_lib.ShardedTokens | np.ndarray, n: int, batch_size: int, seq_len: int, rows: slice = slice(None)
 ) -> Iterator[dict[str, np.ndarray]]:
     """The first ``n`` predictions of ``tokens`` in non-overlapping windows of ``seq_len``,
     ``batch_size`` windows a batch, padding masked: :func:`jaxnet.data.text.eval_batches`'s window
-    mode, reading one batch of tokens at a time."""
+    mode, reading one batch of tokens at a time, and of each batch only the windows of rows
+    ``rows`` (a contiguous block: a process's share).
+
+    >>> b = next(window_eval_batches(np.arange(20), 15, 4, 4, rows=slice(2, 4)))
+    >>> b["tokens"].tolist(), int(b["mask"].sum())
+    ([[8, 9, 10, 11], [12, 13, 14, 0]], 7)
+    """
+    first_row, last_row, step = rows.indices(batch_size)
+    if step != 1:
+        raise ValueError(f"rows must be a contiguous block, not {rows}")
+    width = max(0, last_row - first_row) * seq_len
     windows = -(-n // seq_len)
-    rows = -(-windows // batch_size) * batch_size
-    for first in range(0, rows, batch_size):
-        start, stop = first * seq_len, min((first + batch_size) * seq_len, n)
-        block = np.zeros(batch_size * seq_len + 1, np.int32)
-        mask = np.zeros(batch_size * seq_len, np.float32)
+    total = -(-windows // batch_size) * batch_size
+    for first in range(0, total, batch_size):
+        start, stop = (first + first_row) * seq_len, min((first + last_row) * seq_len, n)
+        block = np.zeros(width + 1, np.int32)
+        mask = np.zeros(width, np.float32)
         if stop > start:
             block[: stop - start + 1] = tokens[start : stop + 1]
             mask[: stop - start] = 1
         x = block[:-1].copy()
         y = block[1:].copy()
-        if stop - start < batch_size * seq_len:  # padding: inputs and targets zero as text.eval_batches pads them
-            x[stop - start :] = 0
-            y[stop - start :] = 0
-        shape = (batch_size, seq_len)
+        if stop - start < width:  # padding: inputs and targets zero as text.eval_batches pads them
+            x[max(0, stop - start) :] = 0
+            y[max(0, stop - start) :] = 0
+        shape = (width // seq_len, seq_len)
         yield {"tokens": x.reshape(shape), "targets": y.reshape(shape), "mask": mask.reshape(shape)}
 
 
@@ -160,7 +196,8 @@ def _padded(vocab: list[str], size: int, name: str) -> list[str]:
 
 
 def load(cfg: Any) -> TokenDataset:
-    """The corpus at ``cfg.path`` (a :class:`~jaxnet.config.DataConfig`), memory-mapped."""
+    """The corpus at ``cfg.path`` (a :class:`~jaxnet.config.DataConfig`): its files are opened and their
+    ids read as batches need them (nanoGPT's and llm.c's files are scanned once for their largest id)."""
     if not cfg.path:
         raise UserError("data.name=tokens needs data.path=DIR, a directory made by jaxnet prepare (or nanoGPT, llm.c)")
     path = Path(cfg.path)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import signal
@@ -341,6 +342,13 @@ class Run:
         if not wanted:
             return iter(()), 0
         rows = -(-wanted // devices) * devices
+        mine = parallel.process_rows(self.mesh, rows) if jax.process_count() > 1 else None
+        # A dataset whose eval_batches takes ``rows`` reads only this process's rows (a corpus on
+        # disk); the others make whole batches, sliced below. A transform draws for whole batches.
+        reads_rows = mine is not None and self.task.transform is None and _takes_rows(self.dataset.eval_batches)
+        if reads_rows:
+            batches = self.dataset.eval_batches(self.cfg, split, rows, rows=mine)
+            return batches, rows
         batches = self.dataset.eval_batches(self.cfg, split, rows)
         if self.task.transform is not None:  # the same corruption on every evaluation of the split
             salt = ("train", "val", "test").index(split)
@@ -348,8 +356,7 @@ class Run:
             batches = (
                 transform(b, np.random.default_rng([pipeline.VALIDATION_SEED, salt, i])) for i, b in enumerate(batches)
             )
-        if jax.process_count() > 1:
-            mine = parallel.process_rows(self.mesh, rows)
+        if mine is not None:
             batches = ({k: v[mine] if v.ndim else v for k, v in b.items()} for b in batches)
         return batches, rows
 
@@ -379,6 +386,14 @@ class Run:
         totals = jax.device_get(totals)
         count = float(totals.pop("count"))
         return self.task.summarize({k: float(v) / count for k, v in totals.items()})
+
+
+def _takes_rows(method: Callable) -> bool:
+    """Whether a dataset's ``eval_batches`` reads only some rows of each batch (a ``rows`` argument)."""
+    try:
+        return "rows" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def experiment_hooks(cfg: Config) -> dict[str, Callable]:

@@ -28,6 +28,24 @@ def write_folder(root: Path, per_class: int = 8, size: tuple[int, int] = (12, 12
     return root
 
 
+SPLIT_SIZES = {"train": 12, "val": 3, "test": 5}  # images per class: 60 in all
+
+
+def write_splits(root: Path, size: int = 12, sizes: dict[str, int] = SPLIT_SIZES) -> Path:
+    """``train/``, ``val/`` and ``test/`` folders of three learnable classes of greyscale PNGs (a
+    bright left half, right half or bottom half over noise); returns the root."""
+    rng = np.random.default_rng(5)
+    bright = {"left": np.s_[:, : size // 2], "right": np.s_[:, size // 2 :], "bottom": np.s_[size // 2 :, :]}
+    for split, per_class in sizes.items():
+        for c, where in bright.items():
+            (root / split / c).mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                image = rng.integers(0, 120, (size, size))
+                image[where] += 100
+                Image.fromarray(image.astype(np.uint8), "L").save(root / split / c / f"{i}.png")
+    return root
+
+
 def cfg_for(path: Path, name: str = "folder", **kw) -> Config:
     cfg = Config(experiment="tiny")
     cfg.data = DataConfig(name=name, path=str(path), val_size=4, workers=0, **kw)
@@ -119,6 +137,30 @@ def test_batches_are_the_same_on_resume_and_row_by_row_on_two_processes(tmp_path
 
     idx = pipeline.batch_indices(len(ds.train), 8, cfg.seed, 4)
     np.testing.assert_array_equal(whole[4]["label"], ds.train.labels[idx])
+
+
+def test_evaluation_rows_decoded_apart_make_the_whole_batches(tmp_path, monkeypatch):
+    """What each of 2 or 4 processes decodes of an evaluation batch, put together, is the batch one
+    process makes (padding included), and each reads only the files of its rows."""
+    root = write_splits(tmp_path / "f", sizes={"train": 4, "test": 5})  # 15 test images: 4 batches of 4
+    cfg = cfg_for(root)
+    ds = load(cfg.data)
+    whole = list(ds.eval_batches(cfg, "test", 4))
+    assert len(whole) == 4 and whole[-1]["mask"].tolist() == [1, 1, 1, 0]
+    reads = []
+    real = imagefiles.FileSource.read
+    monkeypatch.setattr(imagefiles.FileSource, "read", lambda self, i: reads.append(self.names[i]) or real(self, i))
+    names = ds.test.names
+    for parts in (2, 4):
+        pieces = []
+        for p in range(parts):
+            rows = slice(p * 4 // parts, (p + 1) * 4 // parts)
+            reads.clear()
+            pieces.append(list(ds.eval_batches(cfg, "test", 4, rows=rows)))
+            assert reads == [names[k * 4 + r] for k in range(4) for r in range(rows.start, rows.stop) if k * 4 + r < 15]
+        for k, batch in enumerate(whole):
+            for key in ("image", "label", "mask"):
+                np.testing.assert_array_equal(np.concatenate([p[k][key] for p in pieces]), batch[key], err_msg=key)
 
 
 def test_worker_processes_give_the_same_batches_and_stay_off_accelerators(tmp_path):
@@ -244,3 +286,66 @@ def test_corrupt_image_small_image_and_skip_corrupt(tmp_path):
         load(cfg.data)
     cfg.data.upscale = True
     assert load(cfg.data).image_size == 16
+
+
+FOLDER_RUN = [
+    "cnn_fashion_mnist:smoke",
+    "data.name=folder",
+    "data.workers=0",
+    "train.batch_size=8",
+    "train.steps=10",
+    "train.eval_every=5",
+    "train.eval_batch_size=8",
+    "train.progress=false",
+]
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory):
+    """The Fashion-MNIST ConvNet (smoke) trained 10 steps from a folder of 12x12 PNGs with
+    train/val/test subfolders: ``(run directory, folder)``."""
+    tmp = tmp_path_factory.mktemp("folder-run")
+    root = write_splits(tmp / "images")
+    assert cli.main(["train", *FOLDER_RUN, f"data.path={root}", "--workdir", str(tmp / "run")]) == 0
+    return tmp / "run", root
+
+
+def test_predict_on_image_files_is_load_predict_and_reproduces_the_test_accuracy(folder_run, tmp_path):
+    """``jaxnet predict --input DIR`` of raw PNG files gives what ``jaxnet.load(RUN).predict`` gives
+    for the same images read with Pillow, and its argmax is right on exactly the test images the
+    run's own evaluation of the test folder got right: the accuracy metrics.jsonl records."""
+    import json
+
+    import jaxnet
+
+    run, root = folder_run
+    files = sorted((root / "test").rglob("*.png"))
+    classes = ["bottom", "left", "right"]
+    labels = np.asarray([classes.index(f.parent.name) for f in files])
+    assert len(files) == 15
+    logits_file, argmax_file = tmp_path / "logits.npy", tmp_path / "argmax.npy"
+    assert cli.main(["predict", "--workdir", str(run), "--input", str(root / "test"), "--out", str(logits_file)]) == 0
+    assert cli.main(["predict", "--workdir", str(run), "--input", str(root / "test"), "--out", str(argmax_file),
+                     "--argmax"]) == 0  # fmt: skip
+    logits, argmax = np.load(logits_file), np.load(argmax_file)
+
+    # the reference: the files decoded by Pillow (12x12 already: evaluation's resize and crop keep them)
+    x = np.stack([np.asarray(Image.open(f).convert("L")) for f in files])[..., None]
+    trained = jaxnet.load(run)
+    expected = trained.predict(x)
+    assert logits.shape == (15, 3) and logits.dtype == np.float32
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(argmax, expected.argmax(-1))
+
+    # the run's evaluation of the test folder, example by example: its batches through the model
+    ds = load(trained.config.data)
+    right = []
+    for batch in ds.eval_batches(trained.config, "test", 8):
+        out = np.asarray(trained.forward(trained.params, trained.model_state, batch["image"]))
+        right += (out.argmax(-1) == batch["label"])[batch["mask"] > 0].tolist()
+    np.testing.assert_array_equal(argmax == labels, right)
+    test = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    test = [r for r in test if r["split"] == "test"]
+    assert len(test) == 1 and test[0]["step"] == 10
+    assert test[0]["accuracy"] == pytest.approx(np.mean(argmax == labels), abs=1e-6)
+    assert test[0]["accuracy"] > 0.5  # it learnt something: the check is not one of chance guesses (1/3)

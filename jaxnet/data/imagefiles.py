@@ -303,8 +303,8 @@ class BatchWork:
 
     Training: the rows' examples are :func:`~jaxnet.data.pipeline.batch_indices` of the step; with
     ``augment`` a random resized crop and flip from ``default_rng([seed, 3, step, row])``, else the
-    evaluation transform. Evaluation: examples ``k*batch .. (k+1)*batch`` in order, the last batch
-    padded with zeros, ``mask`` 0. With ``skip_corrupt`` an unreadable training image is replaced by
+    evaluation transform. Evaluation: rows ``rows`` of examples ``k*batch .. (k+1)*batch`` in order,
+    the last batch padded with zeros, ``mask`` 0. With ``skip_corrupt`` an unreadable training image is replaced by
     the next readable example of the source (a pure function of the data, so the batch is still
     the same on every process count) and an evaluation one masked out; ``skipped`` counts them.
     """
@@ -352,11 +352,12 @@ class BatchWork:
             idx = pipeline.batch_indices(n, self.batch_size, self.seed, step)[self.rows]
             positions = range(self.rows.start or 0, (self.rows.start or 0) + len(idx))
             mask = np.ones(len(idx), np.float32)
-        else:
+        else:  # rows ``rows`` of evaluation batch k: examples k * batch_size + rows, padding past the end
             first = int(k) * self.batch_size
-            idx = np.arange(first, min(first + self.batch_size, n))
+            start, stop = self.rows.start or 0, self.batch_size if self.rows.stop is None else self.rows.stop
+            idx = np.arange(first + start, min(first + stop, n))
             positions = range(len(idx))
-            mask = np.ones(self.batch_size, np.float32)
+            mask = np.ones(stop - start, np.float32)
             mask[len(idx) :] = 0
         images = np.zeros((len(mask), size, size, c), np.uint8)
         labels = np.zeros(len(mask), np.int32)
@@ -659,10 +660,13 @@ class ImageFiles:
         """Rows of an evaluation batch of ``split`` before rounding to the devices (0 = empty split)."""
         return min(cfg.train.eval_batch_size, self.size(split))
 
-    def eval_batches(self, cfg: Any, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    def eval_batches(
+        self, cfg: Any, split: str, batch_size: int, rows: slice = slice(None)
+    ) -> Iterator[dict[str, np.ndarray]]:
         """Every example of ``split`` once, in order, normalised, in padded batches of ``batch_size``
-        (``mask`` 0 on padding and on an unreadable image skipped with ``data.skip_corrupt``)."""
-        work = self._work(split, batch_size=batch_size, rows=slice(None), train=False)
+        (``mask`` 0 on padding and on an unreadable image skipped with ``data.skip_corrupt``); only
+        rows ``rows`` of each, which is all this process decodes."""
+        work = self._work(split, batch_size=batch_size, rows=rows, train=False)
         count = -(-self.size(split) // batch_size)
         for batch in run_batches(work, count, min(self.workers, count)):
             yield self._finish(batch)

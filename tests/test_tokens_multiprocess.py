@@ -5,16 +5,16 @@ the same global batches as the uninterrupted run and ends with its losses.
 
 What each process reads is recorded by a ``sitecustomize`` put on the processes' path (it wraps
 :class:`jaxnet.data.tokens.TokenDataset`'s batch makers and the shard reads when that module is
-imported), and checked against batches computed here with numpy from the shard files."""
+imported; see tests/multiprocess_runs.py), and checked against batches computed here with numpy
+from the shard files."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+import multiprocess_runs
 import numpy as np
 import pytest
 
@@ -33,18 +33,6 @@ RUN = [
 # tokens, the token indices read to make it) and every evaluation batch (split, index, rows,
 # tokens, mask, indices read).
 SPY = r'''
-import importlib.abc, importlib.util, json, os, sys, threading
-
-_DIR = os.environ["JAXNET_TEST_SPY"]
-_ID = sys.argv[sys.argv.index("--process-id") + 1] if "--process-id" in sys.argv else "0"
-_LOCK, _LOCAL = threading.Lock(), threading.local()
-
-
-def _log(record):
-    with _LOCK, open(os.path.join(_DIR, f"process-{_ID}.jsonl"), "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def _install(tokens):
     import numpy as np
 
@@ -106,50 +94,10 @@ def _install(tokens):
 
     cls.train_batches, cls.eval_batches = train_batches, eval_batches
 
-
-class _After(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "jaxnet.data.tokens":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _install(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _After())
 '''
 
 
-def _env(devices: int, spy: Path) -> dict[str, str]:
-    from conftest import cpu_env
-
-    env = cpu_env(devices)
-    spy.mkdir(parents=True)
-    env["JAXNET_TEST_SPY"] = str(spy)
-    env["PYTHONPATH"] = os.pathsep.join([str(spy.parent / "site"), str(ROOT)])
-    env["PYTHON"] = sys.executable
-    return env
-
-
-def _run(command: list[str], devices: int, spy: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, capture_output=True, text=True, env=_env(devices, spy), timeout=600, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def _records(spy: Path) -> dict[int, list[dict]]:
-    """Each process's records (by process id)."""
-    return {
-        int(f.stem.split("-")[1]): [json.loads(line) for line in f.read_text().splitlines()]
-        for f in sorted(spy.glob("process-*.jsonl"))
-    }
+_run, _records = multiprocess_runs.run, multiprocess_runs.records
 
 
 def _global_batches(spy: Path) -> dict[int, np.ndarray]:
@@ -194,8 +142,7 @@ def _window_offsets(n_tokens: int, step: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tokens-multiprocess")
-    (tmp / "site").mkdir()
-    (tmp / "site" / "sitecustomize.py").write_text(SPY)
+    multiprocess_runs.write_spy(tmp / "site", "jaxnet.data.tokens", SPY)
     docs = tmp / "docs"
     docs.mkdir()
     words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog.", "\u00e9t\u00e9"]

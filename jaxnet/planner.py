@@ -16,10 +16,10 @@ from the target's peaks), never a measurement.
 
 Targets are the files ``jaxnet/targets/<name>.txt`` (one per GPU kind, from the vendors' data
 sheets); adding a GPU kind is adding a file. Needs the CUDA plugin wheels, best in a directory of their own
-(:func:`plan_dir`, see README) so that no other JAX process loads them: the ``jaxnet plan`` command puts
-that directory on the path itself; from Python, start with ``PYTHONPATH=<plan_dir> JAX_PLATFORMS=cpu``
-(JAX binds the plugin when it is imported). Installed beside jaxnet (``pip install '.[plan]'``) they work
-too.
+(:func:`plan_dir`, see docs/plan.md) so that no other JAX process loads them: the ``jaxnet plan`` command
+puts that directory on the path itself; from Python, start with ``PYTHONPATH=<plan_dir> JAX_PLATFORMS=cpu``
+(JAX binds the plugin when it is imported). There is no ``plan`` extra: installed beside jaxnet the plugin
+makes every JAX process on a machine without a GPU log a CUDA error.
 """
 
 from __future__ import annotations

@@ -541,7 +541,7 @@ def _multiplicities(text: str) -> tuple[dict[str, int], dict[str, list[str]]]:
                 loop, trip = _LOOP.search(rest), roofline._TRIP.search(rest)
                 if loop:
                     visit(loop.group(2), times * (int(trip.group(1)) if trip else 1))
-            elif op in ("call", "async-start"):
+            elif op == "call":  # an async-start's computation is read with it (communication)
                 called = _CALLED.search(rest)
                 if called:
                     visit(called.group(1), times)
@@ -580,6 +580,14 @@ def communication(text: str, node_of: list[int], tgt: Target) -> dict[str, Any]:
                 if started:
                     done_of[started[0]] = (position, result)
         for position, (inst, result, op, rest) in enumerate(insts):
+            if op == "async-start":  # a collective wrapped in an async computation: read the one inside
+                called = _CALLED.search(rest)
+                inner = _instructions("\n".join(comps.get(called.group(1), ()))) if called else []
+                wrapped = [(r, o, a) for _, r, o, a in inner if o in COLLECTIVES]
+                if not wrapped:
+                    continue
+                result, op, rest = wrapped[0][0], wrapped[0][1] + "-start", wrapped[0][2]
+                types.update({n: t for n, t, _, _ in inner})
             kind = op.removesuffix("-start")
             if kind not in COLLECTIVES or op.endswith("-done"):
                 continue

@@ -530,7 +530,8 @@ def test_bad_goal_price_and_calibration_are_one_line_and_exit_2(tmp_path, capsys
 # Communication, the expected step, the published runs, the warnings
 
 # A scheduled module written by hand: an all-gather of 8 x 128 floats with a kernel between its
-# start and done (it can overlap), then an all-reduce of 1024 floats whose done follows its start.
+# start and done (it can overlap), an all-reduce of 1024 floats whose done follows its start, and a
+# reduce-scatter of 1024 floats wrapped in an async computation with a kernel under it.
 OVERLAP_HLO = """HloModule overlap, is_scheduled=true
 
 %fused_add (p0: f32[1024]) -> f32[1024] {
@@ -538,7 +539,12 @@ OVERLAP_HLO = """HloModule overlap, is_scheduled=true
   ROOT %add = f32[1024]{0} add(%p0, %p0)
 }
 
-ENTRY %main (a: f32[128], b: f32[1024]) -> (f32[1024], f32[1024]) {
+%wrapped_rs (p1: f32[1024]) -> f32[128] {
+  %p1 = f32[1024]{0} parameter(0)
+  ROOT %rs = f32[128]{0} reduce-scatter(%p1), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+}
+
+ENTRY %main (a: f32[128], b: f32[1024]) -> (f32[1024], f32[1024], f32[128]) {
   %a = f32[128]{0} parameter(0)
   %b = f32[1024]{0} parameter(1)
   %all-gather-start = (f32[128]{0}, f32[1024]{0}) all-gather-start(%a), replica_groups={{0,1,2,3,4,5,6,7}}
@@ -546,7 +552,10 @@ ENTRY %main (a: f32[128], b: f32[1024]) -> (f32[1024], f32[1024]) {
   %all-gather-done = f32[1024]{0} all-gather-done(%all-gather-start)
   %all-reduce-start = f32[1024]{0} all-reduce-start(%fusion), replica_groups=[1,8]<=[8], to_apply=%fused_add
   %all-reduce-done = f32[1024]{0} all-reduce-done(%all-reduce-start)
-  ROOT %tuple = (f32[1024]{0}, f32[1024]{0}) tuple(%all-gather-done, %all-reduce-done)
+  %rs-start = ((f32[1024]{0}), f32[128]{0}, s32[]) async-start(%b), calls=%wrapped_rs
+  %fusion.2 = f32[1024]{0} fusion(%b), kind=kLoop, calls=%fused_add
+  %rs-done = f32[128]{0} async-done(%rs-start)
+  ROOT %tuple = (f32[1024]{0}, f32[1024]{0}, f32[128]{0}) tuple(%all-gather-done, %all-reduce-done, %rs-done)
 }
 """
 
@@ -591,13 +600,14 @@ def test_link_time_within_a_node_and_across_nodes():
 
 
 def test_communication_says_which_collectives_xla_overlaps():
-    """The hand-written module: the all-gather (4 KiB gathered, a kernel between start and done)
-    can overlap, the all-reduce (4 KiB, done right after start) cannot; with the 8 devices on 2
-    nodes of 4 each is hierarchical (ring of 4 over NVLink, ring of 2 over the network on a quarter)."""
+    """The hand-written module: the all-gather (4 KiB gathered, a kernel between start and done) and
+    the wrapped reduce-scatter (4 KiB scattered) can overlap, the all-reduce (4 KiB, done right after
+    start) cannot; with the 8 devices on 2 nodes of 4 each is hierarchical (ring of 4 over NVLink,
+    ring of 2 over the network on a quarter of the buffer)."""
     h100 = planner.load_target("h100")
     c = planner.communication(OVERLAP_HLO, [0, 0, 0, 0, 1, 1, 1, 1], h100)
     gather = 3 / 4 * 4096 / 450e9 + 1 / 2 * 4096 / (4 * 50e9)
-    reduce = 2 * 3 / 4 * 4096 / 450e9 + 2 * 1 / 2 * 4096 / (4 * 50e9)
+    reduce = 2 * gather
     assert c["by_kind"]["all-gather"] == {
         "count": 1,
         "bytes": 4096,
@@ -606,10 +616,11 @@ def test_communication_says_which_collectives_xla_overlaps():
         "overlappable": 1,
         "group_sizes": [8],
     }
+    assert c["by_kind"]["reduce-scatter"] == {**c["by_kind"]["all-gather"], "seconds": pytest.approx(gather)}
     assert c["by_kind"]["all-reduce"]["bytes"] == 4096 and c["by_kind"]["all-reduce"]["overlappable"] == 0
-    assert c["overlappable_s"] == pytest.approx(gather) and c["exposed_s"] == pytest.approx(reduce)
-    assert c["seconds"] == pytest.approx(gather + reduce) and c["groups_unparsed"] == 0
-    assert c["overlap"].startswith("XLA scheduled 1 of 2 collectives asynchronously")
+    assert c["overlappable_s"] == pytest.approx(2 * gather) and c["exposed_s"] == pytest.approx(reduce)
+    assert c["seconds"] == pytest.approx(2 * gather + reduce) and c["groups_unparsed"] == 0
+    assert c["overlap"].startswith("XLA scheduled 2 of 3 collectives asynchronously")
 
 
 def test_two_nodes_keep_fsdp_in_the_node_and_send_the_data_all_reduce_across():

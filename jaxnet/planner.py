@@ -631,8 +631,9 @@ def communication(text: str, node_of: list[int], tgt: Target) -> dict[str, Any]:
         "groups_unparsed": unparsed,
         "nvlink_bandwidth": tgt.number("nvlink_bandwidth"),
         "network_bandwidth": tgt.number("network_bandwidth"),
-        "overlap": f"XLA scheduled {hidden} of {count} collectives asynchronously with kernels between their start "
-        "and done (they can run under compute); the others wait for their data before the next kernel",
+        "overlap": f"XLA scheduled {'all ' if hidden == count else ''}{hidden} of {count} collectives "
+        "asynchronously with kernels between their start and done (they can run under compute)"
+        + ("" if hidden == count else "; the others hold up the next kernel until they finish"),
         "model": "ring algorithms over the full buffer S: all-reduce 2(n-1)/n S, all-gather, reduce-scatter and "
         "all-to-all (n-1)/n S per GPU; within a node over NVLink (nvlink_bandwidth, each way), across nodes "
         "hierarchically over each GPU's network link (network_bandwidth); latency per collective, NVLink SHARP "

@@ -621,6 +621,7 @@ def test_communication_says_which_collectives_xla_overlaps():
     assert c["overlappable_s"] == pytest.approx(2 * gather) and c["exposed_s"] == pytest.approx(reduce)
     assert c["seconds"] == pytest.approx(2 * gather + reduce) and c["groups_unparsed"] == 0
     assert c["overlap"].startswith("XLA scheduled 2 of 3 collectives asynchronously")
+    assert c["overlap"].endswith("the others hold up the next kernel until they finish")
 
 
 def test_two_nodes_keep_fsdp_in_the_node_and_send_the_data_all_reduce_across():

@@ -183,10 +183,12 @@ def _parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser(
         "plan",
-        help="compile the train step for GPUs on this machine (no GPU needed): memory, kernels, predicted speed",
+        help="compile the train step for GPUs here (no GPU needed): memory, kernels, expected speed and cost",
         description="Compiles the experiment's train and eval steps for N GPUs of the target kind without a GPU "
         "(XLA deviceless compilation) and reports memory per device, whether it fits, FLOPs, the kernels and "
-        "collectives of the compiled program and a PREDICTED step time (a roofline bound, not a measurement). "
+        "collectives of the compiled program, a PREDICTED step time (the largest of four bounds, not a measurement) "
+        "and the EXPECTED step (the bound over an efficiency fitted on published runs), with the time and cost of "
+        "--tokens or --epochs. "
         "Needs the CUDA plugin wheels, in a directory of their own (.venv/jaxnet-plan or $JAXNET_PLAN_DIR): "
         "pip install --no-deps --target .venv/jaxnet-plan -c constraints.txt -r requirements-plan.txt.",
     )

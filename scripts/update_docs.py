@@ -566,8 +566,8 @@ def render_published() -> str:
     rel = f"benchmarks/results/{files[-1].name}"
     lines = [
         "| run (source) | model | GPUs | parallelism, batch | published step | `jaxnet plan` of the same configuration "
-        "| **predicted** bound | **expected** | expected / published | role |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| **predicted** bound | bound / published | **expected** | expected / published | role |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         src = row["source"]
@@ -582,11 +582,12 @@ def render_published() -> str:
         cells.append(f"`{command}`")
         if row["status"] == "pending":
             reason = row["reason"].split(";")[0]
-            cells += [f"pending: jaxnet cannot plan it yet ({reason})", "-", "-", "not planned yet"]
+            cells += [f"pending: jaxnet cannot plan it yet ({reason})", "-", "-", "-", "not planned yet"]
         else:
             off = row["ratio_expected_to_published"]
             cells += [
                 f"{_ms(row['bound_step_s'])} ({row['bound']}) [record]({row['record']})",
+                f"{row['ratio_bound_to_published']:.2f}",
                 _ms(row["expected_step_s"]),
                 f"{off:.2f} ({100 * (off - 1):+.0f} %)",
                 "**fitted**" if row["status"] == "fitted" else "validated (not fitted)",
@@ -594,9 +595,12 @@ def render_published() -> str:
         lines.append("| " + " | ".join(cells) + " |")
     fit, v = r["fit"], r["versions"]
     excluded = "; ".join(f"{e['id']} ({e['text']}): {e['why']}" for e in r["excluded"])
+    needs = [row["efficiency_this_run_needs"] for row in r["rows"] if row.get("efficiency_this_run_needs")]
     lines += [
         "",
-        f"Efficiency {fit['efficiency']:.3f}, fitted on {', '.join(fit['fitted_on'])}. The published figures are the "
+        f"Efficiency {fit['efficiency']:.3f}, fitted on {', '.join(fit['fitted_on'])}; each planned run alone would "
+        f"need between {min(needs):.3f} and {max(needs):.3f} (`efficiency_this_run_needs` in the record), the spread "
+        "of the method on these runs. The published figures are the "
         "runs' own; the bound and the expected step are **predictions** of `jaxnet plan` compiled on a CPU "
         f"(jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; {r['date']}; [{files[-1].name}]({rel})), "
         f"not measurements. Left out: {excluded}.",

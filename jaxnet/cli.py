@@ -17,8 +17,8 @@
     jaxnet study devices [--results DIR] [--workdir DIR]
     jaxnet study async EXPERIMENT staleness=K1,K2,... [workers=W] [--comm-ms MS] [--jitter S] [--smoke]
                  [--workdir DIR] [key=value ...]
-    jaxnet plan EXPERIMENT[:VARIANT] [key=value ...] --target h100|h200|a100 [--gpus N] [--max-batch] [--out FILE]
-                [--tokens N | --epochs E] [--price USD_PER_GPU_HOUR] [--calibrate FILE]
+    jaxnet plan EXPERIMENT[:VARIANT] [key=value ...] --target h100|h200|a100 [--gpus N] [--nodes N] [--max-batch]
+                [--out FILE] [--tokens N | --epochs E] [--price USD_PER_GPU_HOUR] [--calibrate FILE]
     jaxnet prepare SOURCE --tokenizer gpt2|byte|char --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
                    [--val-fraction F] [--test-fraction F] [--text-field NAME];  jaxnet prepare --merge --out DIR
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
@@ -183,10 +183,12 @@ def _parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser(
         "plan",
-        help="compile the train step for GPUs on this machine (no GPU needed): memory, kernels, predicted speed",
+        help="compile the train step for GPUs here (no GPU needed): memory, kernels, expected speed and cost",
         description="Compiles the experiment's train and eval steps for N GPUs of the target kind without a GPU "
         "(XLA deviceless compilation) and reports memory per device, whether it fits, FLOPs, the kernels and "
-        "collectives of the compiled program and a PREDICTED step time (a roofline bound, not a measurement). "
+        "collectives of the compiled program, a PREDICTED step time (the largest of four bounds, not a measurement) "
+        "and the EXPECTED step (the bound over an efficiency fitted on published runs), with the time and cost of "
+        "--tokens or --epochs. "
         "Needs the CUDA plugin wheels, in a directory of their own (.venv/jaxnet-plan or $JAXNET_PLAN_DIR): "
         "pip install --no-deps --target .venv/jaxnet-plan -c constraints.txt -r requirements-plan.txt.",
     )
@@ -194,6 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. mesh.fsdp=8")
     plan.add_argument("--target", required=True, help="GPU kind: a file under jaxnet/targets (h100, h200, a100)")
     plan.add_argument("--gpus", type=int, help="number of GPUs (default: the mesh's size, or 1)")
+    plan.add_argument(
+        "--nodes", type=int, help="hosts the GPUs are spread over (default: the target's gpus_per_node, 8, to a node)"
+    )
     plan.add_argument("--max-batch", action="store_true", help="also find the largest train.batch_size that fits")
     plan.add_argument("--out", help="write the plan as JSON to this file")
     goal = plan.add_mutually_exclusive_group()
@@ -483,7 +488,7 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.calibrate is not None:
         planner.load_calibration(args.calibrate, target)
     cfg = config.load_experiment(args.experiment, args.overrides)
-    planner.gpus_for(cfg, args.gpus)
+    planner.gpus_per_node(target, planner.gpus_for(cfg, args.gpus), args.nodes)
     missing = planner.plugin_missing()
     if missing:
         raise UserError(f"jaxnet plan needs the CUDA plugin wheels ({missing} is missing): {planner.INSTALL}")
@@ -503,6 +508,7 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
         epochs=args.epochs,
         price=args.price,
         calibrate=args.calibrate,
+        nodes=args.nodes,
         say=print,
     )
     report["command"] = shlex.join(["jaxnet", *(sys.argv[1:] if argv is None else argv)])

@@ -64,9 +64,12 @@ JAX_DEFAULT_POOL = 0.75  # JAX preallocates this fraction of a GPU's memory unle
 CAVEATS = [
     "compiled without a GPU: gemm tiles are XLA's defaults, not autotuned on the device",
     "cuDNN workspaces are not sized without a GPU: memory for cuDNN calls is a lower bound",
-    "predicted_step_s is the largest of three bounds (FLOPs / peak, bytes / bandwidth, kernels x the "
-    "target's launch_overhead_s), not a measurement: communication and its overlap with compute are not "
-    "modelled, and a step is slower than each bound when they do not overlap",
+    "predicted_step_s is the largest of four bounds (FLOPs / peak, bytes / bandwidth, kernels x the "
+    "target's launch_overhead_s, collectives over the target's links), not a measurement: a step is slower "
+    "than each bound when they do not overlap",
+    "expected_step_s is the bound of compute, memory and launches divided by one efficiency fitted on published "
+    "measured runs (jaxnet/targets/expected.json), plus the communication XLA did not schedule to overlap: "
+    "an estimate for a well-tuned run, not a measurement",
     "flops_per_step and bytes_per_step are per device; loops are counted as often as they run",
 ]
 
@@ -163,6 +166,8 @@ REQUIRED = (
     "registers_per_block",
     "threads_per_sm",
     "fpus_per_sm",
+    "nvlink_bandwidth",
+    "network_bandwidth",
 )
 
 
@@ -235,9 +240,33 @@ def _use_cpu_for_jax() -> None:
         jax.config.update("jax_platforms", "cpu")
 
 
+def gpus_per_node(tgt: Target, gpus: int, nodes: int | None) -> int:
+    """GPUs on each node of a planned run: ``gpus / nodes`` with ``nodes`` given, else as many as the
+    target's ``gpus_per_node`` (8 when the file has none) up to ``gpus``; a one-line
+    :class:`UserError` when they do not divide.
+
+    >>> gpus_per_node(load_target("h100"), 16, None), gpus_per_node(load_target("h100"), 16, 4)
+    (8, 4)
+    """
+    if nodes is not None:
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise UserError(f"--nodes {nodes}: give a number of nodes of at least 1")
+        if gpus % nodes:
+            raise UserError(f"--nodes {nodes} does not divide --gpus {gpus}; give a number of GPUs that is a multiple")
+        return gpus // nodes
+    per_node = int(tgt.number("gpus_per_node")) if "gpus_per_node" in tgt.fields else 8
+    if gpus > per_node and gpus % per_node:
+        raise UserError(
+            f"--gpus {gpus}: more than {per_node} GPUs must be a multiple of {per_node} ({per_node} GPUs to a node "
+            f"in {tgt.name}); or give --nodes"
+        )
+    return min(gpus, per_node)
+
+
 @functools.cache
-def topology(target: str, gpus: int) -> Any:
-    """``gpus`` GPUs of kind ``target`` (8 to a host), as a JAX topology description."""
+def topology(target: str, gpus: int, nodes: int | None = None) -> Any:
+    """``gpus`` GPUs of kind ``target`` on ``nodes`` hosts (default: as many as the target's
+    ``gpus_per_node`` needs, 8 GPUs to a host), as a JAX topology description."""
     missing = plugin_missing()
     if missing:
         raise UserError(f"jaxnet plan needs the CUDA plugin wheels ({missing} is missing); install them: {INSTALL}")
@@ -247,12 +276,10 @@ def topology(target: str, gpus: int) -> Any:
             f"JAX was imported without the CUDA plugin wheels on its path; start Python with "
             f"PYTHONPATH={shlex.quote(str(where))} JAX_PLATFORMS=cpu (or use the jaxnet plan command)"
         )
+    per_host = gpus_per_node(load_target(target), gpus, nodes)
     _use_cpu_for_jax()
     from jax.experimental import topologies
 
-    per_host = min(gpus, 8)
-    if gpus % per_host:
-        raise UserError(f"--gpus {gpus}: more than 8 GPUs must be a multiple of 8 (8 GPUs to a host)")
     try:
         return topologies.get_topology_desc(
             platform="cuda",
@@ -334,13 +361,12 @@ def attention_flops(text: str) -> tuple[float, dict[str, int]]:
 
 
 def kernels(text: str) -> dict[str, Any]:
-    """What a compiled GPU program runs: cuDNN attention calls, gemm fusions by emitter, the dtypes
-    of the matrix products and the collectives with their bytes."""
+    """What a compiled GPU program runs: cuDNN attention calls, gemm fusions by emitter and the dtypes
+    of the matrix products (its collectives: :func:`communication`)."""
     insts = _instructions(text)
     types = {name: result for name, result, _, _ in insts}
     fmha, gemms, dtypes, calls = Counter(), Counter(), Counter(), Counter()
-    collectives: dict[str, dict[str, int]] = {}
-    for _, result, op, rest in insts:
+    for _, _, op, rest in insts:
         if op == "custom-call":
             target = re.search(r'custom_call_target="([^"]+)"', rest)
             name = target.group(1) if target else ""
@@ -360,22 +386,258 @@ def kernels(text: str) -> dict[str, Any]:
                 gemms["cudnn"] += 1
         elif op in ("dot", "convolution"):
             dtypes.update(f"{d} ({op})" if op == "convolution" else d for d, _ in _operand_types(rest, types)[:1])
-        base = op.removesuffix("-start")
-        if base in COLLECTIVES and not op.endswith("-done"):
-            sizes = [_array_bytes(d, s) for d, s in _ARRAY.findall(result)]
-            operand = sum(_array_bytes(d, s) for d, s in _operand_types(rest, types))
-            entry = collectives.setdefault(base, {"count": 0, "bytes": 0})
-            entry["count"] += 1
-            entry["bytes"] += max([operand, *sizes])
     return {
         "cudnn_attention": {"forward": fmha["forward"], "backward": fmha["backward"]},
         "gemm_fusions": dict(gemms),
         "matmul_dtypes": dict(sorted(dtypes.items())),
         "custom_calls": dict(sorted(calls.items())),
-        "collectives": collectives,
-        "collective_bytes_note": "per device and step: the larger of each collective's input and output "
-        "(the whole tensor it gathers, reduces or scatters)",
         "while_loops": sum(1 for _, _, op, _ in insts if op == "while"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Communication: the collectives of the compiled program over the links they cross
+
+# Bytes each GPU sends (and receives) for one collective over a group of n GPUs, as a fraction of
+# the full buffer S (the gathered output, the reduced or scattered input), with the ring algorithms
+# NCCL uses for large buffers: a ring all-reduce is a reduce-scatter then an all-gather.
+RING = {
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "all-gather": lambda n: (n - 1) / n,
+    "reduce-scatter": lambda n: (n - 1) / n,
+    "all-to-all": lambda n: (n - 1) / n,
+    "collective-permute": lambda n: 1.0,
+}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _mesh_groups(axes: list[tuple[str, int]], grouped: list[str], devices: np.ndarray) -> list[list[int]] | None:
+    """Groups of a ``mesh[...] {axes}`` replica-group list, as XLA expands one: ``devices`` (the
+    mesh's device ids in order) reshaped to the mesh's axes, a sub-axis ``'a':(pre)size`` splitting
+    ``a`` into ``pre x size x rest`` and taking the middle, the grouped axes moved last in the order
+    they are named, one group per row."""
+    sizes = dict(axes)
+    refs = {}
+    for position, ref in enumerate(grouped):
+        m = re.fullmatch(r"'([^']+)'(?::\((\d+)\)(\d+))?", ref.strip())
+        if m is None or m.group(1) not in sizes or m.group(1) in refs:
+            return None
+        refs[m.group(1)] = (position, (int(m.group(2)), int(m.group(3))) if m.group(2) else None)
+    dims: list[int] = []
+    chosen: list[tuple[int, int]] = []  # (position in the group list, reshaped dimension)
+    for name, size in axes:
+        if name not in refs:
+            dims.append(size)
+            continue
+        position, sub = refs[name]
+        if sub is None:
+            chosen.append((position, len(dims)))
+            dims.append(size)
+        elif size % (sub[0] * sub[1]) == 0:
+            chosen.append((position, len(dims) + 1))
+            dims += [sub[0], sub[1], size // (sub[0] * sub[1])]
+        else:
+            return None
+    aggregate = [d for _, d in sorted(chosen)]
+    rest = [d for d in range(len(dims)) if d not in aggregate]
+    group = math.prod(dims[d] for d in aggregate)
+    return devices.reshape(dims).transpose(rest + aggregate).reshape(-1, group).tolist()
+
+
+def replica_groups(rest: str, devices: int) -> list[list[int]] | None:
+    """The groups of logical device ids one collective runs over, read from its HLO attributes:
+    ``replica_groups={{0,1},{2,3}}`` (``{}``: every device), the iota form ``[2,4]<=[4,2]T(1,0)``,
+    the mesh form ``mesh['x'=2,'y'=4] {'y'}``, or a collective permute's ``source_target_pairs``
+    (each pair a group). None when the attribute is in none of these forms.
+
+    >>> replica_groups("replica_groups=[2,4]<=[4,2]T(1,0), dimensions={0}", 8)
+    [[0, 2, 4, 6], [1, 3, 5, 7]]
+    """
+    found = re.search(r"replica_groups=", rest)
+    if found is None:
+        pairs = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", rest)
+        return [_ints(p) for p in re.findall(r"\{([\d,]+)\}", pairs.group(1))] if pairs else None
+    text = rest[found.end() :]
+    if text.startswith("{}"):
+        return [list(range(devices))]
+    if text.startswith("{{"):
+        return [_ints(g) for g in re.findall(r"\{([\d,]*)\}", text[1 : text.index("}}") + 1])]
+    iota = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
+    if iota:
+        shape, dims = _ints(iota.group(1)), _ints(iota.group(2))
+        perm = _ints(iota.group(3)) if iota.group(3) else list(range(len(dims)))
+        return np.arange(math.prod(dims)).reshape(dims).transpose(perm).reshape(shape).tolist()
+    mesh = re.match(r"mesh\[([^\]]*)\]", text)
+    if mesh:
+        axes = [(name, int(size)) for name, size in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))]
+        count = math.prod(s for _, s in axes)
+        rest_of = text[mesh.end() :]
+        order = np.arange(count)
+        listed = re.match(r",\s*device_ids=\(", rest_of)
+        if listed:
+            inner = _arguments(rest_of[listed.end() :])
+            rest_of = rest_of[listed.end() + len(inner) + 1 :]
+            iota = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", inner.strip())
+            if iota:
+                dims = _ints(iota.group(1))
+                perm = _ints(iota.group(2)) if iota.group(2) else list(range(len(dims)))
+                order = np.arange(math.prod(dims)).reshape(dims).transpose(perm).reshape(-1)
+            else:
+                order = np.asarray(_ints(inner))
+        grouped = re.match(r"\s*\{([^}]*)\}", rest_of)
+        if grouped is None or order.size != count:
+            return None
+        return _mesh_groups(axes, re.findall(r"'[^']+'(?::\(\d+\)\d+)?", grouped.group(1)), order)
+    return None
+
+
+def link_seconds(kind: str, size: float, groups: list[list[int]], node_of: list[int], tgt: Target) -> dict[str, Any]:
+    """Seconds one collective of ``size`` bytes (its full buffer) takes over ``groups`` (logical
+    device ids; ``node_of[i]`` is the node of id ``i``), the slowest group setting the time: within
+    a node each GPU's share crosses NVLink (``nvlink_bandwidth`` each way); a group that spans ``k``
+    nodes with ``g`` GPUs on each runs hierarchically, the ring factor of ``g`` over NVLink and that
+    of ``k`` over each GPU's own network link (``network_bandwidth``) on 1/g of the buffer.
+
+    >>> round(link_seconds("all-reduce", 1e9, [list(range(8))], [0] * 8, load_target("h100"))["seconds"], 6)
+    0.003889
+    """
+    nvlink, network = tgt.number("nvlink_bandwidth"), tgt.number("network_bandwidth")
+    ring, worst, crosses = RING[kind], 0.0, False
+    for group in groups:
+        n = len(group)
+        if n < 2:
+            continue
+        nodes = Counter(node_of[d] for d in group)
+        k, g = len(nodes), max(nodes.values())
+        crosses |= k > 1
+        if kind == "collective-permute":
+            seconds = size / (network if k > 1 else nvlink)
+        elif kind == "all-to-all":
+            seconds = size * (g - 1) / n / nvlink + (size * (n - g) / n / network if k > 1 else 0.0)
+        else:
+            seconds = (ring(g) * size / nvlink if g > 1 else 0.0) + (ring(k) * size / (g * network) if k > 1 else 0.0)
+        worst = max(worst, seconds)
+    return {"seconds": worst, "crosses_nodes": crosses, "group_size": max((len(g) for g in groups), default=0)}
+
+
+def _array_sum(types: str) -> int:
+    return sum(_array_bytes(d, s) for d, s in _ARRAY.findall(types))
+
+
+def _multiplicities(text: str) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """How often each computation that can hold collectives runs per execution of the entry: loop
+    bodies their known trip count (once when unknown), called computations as often as their caller;
+    fused computations (no collectives in them) are left out."""
+    comps, entry = roofline._computations(text)
+    runs: Counter = Counter()
+
+    def visit(name: str, times: int) -> None:
+        runs[name] += times
+        for _, _, op, rest in _instructions("\n".join(comps.get(name, ()))):
+            if op == "while":
+                loop, trip = _LOOP.search(rest), roofline._TRIP.search(rest)
+                if loop:
+                    visit(loop.group(2), times * (int(trip.group(1)) if trip else 1))
+            elif op == "call":  # an async-start's computation is read with it (communication)
+                called = _CALLED.search(rest)
+                if called:
+                    visit(called.group(1), times)
+            elif op == "conditional":
+                found = _BRANCHES.search(rest)
+                if found:
+                    names = re.findall(r"%[\w.\-]+", found.group(1)) if found.group(1) else list(found.groups()[1:])
+                    for branch in names[:1]:  # the collectives of one branch (the first)
+                        visit(branch, times)
+
+    visit(entry, 1)
+    return dict(runs), comps
+
+
+def communication(text: str, node_of: list[int], tgt: Target) -> dict[str, Any]:
+    """The communication of a compiled GPU program: every collective (kind, bytes of its full
+    buffer, its groups of devices, whether they cross nodes) timed over the links it crosses
+    (:func:`link_seconds`), and whether XLA scheduled it to overlap with compute: an asynchronous
+    collective (``*-start`` ... ``*-done``) with kernels scheduled between its start and its done can
+    run under them; a synchronous one, or a start followed by its done with no kernel between, cannot.
+
+    ``seconds`` is the communication time of a step if nothing overlapped (the communication bound:
+    a step is never shorter); ``exposed_s`` the time of the collectives that cannot overlap."""
+    runs, comps = _multiplicities(text)
+    devices = len(node_of)
+    by_kind: dict[str, dict[str, Any]] = {}
+    total = exposed = overlappable = 0.0
+    unparsed = 0
+    for name, times in runs.items():
+        insts = _instructions("\n".join(comps.get(name, ())))
+        types = {n: result for n, result, _, _ in insts}
+        done_of = {}
+        for position, (_, result, op, rest) in enumerate(insts):
+            if op.endswith("-done"):
+                started = re.findall(r"%[\w.\-]+", _arguments(rest))
+                if started:
+                    done_of[started[0]] = (position, result)
+        for position, (inst, result, op, rest) in enumerate(insts):
+            if op == "async-start":  # a collective wrapped in an async computation: read the one inside
+                called = _CALLED.search(rest)
+                inner = _instructions("\n".join(comps.get(called.group(1), ()))) if called else []
+                wrapped = [(r, o, a) for _, r, o, a in inner if o in COLLECTIVES]
+                if not wrapped:
+                    continue
+                result, op, rest = wrapped[0][0], wrapped[0][1] + "-start", wrapped[0][2]
+                types.update({n: t for n, t, _, _ in inner})
+            kind = op.removesuffix("-start")
+            if kind not in COLLECTIVES or op.endswith("-done"):
+                continue
+            operand = sum(_array_bytes(d, s) for d, s in _operand_types(rest, types))
+            end, output = done_of.get(inst, (position, result))
+            size = max(operand, _array_sum(output if op.endswith("-start") else result))
+            groups = replica_groups(rest, devices)
+            if groups is None:
+                unparsed += 1
+                groups = [list(range(devices))]
+            link = link_seconds(kind, size, groups, node_of, tgt)
+            between = sum(
+                1 for _, _, o, r in insts[position + 1 : end] if _launch_kind(o, r) not in (None, "collectives")
+            )
+            sync = not op.endswith("-start") or '"is_sync":true' in rest or between == 0
+            entry = by_kind.setdefault(
+                kind,
+                {"count": 0, "bytes": 0, "seconds": 0.0, "crossing_nodes": 0, "overlappable": 0, "group_sizes": []},
+            )
+            entry["count"] += times
+            entry["bytes"] += times * size
+            entry["seconds"] += times * link["seconds"]
+            entry["crossing_nodes"] += times * link["crosses_nodes"]
+            entry["overlappable"] += 0 if sync else times
+            if link["group_size"] not in entry["group_sizes"]:
+                entry["group_sizes"].append(link["group_size"])
+            total += times * link["seconds"]
+            if sync:
+                exposed += times * link["seconds"]
+            else:
+                overlappable += times * link["seconds"]
+    count = sum(e["count"] for e in by_kind.values())
+    hidden = sum(e["overlappable"] for e in by_kind.values())
+    return {
+        "seconds": total,
+        "exposed_s": exposed,
+        "overlappable_s": overlappable,
+        "by_kind": by_kind,
+        "collectives": count,
+        "overlappable_collectives": hidden,
+        "groups_unparsed": unparsed,
+        "nvlink_bandwidth": tgt.number("nvlink_bandwidth"),
+        "network_bandwidth": tgt.number("network_bandwidth"),
+        "overlap": f"XLA scheduled {'all ' if hidden == count else ''}{hidden} of {count} collectives "
+        "asynchronously with kernels between their start and done (they can run under compute)"
+        + ("" if hidden == count else "; the others hold up the next kernel until they finish"),
+        "model": "ring algorithms over the full buffer S: all-reduce 2(n-1)/n S, all-gather, reduce-scatter and "
+        "all-to-all (n-1)/n S per GPU; within a node over NVLink (nvlink_bandwidth, each way), across nodes "
+        "hierarchically over each GPU's network link (network_bandwidth); latency per collective, NVLink SHARP "
+        "and in-network reduction are not modelled",
     }
 
 
@@ -385,8 +647,17 @@ def kernels(text: str) -> dict[str, Any]:
 # Instructions that launch nothing on the GPU: values, views and tuples, and the second half of an
 # asynchronous pair (``*-done`` waits for the work its ``*-start`` launched).
 NO_LAUNCH = frozenset(
-    {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "add-dependency", "opt-barrier",
-     "domain"}
+    {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "after-all",
+        "add-dependency",
+        "opt-barrier",
+        "domain",
+    }
 )
 _CALLED = re.compile(r"\b(?:calls|to_apply)=(%[\w.\-]+)")
 _BRANCHES = re.compile(
@@ -480,11 +751,7 @@ def launches(text: str) -> dict[str, Any]:
         "unknown_trip_loops": len(set(unknown)),
         "note": "kernels launched per train step by the compiled program: each fusion, custom call, collective "
         "and copy once, loop bodies times their known trip count"
-        + (
-            "; loops of unknown trip count counted once (a lower bound)"
-            if unknown
-            else ""
-        ),
+        + ("; loops of unknown trip count counted once (a lower bound)" if unknown else ""),
     }
 
 
@@ -504,30 +771,37 @@ def hlo_cost(text: str) -> dict[str, float]:
 # The input rate, the goal and calibration
 
 
-def step_bound(compute_s: float | None, memory_s: float, launch_s: float | None) -> tuple[str, float]:
-    """The predicted step: the largest of the compute, memory and launch bounds (a bound that is
-    None, no peak or no launch cost known, counts as 0), and which one it is.
+def step_bound(
+    compute_s: float | None, memory_s: float, launch_s: float | None, communication_s: float | None = None
+) -> tuple[str, float]:
+    """The predicted step: the largest of the compute, memory, launch and communication bounds (a
+    bound that is None, no peak, launch cost or link bandwidth known, counts as 0), and which one it is.
 
     >>> step_bound(6.6e-3, 10.3e-3, 4.4e-3)
     ('memory', 0.0103)
+    >>> step_bound(6.6e-3, 10.3e-3, 4.4e-3, 12e-3)
+    ('communication', 0.012)
     """
     bounds = {"compute": compute_s or 0.0, "memory": memory_s, "launch": launch_s or 0.0}
+    bounds["communication"] = communication_s or 0.0
     bound = max(bounds, key=bounds.get)
     return bound, bounds[bound]
 
 
-def hosts_for(gpus: int) -> int:
-    """Hosts of a planned run: 8 GPUs to a host (one JAX process each), as :func:`topology` lays them."""
-    return max(gpus // 8, 1)
+def hosts_for(gpus: int, per_node: int = 8) -> int:
+    """Hosts of a planned run: ``per_node`` GPUs to a host (one JAX process each), as :func:`topology` lays them."""
+    return max(gpus // per_node, 1)
 
 
-def input_rate(run: Run, batch: dict[str, np.ndarray], rows: int, gpus: int, step_s: float) -> dict[str, Any]:
+def input_rate(
+    run: Run, batch: dict[str, np.ndarray], rows: int, gpus: int, step_s: float, hosts: int | None = None
+) -> dict[str, Any]:
     """What each host's input pipeline must deliver for the step to take ``step_s``: examples,
     tokens and bytes per second per host (one process per host of 8 GPUs). Tokens come from the
     batch's shape: a text run's ``rows x seq_len``, else the model input's length when it is a
     2-D array of integer ids (a data source given from Python), else none (images are not tokens).
     Bytes are those of the batch's arrays as the loader hands them over (their own dtypes)."""
-    hosts = hosts_for(gpus)
+    hosts = hosts or hosts_for(gpus)
     if run.text:
         per_example = run.cfg.data.seq_len
     else:
@@ -547,8 +821,9 @@ def input_rate(run: Run, batch: dict[str, np.ndarray], rows: int, gpus: int, ste
         "examples_per_s_per_host": rows / hosts * per_s if per_s else None,
         "tokens_per_s_per_host": rows * per_example / hosts * per_s if per_s and per_example else None,
         "bytes_per_s_per_host": batch_bytes / hosts * per_s if per_s else None,
-        "note": "what each host's loader must deliver to keep up with the predicted step (8 GPUs and one "
-        "process to a host; the global batch split evenly); tokens from the batch's shape",
+        "note": "what each host's loader must deliver to keep up with the predicted step (the bound: the most "
+        "a loader can be asked for; one process to a host, the global batch split evenly); tokens from the "
+        "batch's shape",
     }
 
 
@@ -617,24 +892,239 @@ def goal(
     else:
         steps, what = data["steps"], f"train.steps={data['steps']}"
     calibrated = report.get("calibration")
-    step_s = calibrated["calibrated_step_s"] if calibrated else report["prediction"]["predicted_step_s"]
-    seconds = steps * step_s
-    gpu_hours = seconds / 3600 * report["gpus"]
+    prediction = report["prediction"]
+    if calibrated:
+        step_s, basis = calibrated["calibrated_step_s"], "calibrated"
+    elif prediction.get("expected_step_s"):
+        step_s, basis = prediction["expected_step_s"], "expected"
+    else:
+        step_s, basis = prediction["predicted_step_s"], "bound"
+
+    def cost(step: float) -> dict[str, Any]:
+        seconds = steps * step
+        gpu_hours = seconds / 3600 * report["gpus"]
+        return {
+            "step_s": step,
+            "wall_s": seconds,
+            "wall_days": seconds / 86400,
+            "gpu_hours": gpu_hours,
+            "cost_usd": gpu_hours * float(price) if price is not None else None,
+        }
+
+    labels = {
+        "calibrated": "CALIBRATED (the bound times a measured/predicted ratio of one GPU run)",
+        "expected": "EXPECTED (the bound divided by an efficiency fitted on published measured runs)",
+        "bound": "PREDICTED (a lower bound on time and cost; no fitted efficiency is shipped)",
+    }
     return {
         "goal": what,
         "steps": steps,
         "tokens": steps * per_step if per_step else None,
         "examples": steps * rows,
         "epochs": steps * (per_step if text else rows) / size if size and (per_step or not text) else None,
-        "step_s": step_s,
-        "wall_s": seconds,
-        "wall_days": seconds / 86400,
-        "gpu_hours": gpu_hours,
+        "epochs_of": f"{size:,} {data['unit']}" if size else None,
+        **cost(step_s),
+        "basis": basis,
         "price_usd_per_gpu_hour": float(price) if price is not None else None,
-        "cost_usd": gpu_hours * float(price) if price is not None else None,
-        "label": ("CALIBRATED prediction" if calibrated else "PREDICTED (a lower bound on time and cost)")
-        + ", not measured: training steps only (no evaluation, checkpoints or start-up)",
+        "bound": cost(prediction["predicted_step_s"]),
+        "label": labels[basis] + ", not measured: training steps only (no evaluation, checkpoints or start-up); "
+        "bound: the same goal at the predicted bound, the least it can take",
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The expected step: the bounds and an efficiency fitted on published measured runs
+
+FIT_FILE = "expected.json"
+
+
+@functools.cache
+def load_fit() -> dict[str, Any] | None:
+    """The efficiency fitted on published runs (``jaxnet/targets/expected.json``, written by
+    ``scripts/record_plans.py published``), or None when none is shipped."""
+    path = importlib.resources.files("jaxnet") / "targets" / FIT_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def expected_step(prediction: dict[str, Any], communication: dict[str, Any] | None, efficiency: float) -> dict:
+    """The step a well-tuned run reaches: the largest of the compute, memory and launch bounds
+    divided by ``efficiency`` (the fraction of that bound published runs achieve), plus the
+    communication that cannot hide under it: the collectives XLA left no kernel to overlap with
+    (``exposed_s``) and what of the overlappable ones outlasts the compute; never shorter than the
+    communication bound itself.
+
+    >>> expected_step({"compute_s": 0.168, "memory_s": 0.155, "launch_s": 0.005}, None, 0.56)["expected_step_s"]
+    0.3
+    """
+    roof = max(prediction.get("compute_s") or 0.0, prediction["memory_s"], prediction.get("launch_s") or 0.0)
+    work = roof / efficiency
+    comm = communication or {}
+    exposed = comm.get("exposed_s", 0.0) + max(0.0, comm.get("overlappable_s", 0.0) - work)
+    step = max(work + exposed, comm.get("seconds", 0.0))
+    return {"expected_step_s": round(step, 12), "work_s": work, "exposed_communication_s": exposed}
+
+
+def solve_efficiency(prediction: dict[str, Any], communication: dict[str, Any] | None, measured_s: float) -> float:
+    """The efficiency at which :func:`expected_step` gives ``measured_s`` for this plan (bisection;
+    NaN when no efficiency in (0, 1.5] does: a run faster than its bound, or slower than its work
+    could explain).
+
+    >>> solve_efficiency({"compute_s": 0.168, "memory_s": 0.155, "launch_s": 0.005}, None, 0.3)
+    0.56
+    """
+    low, high = 1e-4, 1.5
+    if not expected_step(prediction, communication, high)["expected_step_s"] <= measured_s:
+        return math.nan
+    if expected_step(prediction, communication, low)["expected_step_s"] < measured_s:
+        return math.nan
+    for _ in range(200):
+        middle = (low + high) / 2
+        if expected_step(prediction, communication, middle)["expected_step_s"] > measured_s:
+            low = middle
+        else:
+            high = middle
+    return round((low + high) / 2, 6)
+
+
+def fit_efficiency(runs: list[tuple[str, dict[str, Any], float]]) -> dict[str, Any]:
+    """One efficiency for every plan: the median over ``runs`` (``(name, report, measured step)``)
+    of the efficiency each needs (:func:`solve_efficiency`); no constant of any one run survives.
+
+    >>> fit_efficiency([("a", report_a, 0.30), ("b", report_b, 0.82)])["efficiency"]  # doctest: +SKIP
+    """
+    each = {
+        name: solve_efficiency(report["prediction"], report.get("communication"), measured)
+        for name, report, measured in runs
+    }
+    usable = [e for e in each.values() if math.isfinite(e)]
+    if not usable:
+        raise UserError("no published run could be fitted: each was faster than its bound or had no bound")
+    return {
+        "efficiency": float(np.median(usable)),
+        "per_run": {n: e if math.isfinite(e) else None for n, e in each.items()},
+        "fitted_on": sorted(n for n, e in each.items() if math.isfinite(e)),
+    }
+
+
+def expectation(report: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's expected figures with ``fit`` (:func:`load_fit`'s dict; None: no expected figure):
+    step, tokens and examples per second and MFU at that step."""
+    if not fit:
+        return {
+            "expected_step_s": None,
+            "efficiency": None,
+            "label": "no fitted efficiency is shipped (jaxnet/targets/expected.json): only the bound",
+        }
+    p = report["prediction"]
+    out = expected_step(p, report.get("communication"), fit["efficiency"])
+    step = out["expected_step_s"]
+    per_step = report["input_rate"]["tokens_per_step"]
+    analytic = report["flops_per_step"]["jaxnet_flops_py"]
+    return {
+        **out,
+        "efficiency": fit["efficiency"],
+        "fitted_on": fit.get("fitted_on"),
+        "fit_date": fit.get("date"),
+        "expected_tokens_per_s": per_step / step if per_step else None,
+        "expected_examples_per_s": report["batch_size"] / step,
+        "expected_mfu": analytic / step / (p["peak_flops"] * report["gpus"]) if analytic and p["peak_flops"] else None,
+        "label": "EXPECTED (the largest of the compute, memory and launch bounds / an efficiency fitted on published "
+        "measured runs, plus communication XLA cannot overlap), not measured",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Warnings a practitioner would give
+
+# Tokens per step of GPT-3's models by size (Brown et al. 2020, "Language Models are Few-Shot Learners",
+# Table 2.1): the batch the paper trained each size with.
+USUAL_BATCH_TOKENS = (
+    (125e6, 0.5e6),
+    (350e6, 0.5e6),
+    (760e6, 0.5e6),
+    (1.3e9, 1e6),
+    (2.7e9, 1e6),
+    (6.7e9, 2e6),
+    (13e9, 2e6),
+    (175e9, 3.2e6),
+)
+SMALL_BATCH_FACTOR = 4  # "far below": under a quarter of the usual batch
+MAX_EPOCHS = 4  # Muennighoff et al. 2023: up to about 4 epochs of repeated tokens are worth nearly as much as new ones
+
+
+def usual_batch(params: float) -> tuple[float, float] | None:
+    """The tokens per step GPT-3 trained its model of the nearest size with (``(its size, tokens)``),
+    or None for a model more than twice as small as GPT-3's smallest (125 M parameters) or more than
+    twice as large as its largest: the table says nothing there.
+
+    >>> usual_batch(124e6), usual_batch(8e9), usual_batch(10e6)
+    ((125000000.0, 500000.0), (6700000000.0, 2000000.0), None)
+    """
+    size, tokens = min(USUAL_BATCH_TOKENS, key=lambda row: abs(math.log(params / row[0])))
+    return (size, tokens) if 0.5 <= params / size <= 2 else None
+
+
+def plan_warnings(report: dict[str, Any], requested_batch: int | None = None) -> list[dict[str, str]]:
+    """What a practitioner would say of this plan: a batch far below what a language model of this
+    size is trained with, a goal of many epochs over a text corpus, a batch that does not divide the
+    devices (``requested_batch``: the size asked for, planned at the next multiple), a step bound by
+    kernel launches. Each ``{"kind", "message"}``."""
+    out = []
+    rows, per_step = report["batch_size"], report["input_rate"]["tokens_per_step"]
+    if requested_batch is not None and requested_batch != rows:
+        below = rows - report["batch_devices"] * report["grad_accum"]
+        out.append(
+            {
+                "kind": "batch_not_divisible",
+                "message": f"train.batch_size={requested_batch} does not split evenly over the "
+                f"{report['batch_devices']} data-parallel devices (mesh.data x mesh.fsdp"
+                + (f", per micro-batch of optim.grad_accum={report['grad_accum']}" if report["grad_accum"] > 1 else "")
+                + f"): training would stop with an error; planned at {rows}, the next size that does"
+                + (f" (or {below}, the one below)" if below else ""),
+            }
+        )
+    params = report.get("parameters")
+    usual = usual_batch(params) if params and per_step and report["train_data"]["unit"] == "tokens" else None
+    if usual and per_step * SMALL_BATCH_FACTOR < usual[1]:
+        out.append(
+            {
+                "kind": "small_batch",
+                "message": f"{per_step:,} tokens a step is 1/{usual[1] / per_step:.0f} of the {usual[1] / 1e6:g} M "
+                f"tokens GPT-3 trained its {usual[0] / 1e6:,.0f} M-parameter model with (Brown et al. 2020, Table "
+                f"2.1; this model has {params / 1e6:,.0f} M): raise train.batch_size, or optim.grad_accum to keep "
+                "the per-GPU batch",
+            }
+        )
+    epochs = (report.get("goal") or {}).get("epochs")
+    if epochs and epochs > MAX_EPOCHS and report["train_data"]["unit"] == "tokens":
+        out.append(
+            {
+                "kind": "many_epochs",
+                "message": f"the goal is {epochs:,.3g} epochs of a {report['train_data']['size']:,}-token corpus: "
+                f"past about {MAX_EPOCHS} epochs repeated tokens are worth much less than new ones (Muennighoff et "
+                "al. 2023, Scaling Data-Constrained Language Models); plan on a larger corpus (data.path)",
+            }
+        )
+    p = report["prediction"]
+    if p["bound"] == "launch":
+        busy = max(p.get("compute_s") or 0.0, p["memory_s"])
+        out.append(
+            {
+                "kind": "launch_bound",
+                "message": f"the step is bound by kernel launches ({p['kernels_per_step']:,} kernels x "
+                f"{1e6 * p['launch_overhead_s']:.3g} us): the GPU waits on the host "
+                + (
+                    f"and its work would fill only {100 * busy / p['launch_s']:.0f} % of the step; a batch about "
+                    f"{p['launch_s'] / busy:.0f}x larger costs about the same time per step"
+                    if busy
+                    else "between kernels"
+                ),
+            }
+        )
+    return out
 
 
 CALIBRATION_KIND = "plan-vs-measured"
@@ -836,19 +1326,23 @@ def plan(
     epochs: float | None = None,
     price: float | None = None,
     calibrate: str | Path | None = None,
+    nodes: int | None = None,
     say: Any = None,
 ) -> dict[str, Any]:
-    """Compile ``cfg``'s train and eval steps for ``gpus`` GPUs of kind ``target`` on this machine
-    (no GPU needed) and report memory, FLOPs, kernels and a predicted step time: the largest of a
-    compute, a memory and a kernel-launch bound. ``model``, ``dataset`` and ``task`` are those
-    :func:`jaxnet.train` takes. With ``max_batch``, also the largest ``train.batch_size`` that fits
-    with 10 % headroom.
+    """Compile ``cfg``'s train and eval steps for ``gpus`` GPUs of kind ``target`` (on ``nodes``
+    hosts; default 8 GPUs to a host) on this machine (no GPU needed) and report memory, FLOPs,
+    kernels, the collectives and a predicted step time: the largest of a compute, a memory, a
+    kernel-launch and a communication bound; beside it the **expected** step, the bound divided by
+    an efficiency fitted on published measured runs (``report["prediction"]["expected_step_s"]``).
+    ``model``, ``dataset`` and ``task`` are those :func:`jaxnet.train` takes. With ``max_batch``,
+    also the largest ``train.batch_size`` that fits with 10 % headroom.
 
     The goal (``report["goal"]``) is ``tokens`` tokens or ``epochs`` passes over the training data,
-    else the config's ``train.steps``: its predicted wall time and GPU-hours, and with ``price``
-    (US dollars per GPU-hour) its cost. ``calibrate`` is a plan-vs-measured file written by
-    ``scripts/gpu_check.sh --only plan`` on a GPU of this kind: its measured/predicted ratio
-    scales the step (``report["calibration"]``), and the goal uses the calibrated step.
+    else the config's ``train.steps``: its wall time and GPU-hours at the expected step (and at the
+    bound), and with ``price`` (US dollars per GPU-hour) its cost. ``calibrate`` is a
+    plan-vs-measured file written by ``scripts/gpu_check.sh --only plan`` on a GPU of this kind: its
+    measured/predicted ratio scales the step (``report["calibration"]``), and the goal uses the
+    calibrated step instead. ``report["warnings"]`` holds what a practitioner would warn of.
 
     >>> plan(load_experiment("gpt2_small"), target="h100")["fits"]  # doctest: +SKIP
     True
@@ -860,11 +1354,14 @@ def plan(
     check_goal(tokens, epochs, price)
     calibration = load_calibration(calibrate, tgt) if calibrate is not None else None
     gpus = gpus_for(cfg, gpus)
-    topo = topology(target, gpus)
+    per_node = gpus_per_node(tgt, gpus, nodes)
+    topo = topology(target, gpus, nodes)
     planned, notes = _for_gpu(cfg, model is not None)
+    requested = planned.train.batch_size
+    planned = _dividing_batch(planned, list(topo.devices))
     run = Run(planned, model=model, dataset=dataset, task=task, devices=list(topo.devices), backend="cuda")
     first = next(iter(run.train_batches(0)))
-    rows = cfg.train.batch_size
+    rows = planned.train.batch_size
     say(f"compiling the train step for {gpus} x {tgt.device_kind} (batch {rows}) ...")
     compiled, state, batch, compile_s = _compile_train(run, first, rows)
     text = compiled.as_text()
@@ -894,8 +1391,10 @@ def plan(
     memory_s = cost["bytes"] / tgt.bandwidth
     launched = launches(text)
     launch_s = launched["total"] * tgt.launch_overhead if tgt.launch_overhead else None
-    bound, step_s = step_bound(compute_s, memory_s, launch_s)
-    rate = input_rate(run, first, rows, gpus, step_s)
+    comm = communication(text, [d.process_index for d in run.mesh.devices.flat], tgt)
+    comm.update(nodes=gpus // per_node, gpus_per_node=per_node)
+    bound, step_s = step_bound(compute_s, memory_s, launch_s, comm["seconds"])
+    rate = input_rate(run, first, rows, gpus, step_s, hosts=gpus // per_node)
     per_step_tokens = rate["tokens_per_step"]
     report: dict[str, Any] = {
         "experiment": cfg.experiment,
@@ -904,8 +1403,11 @@ def plan(
         "gpus": gpus,
         "mesh": dict(run.mesh.shape),
         "batch_size": rows,
+        "batch_devices": parallel.batch_devices(run.mesh),
+        "grad_accum": planned.optim.grad_accum,
         "seq_len": planned.data.seq_len if run.text else None,
         "model": run.model.name,
+        "parameters": _count(state.params),
         "compute_dtype": dtype,
         "fits": _fits(memory),
         "memory": memory,
@@ -937,9 +1439,11 @@ def plan(
             "examples_per_s": rows / step_s if step_s else None,
             "tokens_per_s": per_step_tokens / step_s if per_step_tokens and step_s else None,
             "mfu_bound": analytic / step_s / (peak * gpus) if analytic and peak and step_s else None,
-            "label": "PREDICTED (the largest of the compute, memory and launch bounds from the target's data "
-            "sheet and launch cost), not measured",
+            "communication_s": comm["seconds"],
+            "label": "PREDICTED (the largest of the compute, memory, launch and communication bounds from the "
+            "target's data sheet, launch cost and links), not measured",
         },
+        "communication": comm,
         "input_rate": rate,
         "train_data": {
             "size": _train_size(run),
@@ -947,21 +1451,45 @@ def plan(
             "steps": cfg.train.steps,
             "note": "the training split's size (for --epochs) and the config's train.steps (the default goal)",
         },
-        "kernels": {**kernels(text), "launches": launched},
+        "kernels": {
+            **kernels(text),
+            "collectives": {k: {"count": c["count"], "bytes": c["bytes"]} for k, c in comm["by_kind"].items()},
+            "collective_bytes_note": "per device and step, loops counted as often as they run: each collective's "
+            "full buffer (the whole tensor it gathers, reduces or scatters); see communication",
+            "launches": launched,
+        },
         "compile_s": round(compile_s, 2),
         "eval_compile_s": round(eval_s, 2),
         "versions": _versions(),
         "target_source": tgt.source,
         "caveats": notes + CAVEATS,
     }
+    report["prediction"].update(expectation(report, load_fit()))
     if calibration is not None:
         report["calibration"] = apply_calibration(calibration, report)
-        again = input_rate(run, first, rows, gpus, report["calibration"]["calibrated_step_s"])
+        again = input_rate(run, first, rows, gpus, report["calibration"]["calibrated_step_s"], hosts=gpus // per_node)
         rate["calibrated"] = {k: v for k, v in again.items() if k.endswith("_per_s_per_host")}
     report["goal"] = goal(report, tokens=tokens, epochs=epochs, price=price)
+    report["warnings"] = plan_warnings(report, requested)
     if max_batch:
         report["max_batch_size"] = search_batch(run, first, tgt, say)
     return report
+
+
+def _count(params: Any) -> int:
+    """Parameters of a (possibly abstract) parameter tree."""
+    return int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(params)))
+
+
+def _dividing_batch(cfg: Config, devices: list) -> Config:
+    """``cfg`` with ``train.batch_size`` raised to the next size whose micro-batches split evenly
+    over the data-parallel devices (unchanged when it already does): training refuses such a batch,
+    the plan says so (:func:`plan_warnings`) and plans the size that would run."""
+    unit = parallel.batch_devices(parallel.make_mesh(cfg.mesh, devices)) * cfg.optim.grad_accum
+    rows = cfg.train.batch_size
+    if rows % unit == 0:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=-(-rows // unit) * unit))
 
 
 def search_batch(run: Run, first: dict, tgt: Target, say: Any) -> dict[str, Any]:
@@ -1061,21 +1589,71 @@ def _calibration_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _duration(seconds: float) -> str:
+    plain = (
+        f"{seconds / 3600:.1f} h"
+        if seconds >= 3600
+        else f"{seconds / 60:.1f} min"
+        if seconds >= 60
+        else f"{seconds:.3g} s"
+    )
+    return f"{seconds / 86400:.3g} days ({plain})"
+
+
+def _dollars(usd: float | None) -> str:
+    return "" if usd is None else f"${usd:,.0f}" if usd >= 100 else f"${usd:.2f}"
+
+
 def _goal_line(report: dict[str, Any]) -> str:
     g = report["goal"]
-    seconds = g["wall_s"]
-    plain = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else (
-        f"{seconds:.3g} s"
+    cost = f", {_dollars(g['cost_usd'])} at ${g['price_usd_per_gpu_hour']:g} per GPU-hour" if g["cost_usd"] else ""
+    word = {"calibrated": "CALIBRATED", "expected": "EXPECTED", "bound": "PREDICTED"}[g["basis"]]
+    epochs = (
+        f" = {g['epochs']:,.3g} epochs of {g['epochs_of']}" if g.get("epochs") and "epochs of" not in g["goal"] else ""
     )
-    when = f"{g['wall_days']:.3g} days ({plain})"
-    cost = ""
-    if g["cost_usd"] is not None:
-        dollars = f"{g['cost_usd']:,.0f}" if g["cost_usd"] >= 100 else f"{g['cost_usd']:.2f}"
-        cost = f", ${dollars} at ${g['price_usd_per_gpu_hour']:g} per GPU-hour"
-    word = "CALIBRATED" if report.get("calibration") else "PREDICTED"
+    line = (
+        f"  {word} to reach {g['goal']}{epochs}: {g['steps']:,} steps in {_duration(g['wall_s'])}, "
+        f"{g['gpu_hours']:,.3g} GPU-hours{cost} (training steps only)"
+    )
+    if g["basis"] != "bound":
+        b = g["bound"]
+        line += f"; at the bound {_duration(b['wall_s'])}" + (f", {_dollars(b['cost_usd'])}" if b["cost_usd"] else "")
+    return line
+
+
+def _expected_line(report: dict[str, Any]) -> list[str]:
+    p = report["prediction"]
+    if not p.get("expected_step_s"):
+        return []
+    rate = (
+        f"{p['expected_tokens_per_s']:,.0f} tokens/s"
+        if p["expected_tokens_per_s"]
+        else f"{p['expected_examples_per_s']:,.0f} examples/s"
+    )
+    mfu = f", MFU {100 * p['expected_mfu']:.0f} %" if p.get("expected_mfu") else ""
+    return [
+        f"  EXPECTED step {_ms(p['expected_step_s'])} = the bound's work / {p['efficiency']:.3g} (the efficiency "
+        f"fitted on {', '.join(p['fitted_on'] or [])}) + {_ms(p['exposed_communication_s'])} of communication not "
+        "overlapped: "
+        f"{rate}{mfu}; the PREDICTED bound below is the least a step can take"
+    ]
+
+
+def _communication_line(report: dict[str, Any]) -> str:
+    c = report["communication"]
+    if not c["collectives"]:
+        return "  communication: none (no collectives in the compiled step)"
+    kinds = ", ".join(
+        f"{n} {e['count']} ({_gib(e['bytes'])}, groups of {'/'.join(map(str, e['group_sizes']))}"
+        + (", across nodes" if e["crossing_nodes"] else "")
+        + ")"
+        for n, e in c["by_kind"].items()
+    )
     return (
-        f"  {word} to reach {g['goal']}: {g['steps']:,} steps in {when}, {g['gpu_hours']:,.3g} GPU-hours{cost} "
-        "(training steps only)"
+        f"  communication per step {_ms(c['seconds'])} ({c['nodes']} node{'s' if c['nodes'] > 1 else ''} x "
+        f"{c['gpus_per_node']} GPUs; NVLink {c['nvlink_bandwidth'] / 1e9:.0f} GB/s, network "
+        f"{c['network_bandwidth'] * 8 / 1e9:.0f} Gb/s per GPU): {kinds}; {c['overlap']}; "
+        f"{_ms(c['exposed_s'])} cannot overlap"
     )
 
 
@@ -1096,10 +1674,12 @@ def describe(report: dict[str, Any]) -> str:
         "jaxnet.flops "
         + (f"{f['jaxnet_flops_py'] / 1e9:.3f} G for all devices" if f["jaxnet_flops_py"] else "n/a")
         + f"; bytes per device {report['bytes_per_step']['per_device'] / 1e9:.3f} GB",
+        *_expected_line(report),
         f"  PREDICTED step {1e3 * p['predicted_step_s']:.3g} ms, {p['bound']}-bound (compute "
         f"{_ms(p['compute_s'])} at {(p['peak_flops'] or 0) / 1e12:.0f} TFLOP/s {p['peak_dtype']}, memory "
         f"{_ms(p['memory_s'])} at {p['memory_bandwidth'] / 1e12:.2f} TB/s, launch {_ms(p['launch_s'])} = "
-        f"{p['kernels_per_step']:,} kernels x {_us(p['launch_overhead_s'])})"
+        f"{p['kernels_per_step']:,} kernels x {_us(p['launch_overhead_s'])}, communication "
+        f"{_ms(p['communication_s'])})"
         + (f", {p['tokens_per_s']:,.0f} tokens/s" if p["tokens_per_s"] else f", {p['examples_per_s']:,.0f} examples/s")
         + (f", MFU at most {100 * p['mfu_bound']:.1f} %" if p["mfu_bound"] else ""),
         *_calibration_lines(report),
@@ -1113,12 +1693,8 @@ def describe(report: dict[str, Any]) -> str:
             else ""
         )
         + f"): cuDNN attention {k['cudnn_attention']['forward']} forward + {k['cudnn_attention']['backward']} "
-        f"backward, gemm fusions {k['gemm_fusions'] or '-'}, matmul dtypes {k['matmul_dtypes'] or '-'}"
-        + (
-            ", collectives " + ", ".join(f"{n} {c['count']} ({_gib(c['bytes'])})" for n, c in k["collectives"].items())
-            if k["collectives"]
-            else ""
-        ),
+        f"backward, gemm fusions {k['gemm_fusions'] or '-'}, matmul dtypes {k['matmul_dtypes'] or '-'}",
+        _communication_line(report),
         f"  compiled in {report['compile_s']:.1f} s (eval step {report['eval_compile_s']:.1f} s)",
     ]
     if "max_batch_size" in report:
@@ -1127,6 +1703,7 @@ def describe(report: dict[str, Any]) -> str:
             f"  largest train.batch_size that fits with 10 % headroom: {b['batch_size']} ({_gib(b['memory_at'])}); "
             f"{b['next_size']} does not ({_gib(b['memory_at_next'])}); {b['compiles']} compiles"
         )
+    lines += [f"  WARNING: {w['message']}" for w in report.get("warnings", ())]
     lines += [f"  note: {c}" for c in report["caveats"][: len(report["caveats"]) - len(CAVEATS)]]
     lines.append("  not known without a GPU: autotuned gemm tiles, cuDNN workspaces, measured time and overlap")
     return "\n".join(lines)

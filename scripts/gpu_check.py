@@ -649,6 +649,8 @@ def compare_plan(predicted: dict[str, Any] | None, measured: dict[str, Any]) -> 
         "memory_s": prediction.get("memory_s"),
         "launch_s": prediction.get("launch_s"),
         "kernels_per_step": prediction.get("kernels_per_step"),
+        # the expected step (the bound over the efficiency fitted on published runs; older plans lack it)
+        "expected_step_s": prediction.get("expected_step_s"),
         "label": prediction.get("label"),
     }
     analysis = measured.get("memory_analysis") or {}
@@ -657,6 +659,7 @@ def compare_plan(predicted: dict[str, Any] | None, measured: dict[str, Any]) -> 
         "memory_analysis_temp": _ratio(analysis.get("temp"), memory["temp"]),
         "peak_bytes_in_use": _ratio(measured.get("peak_bytes_in_use"), memory["total"]),
         "median_step_s": _ratio(measured.get("median_step_s"), prediction["predicted_step_s"]),
+        "median_step_s_to_expected": _ratio(measured.get("median_step_s"), prediction.get("expected_step_s")),
     }
     if predicted.get("batch_size") != measured.get("batch_size"):
         out["warning"] = "different batch sizes: the ratios compare different programs"

@@ -1,13 +1,24 @@
-"""Write the committed plan records: every shipped experiment compiled for one H100, gpt2_small on
-1 and 8 H100s (fsdp=8) and on one H200, and the families `jaxnet study devices` compares on one H200,
-from this CPU-only machine (XLA deviceless compilation).
+"""Write the committed plan records: the published runs the expected step is fitted on and checked
+against, every shipped experiment compiled for one H100, gpt2_small on 1 and 8 H100s (fsdp=8) and on
+one H200, and the families `jaxnet study devices` compares on one H200, from this CPU-only machine
+(XLA deviceless compilation).
 
-    JAX_PLATFORMS=cpu python scripts/record_plans.py            # all records, then the README table
-    JAX_PLATFORMS=cpu python scripts/record_plans.py gpt2       # only gpt2_small's (or: others, devices, or one NAME)
+    python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
+    python scripts/record_plans.py published    # only the published runs, the fit and its table
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: others, devices, or one NAME)
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>]-<date>.json: the dict of
-`jaxnet.plan` plus the command that reproduces it and the date. Memory, FLOPs, bytes and kernels
-come from the compiled program; the step time is a PREDICTION (a roofline bound), not measured.
+`jaxnet.plan` plus the command that reproduces it and the date (a record of an earlier date for the
+same plan is removed). Memory, FLOPs, bytes and kernels come from the compiled program; the step
+time is a PREDICTION (a roofline bound), not measured, and the expected step an estimate from it.
+
+`published` plans every run of jaxnet/targets/published_runs.json whose model jaxnet can build
+(plan-published-<id>-<date>.json; a run it cannot build yet is recorded as pending, with the reason),
+fits the efficiency on the runs of role "fit" (jaxnet.planner.fit_efficiency: one number for all plans),
+writes it to jaxnet/targets/expected.json (what jaxnet plan's expected step uses), recomputes every
+record's expected step with it, and writes benchmarks/results/plan-published-runs-<date>.json, the
+table of published step against expected and bound on docs/plan.md.
+
 Needs the CUDA plugin wheels in jaxnet.planner.plan_dir() (scripts/test installs them; see README), or
 installed beside jaxnet.
 """
@@ -16,8 +27,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -62,6 +75,107 @@ def cifar10_shaped(cfg: config.Config) -> Dataset:
 PLACEHOLDERS = {"resnet_cifar10": cifar10_shaped}
 
 
+def write(path: Path, record: dict) -> None:
+    """``record`` as JSON at ``path``, removing the records of earlier dates for the same plan."""
+    stem = path.name[: -len("YYYY-MM-DD.json")]
+    for old in path.parent.glob(f"{stem}*.json"):
+        if old != path and re.fullmatch(re.escape(stem) + r"\d{4}-\d{2}-\d{2}\.json", old.name):
+            old.unlink()
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def published(date: str) -> dict:
+    """Plan each published run jaxnet can build, fit the efficiency on the fit runs, and write the
+    records, jaxnet/targets/expected.json and the table's results file."""
+    runs = json.loads((ROOT / "jaxnet" / "targets" / "published_runs.json").read_text())
+    out = ROOT / "benchmarks" / "results"
+    reports: dict[str, dict] = {}
+    pending: dict[str, str] = {}
+    for run in runs["runs"]:
+        j = run["jaxnet"]
+        command = shlex.join(
+            ["jaxnet", "plan", j["experiment"], *j["overrides"], "--target", j["target"], "--gpus", str(j["gpus"])]
+            + (["--nodes", str(j["nodes"])] if j.get("nodes") else [])
+        )
+        print(f"{run['id']}: {command}", flush=True)
+        try:
+            cfg = config.load_experiment(j["experiment"], j["overrides"])
+            report = planner.plan(cfg, j["target"], j["gpus"], nodes=j.get("nodes"))
+        except UserError as e:
+            pending[run["id"]] = str(e)
+            print(f"  pending: {e}", flush=True)
+            continue
+        report.update(command=command, date=date, host=host(report), published_run=run["id"])
+        reports[run["id"]] = report
+    fit_runs = [r for r in runs["runs"] if r["role"] == "fit"]
+    missing = [r["id"] for r in fit_runs if r["id"] not in reports]
+    if missing:
+        raise SystemExit(f"the fit runs {missing} could not be planned: {[pending[m] for m in missing]}")
+    fit = planner.fit_efficiency([(r["id"], reports[r["id"]], r["published"]["step_s"]) for r in fit_runs])
+    fit.update(
+        kind="expected-step-fit",
+        date=date,
+        method="expected_step_s = max(compute_s, memory_s, launch_s) / efficiency + the communication XLA cannot "
+        "overlap (jaxnet.planner.expected_step); efficiency = the median over the fit runs of the efficiency at "
+        "which that gives the published step (jaxnet.planner.fit_efficiency)",
+        source="jaxnet/targets/published_runs.json, planned by scripts/record_plans.py published",
+        versions=next(iter(reports.values()))["versions"],
+    )
+    (ROOT / "jaxnet" / "targets" / planner.FIT_FILE).write_text(json.dumps(fit, indent=2) + "\n")
+    planner.load_fit.cache_clear()
+    rows = []
+    for run in runs["runs"]:
+        row = {k: run[k] for k in ("id", "role", "project", "model", "gpus", "parallelism", "batch", "precision")}
+        row.update(compile=run["compile"], published=run["published"], source=run["source"], jaxnet=run["jaxnet"])
+        report = reports.get(run["id"])
+        if report is None:
+            row.update(status="pending", reason=pending[run["id"]])
+            rows.append(row)
+            continue
+        report["prediction"].update(planner.expectation(report, fit))
+        write(out / f"plan-published-{run['id']}-{date}.json", report)
+        p, published_s = report["prediction"], run["published"]["step_s"]
+        needs = planner.solve_efficiency(p, report["communication"], published_s)
+        row.update(
+            status="fitted" if run["role"] == "fit" else "validated",
+            record=f"benchmarks/results/plan-published-{run['id']}-{date}.json",
+            command=report["command"],
+            fits=report["fits"],
+            bound=p["bound"],
+            bound_step_s=p["predicted_step_s"],
+            compute_s=p["compute_s"],
+            memory_s=p["memory_s"],
+            launch_s=p["launch_s"],
+            communication_s=p["communication_s"],
+            exposed_communication_s=p["exposed_communication_s"],
+            expected_step_s=p["expected_step_s"],
+            published_step_s=published_s,
+            ratio_expected_to_published=p["expected_step_s"] / published_s,
+            ratio_bound_to_published=p["predicted_step_s"] / published_s,
+            efficiency_this_run_needs=needs if math.isfinite(needs) else None,
+        )
+        rows.append(row)
+    summary = {
+        "kind": "published-runs-vs-plan",
+        "date": date,
+        "host": f"{platform.node()} ({os.cpu_count()} CPUs, shared), compiling for GPUs it does not have",
+        "versions": fit["versions"],
+        "fit": {k: fit[k] for k in ("efficiency", "fitted_on", "per_run", "method")},
+        "excluded": runs["excluded"],
+        "rows": rows,
+        "label": "published: the run's own figure (measured by its authors); bound and expected: PREDICTED by "
+        "jaxnet plan on this CPU, not measured",
+    }
+    write(out / f"plan-published-runs-{date}.json", summary)
+    return summary
+
+
+def host(report: dict) -> str:
+    """This machine, as a record names it."""
+    machine = f"{platform.node()} ({os.cpu_count()} CPUs, shared)"
+    return f"{machine}, compiling for {report['gpus']} x {report['device_kind']}"
+
+
 def records(which: str) -> list[tuple[str, list[str], str, int]]:
     if which == "gpt2":
         return GPT2
@@ -78,7 +192,10 @@ def records(which: str) -> list[tuple[str, list[str], str, int]]:
 def main(argv: list[str]) -> int:
     date = datetime.date.today().isoformat()
     out = ROOT / "benchmarks" / "results"
-    for name, overrides, target, gpus in records(argv[0] if argv else "all"):
+    which = argv[0] if argv else "all"
+    if which in ("published", "all"):
+        published(date)
+    for name, overrides, target, gpus in records(which) if which != "published" else []:
         max_batch = "--max-batch" in overrides
         overrides = [o for o in overrides if o != "--max-batch"]
         options = {}
@@ -97,14 +214,10 @@ def main(argv: list[str]) -> int:
                 raise
             report = planner.plan(cfg, target, gpus, dataset=PLACEHOLDERS[name](cfg), **options)
             report["caveats"].insert(0, f"planned on zero data of the dataset's shapes: {e}")
-        report.update(
-            command=command,
-            date=date,
-            host=f"{platform.node()} ({os.cpu_count()} CPUs, shared), compiling for {gpus} x {report['device_kind']}",
-        )
+        report.update(command=command, date=date, host=host(report))
         suffix = f"{target}x{gpus}" if gpus > 1 else target
         path = out / f"plan-{name}-{suffix}-{date}.json"
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        write(path, report)
         print(planner.describe(report), flush=True)
         print(f"  wrote {path.relative_to(ROOT)}", flush=True)
     subprocess.run([sys.executable, str(ROOT / "scripts" / "update_docs.py")], check=True)

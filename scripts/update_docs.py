@@ -482,7 +482,8 @@ def largest(r: dict) -> str:
     )
 
 
-BOUNDS = ("compute", "memory", "launch")
+BOUNDS = ("compute", "memory", "launch", "communication")
+PUB = "plan-published-"
 
 
 def input_rate(record: dict) -> str:
@@ -500,17 +501,17 @@ def render_plan() -> str:
     device memory and verdict from the compiled program, FLOPs from XLA's cost analysis, the
     kernels launched per step, and the step time (the largest of the compute, memory and launch
     bounds, which one named), MFU and input rate per host as the PREDICTIONS they are."""
-    files = sorted((ROOT / "benchmarks" / "results").glob("plan-*.json"))
+    files = [f for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json")) if not f.name.startswith(PUB)]
     if not files:
         return "No plan records yet: `python scripts/record_plans.py` writes them."
     rows = [json.loads(f.read_text()) | {"_file": f"benchmarks/results/{f.name}"} for f in files]
     rows.sort(key=lambda r: (r["experiment"] != "gpt2_small", r["experiment"], r["target"], r["gpus"]))
     lines = [
         "| command | GPUs | batch | fits | memory per device (args + temp) | GFLOP/step per device | "
-        "kernels/step | **predicted** step (bound) | compute / memory / launch bounds | **predicted** MFU bound "
-        "| **predicted** input per host | cuDNN attention | matmuls | collectives | compile "
-        "| largest batch that fits (`--max-batch`) | file |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "kernels/step | **expected** step | **predicted** step (bound) | compute / memory / launch / communication "
+        "bounds | **predicted** MFU bound | **predicted** input per host | cuDNN attention | matmuls | collectives "
+        "| compile | largest batch that fits (`--max-batch`) | file |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         m, p, k = r["memory"], r["prediction"], r["kernels"]
@@ -520,12 +521,13 @@ def render_plan() -> str:
         mfu = f"{100 * p['mfu_bound']:.0f} %" if p.get("mfu_bound") else "-"
         kernels = f"{p['kernels_per_step']:,}" if p.get("kernels_per_step") is not None else "-"
         three = " / ".join("-" if p.get(f"{b}_s") is None else f"{1e3 * p[f'{b}_s']:.2f}" for b in BOUNDS) + " ms"
+        expected = f"{1e3 * p['expected_step_s']:.2f} ms" if p.get("expected_step_s") else "-"
         lines.append(
             f"| `{r['command']}` | {r['gpus']} x {r['target'].upper()} | {r['batch_size']} "
             f"| {'yes' if r['fits'] else '**no**'} "
             f"| {m['total'] / 2**30:.2f} GiB of {m['device'] / 2**30:.1f} ({m['arguments'] / 2**30:.2f} + "
             f"{m['temp'] / 2**30:.2f}) "
-            f"| {r['flops_per_step']['per_device'] / 1e9:,.1f} | {kernels} "
+            f"| {r['flops_per_step']['per_device'] / 1e9:,.1f} | {kernels} | {expected} "
             f"| {1e3 * p['predicted_step_s']:.2f} ms ({p['bound']}) | {three} | {mfu} | {input_rate(r)} "
             f"| {attention['forward']} fwd + {attention['backward']} bwd | {matmuls} | {collectives} "
             f"| {r['compile_s']:.0f} s | {largest(r)} | [{Path(r['_file']).name}]({r['_file']}) |"
@@ -536,13 +538,73 @@ def render_plan() -> str:
         f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}, "
         f"cuDNN {v['nvidia-cudnn-cu12']}; {rows[0]['date']}). Memory, FLOPs, kernels and collectives are read "
         "from the compiled program; the step time, MFU and input rate are **predictions**, not measurements: "
-        "the step is the largest of three bounds, FLOPs / the data-sheet peak, XLA's bytes accessed / the "
-        "bandwidth, and the kernels launched per step x the launch cost in jaxnet/targets (3.25 us, a "
-        "published measurement cited there); the bound that wins is named. Not known without a "
-        "GPU: autotuned gemm tiles, cuDNN workspaces (memory is a lower bound), measured step time and "
-        "compute/communication overlap. The LSTMs are planned on their lax.scan path (the cuDNN LSTM cannot be "
-        "traced without a GPU). Compile times are this CPU's, under load."
+        "the step is the largest of four bounds, FLOPs / the data-sheet peak, XLA's bytes accessed / the "
+        "bandwidth, the kernels launched per step x the launch cost in jaxnet/targets (3.25 us, a "
+        "published measurement cited there) and the collectives over the target's links; the bound that wins is "
+        "named. The **expected** step is the compute/memory/launch bound divided by the efficiency fitted on "
+        "published runs (the table above) plus the communication XLA did not schedule to overlap. Not known "
+        "without a GPU: autotuned gemm tiles, cuDNN workspaces (memory is a lower bound), measured step time and "
+        "measured compute/communication overlap. The LSTMs are planned on their lax.scan path (the cuDNN LSTM "
+        "cannot be traced without a GPU). Compile times are this CPU's, under load."
     )
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:,.0f} ms" if seconds >= 0.01 else f"{1e3 * seconds:.2f} ms"
+
+
+def render_published() -> str:
+    """Published measured runs against jaxnet plan's expected step and bound for the same
+    configuration (the newest benchmarks/results/plan-published-runs-*.json, written by
+    scripts/record_plans.py published): which run the efficiency was fitted on, which it was only
+    checked against, and which wait for a model jaxnet cannot build yet."""
+    files = sorted((ROOT / "benchmarks" / "results").glob(f"{PUB}runs-*.json"))
+    if not files:
+        return "No published-runs record yet: `python scripts/record_plans.py published` writes it."
+    r = json.loads(files[-1].read_text())
+    rel = f"benchmarks/results/{files[-1].name}"
+    lines = [
+        "| run (source) | model | GPUs | parallelism, batch | published step | `jaxnet plan` of the same configuration "
+        "| **predicted** bound | bound / published | **expected** | expected / published | role |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        src = row["source"]
+        link = f"[{row['project']}](https://github.com/{src['repo']}/blob/{src['commit']}/{src['path']})"
+        published = f"{_ms(row['published']['step_s'])} ({row['published']['text']})"
+        j = row["jaxnet"]
+        command = " ".join(
+            ["jaxnet plan", j["experiment"], *j["overrides"], "--target", j["target"], "--gpus", str(j["gpus"])]
+            + (["--nodes", str(j["nodes"])] if j.get("nodes") else [])
+        )
+        cells = [link, row["model"].split(":")[0], row["gpus"], f"{row['parallelism']}; {row['batch']}", published]
+        cells.append(f"`{command}`")
+        if row["status"] == "pending":
+            reason = row["reason"].split(";")[0]
+            cells += [f"pending: jaxnet cannot plan it yet ({reason})", "-", "-", "-", "not planned yet"]
+        else:
+            off = row["ratio_expected_to_published"]
+            cells += [
+                f"{_ms(row['bound_step_s'])} ({row['bound']}) [record]({row['record']})",
+                f"{row['ratio_bound_to_published']:.2f}",
+                _ms(row["expected_step_s"]),
+                f"{off:.2f} ({100 * (off - 1):+.0f} %)",
+                "**fitted**" if row["status"] == "fitted" else "validated (not fitted)",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    fit, v = r["fit"], r["versions"]
+    excluded = "; ".join(f"{e['id']} ({e['text']}): {e['why']}" for e in r["excluded"])
+    needs = [row["efficiency_this_run_needs"] for row in r["rows"] if row.get("efficiency_this_run_needs")]
+    lines += [
+        "",
+        f"Efficiency {fit['efficiency']:.3f}, fitted on {', '.join(fit['fitted_on'])}; each planned run alone would "
+        f"need between {min(needs):.3f} and {max(needs):.3f} (`efficiency_this_run_needs` in the record), the spread "
+        "of the method on these runs. The published figures are the "
+        "runs' own; the bound and the expected step are **predictions** of `jaxnet plan` compiled on a CPU "
+        f"(jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; {r['date']}; [{files[-1].name}]({rel})), "
+        f"not measurements. Left out: {excluded}.",
+    ]
     return "\n".join(lines)
 
 
@@ -624,6 +686,7 @@ BLOCKS = {
     "cpu": render_cpu,
     "sweep": render_sweep,
     "plan": render_plan,
+    "published": render_published,
     "devices": render_devices,
 }
 

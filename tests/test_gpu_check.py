@@ -123,7 +123,12 @@ def plan_report(batch_size: int = 32, total: int = 100, temp: int = 80, step_s: 
         "gpus": gpus,
         "batch_size": batch_size,
         "memory": {"total": total, "temp": temp, "arguments": 15},
-        "prediction": {"predicted_step_s": step_s, "bound": "memory", "label": "PREDICTED"},
+        "prediction": {
+            "predicted_step_s": step_s,
+            "bound": "memory",
+            "expected_step_s": 2 * step_s,
+            "label": "PREDICTED",
+        },
         "versions": {"jax": "0.10.2", "jax-cuda12-plugin": "0.10.2"},
     }
 
@@ -157,6 +162,7 @@ def test_plan_targets_records_and_ratios(tmp_path):
         "memory_analysis_temp": 1.25,
         "peak_bytes_in_use": 3.0,
         "median_step_s": 2.5,
+        "median_step_s_to_expected": 1.25,
     }
     assert compared["predicted"]["source"] == "plan.json" and compared["predicted"]["label"] == "PREDICTED"
     assert compared["measured"] is measured and "warning" not in compared

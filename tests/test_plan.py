@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ _PLANS: dict[tuple, dict] = {}
 
 def plan_of(spec: str, *overrides: str, gpus: int | None = None, target: str = "h100", **kw) -> dict:
     """The plan of ``spec`` with ``overrides``, computed once per test process."""
-    key = (spec, overrides, gpus, target, tuple(sorted(kw)))
+    key = (spec, overrides, gpus, target, tuple(sorted(kw.items())))
     if key not in _PLANS:
         _PLANS[key] = planner.plan(config.load_experiment(spec, list(overrides)), target, gpus, **kw)
     return _PLANS[key]
@@ -45,6 +46,10 @@ def test_target_files_agree_with_the_peak_tables():
         assert t.bandwidth == roofline._lookup(roofline.MEMORY_BANDWIDTH, t.device_kind)
         assert 80e9 <= t.memory_bytes <= 152e9
         assert "datasheet" in t.source
+        # NVLink one way: half the data sheets' 900 GB/s (Hopper) or 600 GB/s (A100); one NIC per GPU
+        assert t.number("nvlink_bandwidth") == {"a100": 300e9}.get(name, 450e9)
+        assert t.number("network_bandwidth") == {"a100": 200e9 / 8}.get(name, 400e9 / 8)
+        assert t.number("gpus_per_node") == 8 and "NVLink" in t.source and "ConnectX" in t.source
 
 
 @pytest.mark.parametrize("spec", ["transformer_shakespeare:smoke", "bert_shakespeare:smoke"])
@@ -259,8 +264,19 @@ def independent_kernel_count(text: str) -> tuple[int, int]:
             name = None
         elif name is not None:
             blocks[name].append(line)
-    launching = ("fusion", "custom-call", "copy", "copy-start", "all-reduce-start", "all-gather-start",
-                 "reduce-scatter", "all-to-all", "collective-permute-start", "all-reduce", "all-gather")
+    launching = (
+        "fusion",
+        "custom-call",
+        "copy",
+        "copy-start",
+        "all-reduce-start",
+        "all-gather-start",
+        "reduce-scatter",
+        "all-to-all",
+        "collective-permute-start",
+        "all-reduce",
+        "all-gather",
+    )
 
     def opcode(line: str) -> str:
         rhs = line.split(" = ", 1)[1]
@@ -373,6 +389,7 @@ def test_each_bound_wins_when_it_is_the_largest():
     assert planner.step_bound(1.0, 2.0, 0.5) == ("memory", 2.0)
     assert planner.step_bound(1.0, 2.0, 4.0) == ("launch", 4.0)
     assert planner.step_bound(None, 2.0, None) == ("memory", 2.0)
+    assert planner.step_bound(1.0, 2.0, 0.5, 2.5) == ("communication", 2.5)
     p = plan_of("transformer_shakespeare:smoke")["prediction"]
     bound, step = planner.step_bound(p["compute_s"], p["memory_s"], p["kernels_per_step"] * 1e-12)
     assert bound in ("compute", "memory") and step == max(p["compute_s"], p["memory_s"])
@@ -380,28 +397,35 @@ def test_each_bound_wins_when_it_is_the_largest():
 
 def test_goal_in_tokens_epochs_and_steps_with_its_cost():
     """The smoke Transformer (batch 8 x 32 tokens = 256 a step): 1e6 tokens are ceil(1e6 / 256) =
-    3907 steps; its wall time is steps x the step; GPU-hours wall / 3600 x 1 GPU; at $2.5 an hour
-    that many dollars. Two epochs of its training split are ceil(2 x tokens / 256) steps; with no
-    goal, train.steps."""
+    3907 steps; its wall time is steps x the expected step, and the bound's steps x the bound;
+    GPU-hours wall / 3600 x 1 GPU; at $2.5 an hour that many dollars. Two epochs of its training
+    split are ceil(2 x tokens / 256) steps; with no goal, train.steps."""
     p = plan_of("transformer_shakespeare:smoke")
-    step = p["prediction"]["predicted_step_s"]
+    step, bound = p["prediction"]["expected_step_s"], p["prediction"]["predicted_step_s"]
+    assert step > bound
     g = planner.goal(p, tokens=1e6, price=2.5)
-    assert g["steps"] == 3907 and g["tokens"] == 3907 * 256
+    assert g["steps"] == 3907 and g["tokens"] == 3907 * 256 and g["basis"] == "expected"
     assert g["wall_s"] == pytest.approx(3907 * step) and g["wall_days"] == pytest.approx(3907 * step / 86400)
     assert g["gpu_hours"] == pytest.approx(3907 * step / 3600)
     assert g["cost_usd"] == pytest.approx(2.5 * 3907 * step / 3600)
-    assert g["label"].startswith("PREDICTED")
+    assert g["bound"]["wall_s"] == pytest.approx(3907 * bound)
+    assert g["bound"]["cost_usd"] == pytest.approx(2.5 * 3907 * bound / 3600)
+    assert g["label"].startswith("EXPECTED")
     size = p["train_data"]["size"]
     assert p["train_data"]["unit"] == "tokens" and size > 1000
+    assert g["epochs"] == pytest.approx(3907 * 256 / size)
     assert planner.goal(p, epochs=2)["steps"] == -(-2 * size // 256)
     default = p["goal"]
     assert default["steps"] == config.load_experiment("transformer_shakespeare:smoke").train.steps
     assert default["cost_usd"] is None
-    text = planner.describe({**p, "goal": planner.goal(p, tokens=1e9, price=3)})
-    line = next(x for x in text.splitlines() if "to reach" in x)
     g = planner.goal(p, tokens=1e9, price=3)
-    assert line.startswith("  PREDICTED to reach 1,000,000,000 tokens: 3,906,250 steps in ")
-    assert f"{g['wall_days']:.3g} days" in line and f"${g['cost_usd']:.2f} at $3 per GPU-hour" in line
+    text = planner.describe({**p, "goal": g})
+    line = next(x for x in text.splitlines() if "to reach" in x)
+    assert line.startswith(f"  EXPECTED to reach 1,000,000,000 tokens = {g['epochs']:,.3g} epochs of {size:,} tokens: ")
+    assert "3,906,250 steps in " in line and f"{g['wall_days']:.3g} days" in line
+    dollars = f"${g['cost_usd']:,.0f}" if g["cost_usd"] >= 100 else f"${g['cost_usd']:.2f}"
+    assert f"{dollars} at $3 per GPU-hour" in line
+    assert f"at the bound {g['bound']['wall_s'] / 86400:.3g} days" in line
 
 
 def test_input_rate_per_host_from_the_batch_shape():
@@ -500,3 +524,242 @@ def test_bad_goal_price_and_calibration_are_one_line_and_exit_2(tmp_path, capsys
         assert len(err) == 1 and err[0].startswith("jaxnet: error: ") and expected in err[0], err
     with pytest.raises(planner.UserError, match="--epochs nan"):
         planner.check_goal(None, float("nan"), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Communication, the expected step, the published runs, the warnings
+
+# A scheduled module written by hand: an all-gather of 8 x 128 floats with a kernel between its
+# start and done (it can overlap), an all-reduce of 1024 floats whose done follows its start, and a
+# reduce-scatter of 1024 floats wrapped in an async computation with a kernel under it.
+OVERLAP_HLO = """HloModule overlap, is_scheduled=true
+
+%fused_add (p0: f32[1024]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  ROOT %add = f32[1024]{0} add(%p0, %p0)
+}
+
+%wrapped_rs (p1: f32[1024]) -> f32[128] {
+  %p1 = f32[1024]{0} parameter(0)
+  ROOT %rs = f32[128]{0} reduce-scatter(%p1), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+}
+
+ENTRY %main (a: f32[128], b: f32[1024]) -> (f32[1024], f32[1024], f32[128]) {
+  %a = f32[128]{0} parameter(0)
+  %b = f32[1024]{0} parameter(1)
+  %all-gather-start = (f32[128]{0}, f32[1024]{0}) all-gather-start(%a), replica_groups={{0,1,2,3,4,5,6,7}}
+  %fusion = f32[1024]{0} fusion(%b), kind=kLoop, calls=%fused_add
+  %all-gather-done = f32[1024]{0} all-gather-done(%all-gather-start)
+  %all-reduce-start = f32[1024]{0} all-reduce-start(%fusion), replica_groups=[1,8]<=[8], to_apply=%fused_add
+  %all-reduce-done = f32[1024]{0} all-reduce-done(%all-reduce-start)
+  %rs-start = ((f32[1024]{0}), f32[128]{0}, s32[]) async-start(%b), calls=%wrapped_rs
+  %fusion.2 = f32[1024]{0} fusion(%b), kind=kLoop, calls=%fused_add
+  %rs-done = f32[128]{0} async-done(%rs-start)
+  ROOT %tuple = (f32[1024]{0}, f32[1024]{0}, f32[128]{0}) tuple(%all-gather-done, %all-reduce-done, %rs-done)
+}
+"""
+
+
+def test_replica_groups_in_each_form_xla_prints():
+    """Explicit lists, every device, the iota form with a transpose, the mesh form with and without
+    a device order and with a sub-axis, and a permute's pairs: the groups written out by hand."""
+    groups = planner.replica_groups
+    assert groups("replica_groups={{0,2},{1,3}}, dimensions={0}", 4) == [[0, 2], [1, 3]]
+    assert groups("replica_groups={}, to_apply=%sum", 4) == [[0, 1, 2, 3]]
+    assert groups("replica_groups=[2,4]<=[8], dimensions={0}", 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert groups("replica_groups=[4,2]<=[2,4]T(1,0), x", 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert groups("replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}, x", 8) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert groups("replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}, x", 8) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # devices ordered 0,2,4,6,1,3,5,7 ([2,4] of a [4,2] iota transposed) grouped along the first axis
+    ordered = "replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_0'}, x"
+    assert groups(ordered, 8) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # axis 'a' of 8 split 2 x 2 x 2, grouping its middle factor: devices 2 apart within each half
+    assert groups("replica_groups=mesh['a'=8] {'a':(2)2}, x", 8) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert groups("source_target_pairs={{0,1},{1,0}}, x", 2) == [[0, 1], [1, 0]]
+    assert groups("replica_groups=unknown-form", 8) is None
+
+
+def test_link_time_within_a_node_and_across_nodes():
+    """Ring factors over NVLink (450 GB/s one way on an H100) within a node; a group of 16 over 2
+    nodes of 8 runs the ring of 8 over NVLink and the ring of 2 over each GPU's 50 GB/s link on an
+    eighth of the buffer; one GPU per node (groups {i, i+8}) crosses the network with all of it."""
+    h100 = planner.load_target("h100")
+    one_node, two_nodes = [0] * 8, [0] * 8 + [1] * 8
+    seconds = lambda kind, groups, nodes: planner.link_seconds(kind, 1e9, groups, nodes, h100)["seconds"]  # noqa: E731
+    assert seconds("all-reduce", [list(range(8))], one_node) == pytest.approx(2 * 7 / 8 * 1e9 / 450e9)
+    assert seconds("all-gather", [list(range(8))], one_node) == pytest.approx(7 / 8 * 1e9 / 450e9)
+    assert seconds("reduce-scatter", [[0, 1], [2, 3]], one_node) == pytest.approx(1 / 2 * 1e9 / 450e9)
+    whole = seconds("all-reduce", [list(range(16))], two_nodes)
+    assert whole == pytest.approx(2 * 7 / 8 * 1e9 / 450e9 + 2 * 1 / 2 * 1e9 / (8 * 50e9))
+    across = planner.link_seconds("all-reduce", 1e9, [[i, i + 8] for i in range(8)], two_nodes, h100)
+    assert across["seconds"] == pytest.approx(1e9 / 50e9) and across["crosses_nodes"]
+    assert seconds("collective-permute", [[0, 8]], two_nodes) == pytest.approx(1e9 / 50e9)
+    assert seconds("all-to-all", [list(range(16))], two_nodes) == pytest.approx(
+        7 / 16 * 1e9 / 450e9 + 8 / 16 * 1e9 / 50e9
+    )
+
+
+def test_communication_says_which_collectives_xla_overlaps():
+    """The hand-written module: the all-gather (4 KiB gathered, a kernel between start and done) and
+    the wrapped reduce-scatter (4 KiB scattered) can overlap, the all-reduce (4 KiB, done right after
+    start) cannot; with the 8 devices on 2 nodes of 4 each is hierarchical (ring of 4 over NVLink,
+    ring of 2 over the network on a quarter of the buffer)."""
+    h100 = planner.load_target("h100")
+    c = planner.communication(OVERLAP_HLO, [0, 0, 0, 0, 1, 1, 1, 1], h100)
+    gather = 3 / 4 * 4096 / 450e9 + 1 / 2 * 4096 / (4 * 50e9)
+    reduce = 2 * gather
+    assert c["by_kind"]["all-gather"] == {
+        "count": 1,
+        "bytes": 4096,
+        "seconds": pytest.approx(gather),
+        "crossing_nodes": 1,
+        "overlappable": 1,
+        "group_sizes": [8],
+    }
+    assert c["by_kind"]["reduce-scatter"] == {**c["by_kind"]["all-gather"], "seconds": pytest.approx(gather)}
+    assert c["by_kind"]["all-reduce"]["bytes"] == 4096 and c["by_kind"]["all-reduce"]["overlappable"] == 0
+    assert c["overlappable_s"] == pytest.approx(2 * gather) and c["exposed_s"] == pytest.approx(reduce)
+    assert c["seconds"] == pytest.approx(2 * gather + reduce) and c["groups_unparsed"] == 0
+    assert c["overlap"].startswith("XLA scheduled 2 of 3 collectives asynchronously")
+    assert c["overlap"].endswith("the others hold up the next kernel until they finish")
+
+
+def test_two_nodes_keep_fsdp_in_the_node_and_send_the_data_all_reduce_across():
+    """transformer_shakespeare:smoke on 16 H100s, 2 nodes of 8, mesh data=2 x fsdp=8: the mesh puts
+    each data replica on one node, so the parameter all-gathers and gradient reduce-scatters (groups
+    of 8) never cross, and every collective that crosses nodes is an all-reduce over the data axis;
+    the communication bound is the sum of the kinds' times, and the plan says so in one line. Its
+    train.batch_size=24 does not split over the 16 devices: planned at 32, and said."""
+    p = plan_of("transformer_shakespeare:smoke", "mesh.data=2", "mesh.fsdp=8", "train.batch_size=24", gpus=16, nodes=2)
+    assert p["batch_size"] == 32 and p["batch_devices"] == 16
+    (warned,) = [w for w in p["warnings"] if w["kind"] == "batch_not_divisible"]
+    assert "train.batch_size=24 does not split evenly over the 16 data-parallel devices" in warned["message"]
+    assert "planned at 32, the next size that does (or 16, the one below)" in warned["message"]
+    c = p["communication"]
+    assert c["nodes"] == 2 and c["gpus_per_node"] == 8 and c["groups_unparsed"] == 0
+    assert p["input_rate"]["hosts"] == 2
+    for kind in ("all-gather", "reduce-scatter"):
+        assert c["by_kind"][kind]["crossing_nodes"] == 0 and c["by_kind"][kind]["group_sizes"] == [8]
+        assert c["by_kind"][kind]["seconds"] == pytest.approx(7 / 8 * c["by_kind"][kind]["bytes"] / 450e9)
+    crossing = {k for k, e in c["by_kind"].items() if e["crossing_nodes"]}
+    assert crossing == {"all-reduce"}
+    assert c["seconds"] == pytest.approx(sum(e["seconds"] for e in c["by_kind"].values()))
+    assert p["prediction"]["communication_s"] == c["seconds"]
+    assert 0 <= c["overlappable_collectives"] <= c["collectives"]
+    assert "communication per step" in planner.describe(p) and "across nodes" in planner.describe(p)
+
+
+def test_nodes_that_do_not_divide_the_gpus_are_one_line_and_exit_2(capsys):
+    base = ["plan", "transformer_shakespeare:smoke", "mesh.data=-1", "--target", "h100"]
+    for extra, expected in (
+        (["--gpus", "16", "--nodes", "3"], "--nodes 3 does not divide --gpus 16"),
+        (["--gpus", "8", "--nodes", "0"], "--nodes 0: give a number of nodes of at least 1"),
+        (["--gpus", "12"], "--gpus 12: more than 8 GPUs must be a multiple of 8"),
+    ):
+        assert cli.main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], err
+
+
+def test_expected_step_is_the_work_over_the_efficiency_plus_what_cannot_overlap():
+    """By hand: bounds 0.168 / 0.155 / 0.005 s at efficiency 0.56 make 0.3 s of work; 10 ms of
+    communication that cannot overlap add 10 ms; 0.4 s that could overlap add what outlasts the
+    work, 0.1 s; a communication bound above all of it is the step. solve_efficiency inverts it."""
+    bounds = {"compute_s": 0.168, "memory_s": 0.155, "launch_s": 0.005}
+    assert planner.expected_step(bounds, None, 0.56)["expected_step_s"] == pytest.approx(0.3)
+    comm = {"seconds": 0.41, "exposed_s": 0.01, "overlappable_s": 0.4}
+    e = planner.expected_step(bounds, comm, 0.56)
+    assert e["exposed_communication_s"] == pytest.approx(0.01 + 0.1) and e["expected_step_s"] == pytest.approx(0.41)
+    assert planner.expected_step(bounds, {**comm, "seconds": 0.9}, 0.56)["expected_step_s"] == 0.9
+    assert planner.solve_efficiency(bounds, {"seconds": 0.01, "exposed_s": 0.01, "overlappable_s": 0}, 0.31) == (
+        pytest.approx(0.56, abs=1e-5)
+    )
+    assert math.isnan(planner.solve_efficiency(bounds, None, 0.1))  # faster than its bound
+    runs = [(n, {"prediction": bounds}, step) for n, step in (("a", 0.3), ("b", 0.6), ("c", 1.2), ("d", 0.05))]
+    fit = planner.fit_efficiency(runs)
+    assert fit["efficiency"] == pytest.approx(0.28, abs=1e-5) and fit["per_run"]["d"] is None
+    assert fit["fitted_on"] == ["a", "b", "c"]
+
+
+def newest(pattern: str) -> Path:
+    return sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob(pattern))[-1]
+
+
+def test_published_runs_are_all_carried_and_the_expected_step_lands_near_each():
+    """The committed table: every run of jaxnet/targets/published_runs.json is in it, planned or
+    pending with a reason (none dropped); the fitted run's expected step is within 25 % of its
+    published step and every validated one (never fitted on) within 35 %; the shipped efficiency is
+    the table's fit, and each planned row's expected step follows from its record's bounds with it."""
+    runs = json.loads((Path(planner.__file__).parent / "targets" / "published_runs.json").read_text())
+    table = json.loads(newest("plan-published-runs-*.json").read_text())
+    shipped = planner.load_fit()
+    assert [r["id"] for r in table["rows"]] == [r["id"] for r in runs["runs"]]
+    assert shipped["efficiency"] == table["fit"]["efficiency"] and shipped["fitted_on"] == table["fit"]["fitted_on"]
+    assert table["fit"]["fitted_on"] == [r["id"] for r in runs["runs"] if r["role"] == "fit"]
+    for row, run in zip(table["rows"], runs["runs"], strict=True):
+        assert all(run["source"][k] for k in ("repo", "path", "commit")) and run["published"]["step_s"] > 0
+        if row["status"] == "pending":
+            assert row["reason"]
+            continue
+        assert row["status"] == {"fit": "fitted", "validate": "validated"}[run["role"]]
+        limit = 0.25 if row["status"] == "fitted" else 0.35
+        assert abs(row["expected_step_s"] / run["published"]["step_s"] - 1) <= limit, row["id"]
+        record = json.loads((Path(__file__).resolve().parents[1] / row["record"]).read_text())
+        again = planner.expected_step(record["prediction"], record["communication"], shipped["efficiency"])
+        assert again["expected_step_s"] == pytest.approx(row["expected_step_s"])
+        assert record["prediction"]["expected_step_s"] == pytest.approx(row["expected_step_s"])
+    assert sum(r["status"] == "validated" for r in table["rows"]) >= 4
+
+
+def test_a_plan_carries_the_expected_step_and_the_shipped_efficiency():
+    """transformer_shakespeare:smoke: prediction.expected_step_s is expected_step of its own bounds
+    and communication at the shipped efficiency, with tokens/s from it, and the text leads with it."""
+    p = plan_of("transformer_shakespeare:smoke")
+    pr, fit = p["prediction"], planner.load_fit()
+    assert pr["efficiency"] == fit["efficiency"] and pr["fitted_on"] == fit["fitted_on"]
+    assert pr["expected_step_s"] == planner.expected_step(pr, p["communication"], fit["efficiency"])["expected_step_s"]
+    assert pr["expected_tokens_per_s"] == pytest.approx(256 / pr["expected_step_s"])
+    lines = planner.describe(p).splitlines()
+    assert lines[3].startswith(f"  EXPECTED step {1e3 * pr['expected_step_s']:.3g} ms")
+    assert lines[4].startswith("  PREDICTED step")
+
+
+def test_warnings_for_a_small_batch_many_epochs_and_a_launch_bound_step():
+    """plan_warnings on a report of GPT-2 124M's shape with gpt2_small's 65,536 tokens a step: an
+    eighth of GPT-3's 0.5 M for its 125M model; the same at 262,144 tokens (half of it) says
+    nothing; a goal of 10 epochs of a token corpus warns, of 3 does not; a launch-bound step warns
+    with how much larger a batch costs about the same."""
+    report = {
+        "batch_size": 64,
+        "parameters": 124_475_904,
+        "input_rate": {"tokens_per_step": 65536},
+        "train_data": {"unit": "tokens", "size": 1_000_000},
+        "goal": {"epochs": 10.0},
+        "prediction": {"bound": "memory", "compute_s": 1.0, "memory_s": 2.0, "launch_s": 0.5},
+    }
+    kinds = lambda r: [w["kind"] for w in planner.plan_warnings(r)]  # noqa: E731
+    assert kinds(report) == ["small_batch", "many_epochs"]
+    small = planner.plan_warnings(report)[0]["message"]
+    assert small.startswith("65,536 tokens a step is 1/8 of the 0.5 M tokens GPT-3 trained its 125 M-parameter")
+    assert kinds({**report, "input_rate": {"tokens_per_step": 262144}, "goal": {"epochs": 3.0}}) == []
+    assert kinds({**report, "parameters": 10e6, "goal": {}}) == []  # no rule for a model this small
+    assert kinds({**report, "train_data": {"unit": "examples", "size": 60000}}) == []  # epochs of images are normal
+    launch = {"bound": "launch", "compute_s": 0.01e-3, "memory_s": 0.1e-3, "launch_s": 1e-3}
+    launch.update(kernels_per_step=300, launch_overhead_s=3.25e-6)
+    warned = planner.plan_warnings({**report, "parameters": None, "goal": {}, "prediction": launch})
+    assert [w["kind"] for w in warned] == ["launch_bound"]
+    assert "fill only 10 % of the step; a batch about 10x larger" in warned[0]["message"]
+
+
+def test_a_real_plan_warns_of_many_epochs_and_launches():
+    """The smoke Transformer planned for 1e8 tokens (about 22 epochs of its 4.6 M-character
+    Shakespeare split) on one H100 (launch-bound): both warnings, and printed; its own goal
+    (train.steps=30, a fraction of an epoch) only the launch bound."""
+    p = plan_of("transformer_shakespeare:smoke")
+    p = {**p, "goal": planner.goal(p, tokens=1e8)}
+    assert p["goal"]["epochs"] > 4
+    warned = planner.plan_warnings(p)
+    assert [w["kind"] for w in warned] == ["many_epochs", "launch_bound"]
+    assert [w["kind"] for w in plan_of("transformer_shakespeare:smoke")["warnings"]] == ["launch_bound"]
+    text = planner.describe({**p, "warnings": warned})
+    assert sum(line.startswith("  WARNING: ") for line in text.splitlines()) == 2

@@ -174,3 +174,17 @@ def test_each_line_a_process_prints_names_it(monkeypatch):
     assert watch.tagged("jaxnet: interrupted; rerun") == "jaxnet: [process 3 of 8] interrupted; rerun"
     watch.identify(0, 1)  # a single process names nobody
     assert watch.tagged("jaxnet: error: x") == "jaxnet: error: x"
+
+
+def test_the_plan_names_both_process_layouts_and_where_tensor_groups_sit():
+    from jaxnet import planner
+
+    layout = planner.process_layout(16, {"data": 4, "fsdp": 2, "tensor": 2})
+    assert (layout["hosts"], layout["gpus_per_host"]) == (2, 8)
+    assert layout["per_host"] == {"processes": 2, "srun": "--nodes=2 --ntasks-per-node=1 --gpus-per-node=8"}
+    assert layout["per_gpu"] == {"processes": 16, "srun": "--nodes=2 --ntasks-per-node=8 --gpus-per-task=1"}
+    assert layout["tensor_within_host"]
+    across = planner.process_layout(32, {"data": 2, "fsdp": 1, "tensor": 16})
+    (line,) = planner._processes_line({"processes": across, "mesh": {"tensor": 16}})
+    assert "either 4 (one per host" in line and "or 32 (one per GPU" in line and "ACROSS hosts" in line
+    assert planner.process_layout(1, {"tensor": 1})["per_gpu"]["processes"] == 1

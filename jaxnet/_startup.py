@@ -14,7 +14,8 @@ sets it and re-executes itself; a program that imports jaxnet can start Python w
 A ``GLIBC_TUNABLES`` that already names ``glibc.malloc.hugetlb`` is left as it is (set
 ``glibc.malloc.hugetlb=0`` to opt out), and nothing changes outside Linux.
 
-Here too, needing no JAX: the size of XLA's CPU thread pool for simulated devices
+Here too, needing no JAX: the libraries' log levels (:func:`quiet_libraries`), set before
+JAX's library loads; the size of XLA's CPU thread pool for simulated devices
 (:func:`make_room_for_simulated_devices`), which ``import jaxnet`` sets before JAX starts, and
 where the wheels ``jaxnet plan`` compiles with live (:func:`plan_dir`, :func:`bind_cuda_plugin`).
 """
@@ -108,6 +109,25 @@ def make_room_for_simulated_devices() -> None:
     else:
         threads = os.cpu_count() or 1
     os.environ["PJRT_NPROC"] = str(max(threads, 2 * devices))
+
+
+def quiet_libraries() -> None:
+    """Keep the libraries' informational log lines out of the terminal, errors still shown: the C++
+    log of XLA and JAX's runtime below ERROR (``$TF_CPP_MIN_LOG_LEVEL`` raised to 2, a higher value
+    kept: the preemption notifier's "SIGTERM caught at ..."; importing JAX sets 1, which a process
+    started by one that imported JAX inherits) and Python's ``absl`` logger below ERROR (orbax's
+    "Reached preemption sync point"). The C++ level is read once, when JAX's library loads, so
+    this must come first. ``jaxnet train`` calls it unless ``--verbose``.
+
+    >>> quiet_libraries(); import logging; logging.getLogger("absl").level == logging.ERROR
+    True
+    """
+    level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip()
+    if not (level.isdigit() and int(level) >= 2):
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    from absl import logging as absl_logging  # its verbosity, which jaxnet.checkpoint saves and restores
+
+    absl_logging.set_verbosity(absl_logging.ERROR)
 
 
 def plan_dir() -> str:

@@ -1,6 +1,6 @@
 """The ``jaxnet`` command: argument parsing only; the work happens in :mod:`jaxnet.train`.
 
-    jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config] [--adopt]
+    jaxnet train EXPERIMENT[:VARIANT] [key=value ...] [--workdir DIR] [--show-config] [--adopt] [--verbose]
                  [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxnet sweep EXPERIMENT[:VARIANT] key=v1,v2,... [key=value ...] [--workdir DIR] [--members-per-program N]
                  [--members-at-once K] [--max-members N] [--add]
@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
         help="print the config, then every key with its value and what auto settings become here; then exit",
     )
     train.add_argument("--adopt", action="store_true", help="resume a workdir that holds a run of another experiment")
+    train.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the libraries' own log lines (XLA, gloo, orbax), which are kept out of the terminal otherwise",
+    )
     hosts = train.add_argument_group(
         "multi-process runs", "one process per host (Slurm and Open MPI are detected without these)"
     )
@@ -349,6 +354,16 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
         print(catalog.listing())
         return 0
+    if args.command == "train":
+        from jaxnet.parallel import launchers, watch  # no JAX yet
+
+        if not args.verbose:
+            from jaxnet._startup import quiet_libraries
+
+            quiet_libraries()  # before JAX's library loads: it reads its log level once
+        launch = launchers.find(args.coordinator, args.num_processes, args.process_id)
+        if launch is not None and launch.process_id is not None:  # its errors name it from here on
+            watch.identify(launch.process_id, launch.num_processes)
     from jaxnet import config
 
     if args.command == "train":
@@ -360,7 +375,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         from jaxnet import parallel
         from jaxnet.train import train
 
-        parallel.init_processes(args.coordinator, args.num_processes, args.process_id)
+        parallel.init_processes(args.coordinator, args.num_processes, args.process_id, quiet=not args.verbose)
         summary = train(cfg, args.workdir, adopt=args.adopt)
         # Stopped by a signal after saving a checkpoint: SIGTERM (preemption) is a clean exit
         return 130 if summary.get("interrupted_by") == "SIGINT" else 0
@@ -557,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
 
             message = parallel.peer_stopped(e)  # another process died: one line, not this traceback
             if message is None:
+                from jaxnet.parallel import watch
+
+                print(watch.tagged("jaxnet: error: stopped by an unexpected error:"), file=sys.stderr)
                 traceback.print_exc()
             _leave_processes(1, message)
         raise
@@ -578,6 +596,8 @@ def _leave_processes(code: int, message: str | None) -> int:
         from jaxnet import parallel
 
         parallel.leave(code, message)
+    if message and "jaxnet.parallel.watch" in sys.modules:  # a process of a run that has not joined: say which
+        message = sys.modules["jaxnet.parallel.watch"].tagged(message)
     if message:
         print(message, file=sys.stderr)
     return code

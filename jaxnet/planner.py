@@ -1465,6 +1465,7 @@ def plan(
         "caveats": notes + CAVEATS,
     }
     report["prediction"].update(expectation(report, load_fit()))
+    report["processes"] = process_layout(gpus, report["mesh"], per_node)
     if calibration is not None:
         report["calibration"] = apply_calibration(calibration, report)
         again = input_rate(run, first, rows, gpus, report["calibration"]["calibrated_step_s"], hosts=gpus // per_node)
@@ -1684,6 +1685,7 @@ def describe(report: dict[str, Any]) -> str:
         + (f", MFU at most {100 * p['mfu_bound']:.1f} %" if p["mfu_bound"] else ""),
         *_calibration_lines(report),
         _input_line(report),
+        *_processes_line(report),
         _goal_line(report),
         f"  kernels per step {report['kernels']['launches']['total']:,} ("
         + ", ".join(f"{n} {c:,}" for n, c in report["kernels"]["launches"]["by_kind"].items())
@@ -1707,3 +1709,42 @@ def describe(report: dict[str, Any]) -> str:
     lines += [f"  note: {c}" for c in report["caveats"][: len(report["caveats"]) - len(CAVEATS)]]
     lines.append("  not known without a GPU: autotuned gemm tiles, cuDNN workspaces, measured time and overlap")
     return "\n".join(lines)
+
+
+# The process layout (for the cluster page's two ways of starting a run on GPUs).
+
+
+def process_layout(gpus: int, mesh: dict[str, int], per_node: int = 8) -> dict[str, Any]:
+    """How a planned run's processes can sit on its hosts (:func:`hosts_for` of them): one per host
+    using all its GPUs, or one per GPU. The mesh is the same either way (its devices in process
+    order, Slurm placing consecutive tasks on one node); its ``tensor`` groups stay inside a host,
+    on its fast links, when ``mesh.tensor`` divides the GPUs of a host.
+
+    >>> process_layout(16, {"data": 8, "fsdp": 1, "tensor": 2})["per_gpu"]["srun"]
+    '--nodes=2 --ntasks-per-node=8 --gpus-per-task=1'
+    """
+    hosts = hosts_for(gpus, per_node)
+    per_host = max(gpus // hosts, 1)
+    return {
+        "hosts": hosts,
+        "gpus_per_host": per_host,
+        "per_host": {"processes": hosts, "srun": f"--nodes={hosts} --ntasks-per-node=1 --gpus-per-node={per_host}"},
+        "per_gpu": {
+            "processes": hosts * per_host,
+            "srun": f"--nodes={hosts} --ntasks-per-node={per_host} --gpus-per-task=1",
+        },
+        "tensor_within_host": per_host % mesh.get("tensor", 1) == 0,
+    }
+
+
+def _processes_line(report: dict[str, Any]) -> list[str]:
+    layout = report.get("processes")
+    if layout is None:  # a report written before the layout was planned
+        return []
+    tensor = report["mesh"].get("tensor", 1)
+    where = "inside a host" if layout["tensor_within_host"] else "ACROSS hosts (slow links): use a smaller mesh.tensor"
+    return [
+        f"  processes: either {layout['per_host']['processes']} (one per host: srun {layout['per_host']['srun']}) "
+        f"or {layout['per_gpu']['processes']} (one per GPU: srun {layout['per_gpu']['srun']}); "
+        f"mesh.tensor={tensor} groups {where} (see docs/cluster.md)"
+    ]

@@ -127,7 +127,8 @@ def test_custom_experiment_trains_on_an_8_device_mesh_with_sharded_weights(tmp_p
 
 def test_docs_show_the_example_files_the_tests_run():
     shown = {b.arg: b.code for b in docblocks.all_blocks() if b.kind == "file"}
-    assert set(shown) == {"examples/regression_diabetes.py", "examples/custom_experiment.py"}
+    run = {"examples/regression_diabetes.py", "examples/custom_experiment.py"}
+    assert set(shown) == run | {"scripts/slurm/train.sbatch"}  # tests/test_cluster.py submits it to Slurm
     for name, text in shown.items():
         assert text == (ROOT / name).read_text(), f"the docs' copy of {name} differs from the file"
 

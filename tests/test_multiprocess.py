@@ -104,8 +104,9 @@ def runs(tmp_path_factory):
     stranger.start()
     two = _run([*two_processes, "--workdir", str(tmp / "two")], 4, env={"JAXNET_WATCH_PORT": str(port)})
     stranger.join(timeout=60)
-    # Stopped after 20 steps by two processes, finished by one process with its own 8 devices.
-    half = _run([*two_processes, "train.stop_after=20", "--workdir", str(tmp / "moved")], 4)
+    # Stopped after 20 steps by two processes (showing the libraries' lines), finished by one
+    # process with its own 8 devices.
+    half = _run([*two_processes, "train.stop_after=20", "--verbose", "--workdir", str(tmp / "moved")], 4)
     rest = _run([*one_process, "--workdir", str(tmp / "moved")], 8)
     return {
         "one": (tmp / "one", one),
@@ -158,6 +159,14 @@ def test_only_process_zero_prints_and_writes_logs(runs):
     assert len(lines) == len(set(lines)) == len((runs["one"][0] / "metrics.jsonl").read_text().splitlines())
 
 
+def test_the_libraries_own_lines_stay_out_of_the_terminal_unless_verbose(runs):
+    _, two = runs["two"]
+    _, verbose = runs["half"]
+    assert "[Gloo] Rank" not in two.stdout + two.stderr  # printed by gloo to file descriptor 1
+    assert "[Gloo] Rank" in verbose.stdout
+    assert "test loss" in two.stdout and "stopped at step 20" in verbose.stdout  # jaxnet's own lines, both ways
+
+
 def test_checkpoints_written_by_two_processes_resume_in_one(runs):
     moved, half = runs["half"]
     assert "stopped at step 20" in half.stdout
@@ -185,14 +194,14 @@ def watch(monkeypatch):
     32`` and 3 s to prove it; what would stop the process is recorded in ``watch.stops`` instead."""
     import socket
 
-    from jaxnet import parallel
+    from jaxnet.parallel import watch as watch_lib
 
     stops = []
-    monkeypatch.setattr(parallel, "_exit", lambda code, message=None: stops.append(message))
-    monkeypatch.setattr(parallel, "_HELLO_SECONDS", 3.0)
-    monkeypatch.setattr(parallel, "_GRACE_SECONDS", 0.0)
-    monkeypatch.setattr(parallel, "_BEAT_SECONDS", 0.2)
-    watch = parallel._Watch(0, 3, silence=60, secret=b"s" * 32)
+    monkeypatch.setattr(watch_lib, "_exit", lambda code, message=None: stops.append(message))
+    monkeypatch.setattr(watch_lib, "_HELLO_SECONDS", 3.0)
+    monkeypatch.setattr(watch_lib, "_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(watch_lib, "_BEAT_SECONDS", 0.2)
+    watch = watch_lib._Watch(0, 3, silence=60, secret=b"s" * 32)
     watch.stops = stops
     server = socket.create_server(("127.0.0.1", 0))
     thread = threading.Thread(target=watch.serve, args=([server],), daemon=True)
@@ -243,7 +252,7 @@ def test_only_a_proven_process_can_stop_the_run_and_a_recorded_handshake_proves_
     import hmac
     import socket
 
-    from jaxnet import parallel
+    from jaxnet.parallel import watch as watch_lib
 
     secret, nonce = b"s" * 32, "cd" * 16
     one = socket.create_connection(watch.address, timeout=5)
@@ -260,7 +269,7 @@ def test_only_a_proven_process_can_stop_the_run_and_a_recorded_handshake_proves_
         assert again.recv(4096) == b""
     assert list(watch.peers) == [1] and watch.stops == []
 
-    joined = parallel._handshake(watch.address, 2, secret)  # the real joining side
+    joined = watch_lib._handshake(watch.address, 2, secret)  # the real joining side
     assert joined is not None and sorted(watch.peers) == [1, 2]
     joined[0].sendall(b"failed 9\n")
     assert _wait_for(lambda: len(watch.stops) == 1)
@@ -275,7 +284,7 @@ def test_only_a_proven_process_can_stop_the_run_and_a_recorded_handshake_proves_
 def test_a_joining_process_does_not_trust_a_watch_without_the_run_s_secret():
     import socket
 
-    from jaxnet import parallel
+    from jaxnet.parallel import watch
 
     with socket.create_server(("127.0.0.1", 0)) as server:
 
@@ -289,19 +298,19 @@ def test_a_joining_process_does_not_trust_a_watch_without_the_run_s_secret():
 
         thread = threading.Thread(target=impostor, daemon=True)
         thread.start()
-        assert parallel._handshake(server.getsockname(), 1, b"s" * 32) is None
+        assert watch._handshake(server.getsockname(), 1, b"s" * 32) is None
         thread.join(timeout=10)
 
 
 def test_a_line_without_its_end_costs_bounded_memory_and_is_dropped():
-    from jaxnet import parallel
+    from jaxnet.parallel import watch
 
-    lines = parallel._Lines()
+    lines = watch._Lines()
     assert lines.feed(b"be") == [] and lines.feed(b"at\nbye\nfai") == [["beat"], ["bye"]]
     assert lines.feed(b"led 9\n") == [["failed", "9"]] and not lines.too_long
     for _ in range(256):  # 1 MiB, no newline
         assert lines.feed(b"x" * 4096) == []
-        assert len(lines.buffer) <= parallel._LINE_BYTES
+        assert len(lines.buffer) <= watch._LINE_BYTES
     assert lines.too_long
     assert lines.feed(b"xx\nbeat\n") == [["beat"]]  # the long line's end is dropped too
 

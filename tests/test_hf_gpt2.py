@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 import jaxnet
 from jaxnet import cli
-from jaxnet.models import hf_gpt2
+from jaxnet.models import hf
 from jaxnet.predict import hf_model
 
 RTOL = ATOL = 1e-5  # float32 rounding over a few blocks of width <= 48
@@ -105,10 +105,13 @@ def test_load_params_maps_conv1d_and_the_packed_qkv_onto_jaxnets_axes(tmp_path):
     directory = save_gpt2(tmp_path / "m", **SHAPES["gpt2-like"])
     tensors = load_file(str(directory / "model.safetensors"))
     params = jaxnet.load_params(f"hf:{directory}")
-    qkv = params["block_1"]["attention"]["qkv"]["kernel"]
-    assert qkv.shape == (32, 3, 4, 8)
+    attention = params["block_1"]["attention"]
+    assert {n: attention[n]["kernel"].shape for n in ("query", "key", "value")} == dict.fromkeys(
+        ("query", "key", "value"), (32, 4, 8)
+    )
     c_attn = tensors["transformer.h.1.attn.c_attn.weight"]  # [in, q|k|v]
-    np.testing.assert_array_equal(qkv[:, 1, 2], c_attn[:, 32 + 2 * 8 : 32 + 3 * 8])  # keys of head 2
+    keys_of_head_2 = c_attn[:, 32 + 2 * 8 : 32 + 3 * 8]
+    np.testing.assert_array_equal(attention["key"]["kernel"][:, 2], keys_of_head_2)
     np.testing.assert_array_equal(
         params["block_0"]["attention"]["out"]["kernel"][3], tensors["transformer.h.0.attn.c_proj.weight"][24:32]
     )
@@ -121,8 +124,7 @@ def test_padded_vocabulary_is_never_predicted_and_leaves_the_real_logits_alone(t
     tokens = np.random.default_rng(3).integers(0, 61, (2, 16))
     expected = hf_logits(directory, tokens)
     cfg, _, _ = hf_model(f"hf:{directory}")
-    hf = hf_gpt2.read_config(directory)
-    params = hf_gpt2.nested(hf_gpt2.to_params(hf_gpt2.read_tensors(directory), hf, vocab=64))
+    params = hf.nested(hf.read(f"hf:{directory}").params(rows=64))
     assert params["embed"]["embedding"].shape == (64, 32)
     assert not params["embed"]["embedding"][61:].any()
     model = jaxnet.models.build(cfg.model, 64, 16)  # model.vocab_used=61 from the checkpoint
@@ -173,15 +175,26 @@ def test_finetune_from_hf_then_export_and_transformers_reproduces_the_logits(tmp
 
 
 def write_gpt2(directory: Path, **overrides) -> Path:
-    """A GPT-2 checkpoint written with safetensors alone (random tensors of the config's shapes)."""
+    """A GPT-2 checkpoint written with safetensors alone: random tensors, named and shaped as GPT-2
+    names and shapes them (transformers' GPT2LMHeadModel state dict: c_attn [w, 3w], c_fc [w, 4w], ...)."""
     config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 8, "vocab_size": 20}
     config |= overrides
-    fields = hf_gpt2.model_fields(config)
+    w, v, n = config["n_embd"], config["vocab_size"], config["n_positions"]
+    shapes = {"wte.weight": (v, w), "wpe.weight": (n, w), "ln_f.weight": (w,), "ln_f.bias": (w,)}
+    for i in range(config["n_layer"]):
+        shapes |= {f"h.{i}.ln_{k}.{p}": (w,) for k in (1, 2) for p in ("weight", "bias")}
+        shapes |= {
+            f"h.{i}.attn.c_attn.weight": (w, 3 * w),
+            f"h.{i}.attn.c_attn.bias": (3 * w,),
+            f"h.{i}.attn.c_proj.weight": (w, w),
+            f"h.{i}.attn.c_proj.bias": (w,),
+            f"h.{i}.mlp.c_fc.weight": (w, 4 * w),
+            f"h.{i}.mlp.c_fc.bias": (4 * w,),
+            f"h.{i}.mlp.c_proj.weight": (4 * w, w),
+            f"h.{i}.mlp.c_proj.bias": (w,),
+        }
     rng = np.random.default_rng(0)
-    tensors = {
-        "transformer." + name: rng.normal(size=shape).astype(np.float32)
-        for name, shape in hf_gpt2._shapes(fields).items()
-    }
+    tensors = {"transformer." + name: rng.normal(size=shape).astype(np.float32) for name, shape in shapes.items()}
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(config))
     save_file(tensors, str(directory / "model.safetensors"))
@@ -315,6 +328,6 @@ def test_export_refuses_a_bad_format_and_a_non_empty_directory_and_writes_nothin
 def test_a_model_gpt2_cannot_hold_is_refused():
     model = jaxnet.models.TransformerConfig(position="rotary")
     with pytest.raises(jaxnet.UserError, match="GPT-2 cannot hold this model: model.position=rotary"):
-        hf_gpt2.from_params({}, model)
+        hf.convert({}, model, context=8)
     with pytest.raises(jaxnet.UserError, match="holds a Transformer; this run trained a lstm"):
-        hf_gpt2.from_params({}, jaxnet.models.LSTMConfig())
+        hf.convert({}, jaxnet.models.LSTMConfig(), context=8)

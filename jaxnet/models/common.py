@@ -97,3 +97,52 @@ def member_conv(lhs: jnp.ndarray, rhs: jnp.ndarray, *args: Any, **kwargs: Any) -
 
     f.defvjp(lambda x, w: (forward(x, w), (x, w)), lambda res, g: backward(*res, g))
     return f(lhs, rhs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The linear layer
+
+
+def normal(std: float, names: tuple) -> nn.initializers.Initializer:
+    """N(0, ``std``) initialisation of a parameter whose axes have the logical ``names``."""
+    return nn.with_logical_partitioning(nn.initializers.normal(std), names)
+
+
+class Projection(nn.Module):
+    """``x @ kernel + bias`` contracting the last ``contract`` axes of ``x`` into ``features``: every
+    linear layer of the Transformer (queries, keys, values, the attention's output, the MLP, an
+    untied output head), so that what changes a linear layer (an adapter) changes it here.
+
+    ``names`` are the logical names of the kernel's axes (inputs, then outputs). The kernel is
+    created at its full shape (Flax's ``DenseGeneral`` creates it flat and reshapes, which its own
+    logical-axis constraints reject), so its axes can be named and split. It starts from
+    N(0, ``std``) unless ``kernel_init`` says otherwise; the bias (``use_bias``) from zeros::
+
+        q = Projection((heads, head_dim), ("embed", "heads", "kv"), name="query")(x)  # (b, t, heads, head_dim)
+    """
+
+    features: tuple[int, ...]
+    names: tuple[str | None, ...]
+    contract: int = 1
+    std: float = 0.02
+    use_bias: bool = True
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable | None = None
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        shape = (*x.shape[x.ndim - self.contract :], *self.features)
+        init = nn.with_logical_partitioning(self.kernel_init, self.names) if self.kernel_init else None
+        kernel = self.param("kernel", init or normal(self.std, self.names), shape, self.param_dtype)
+        inputs = tuple(range(x.ndim - self.contract, x.ndim))
+        y = jax.lax.dot_general(
+            x.astype(self.dtype), kernel.astype(self.dtype), ((inputs, tuple(range(self.contract))), ((), ()))
+        )
+        if not self.use_bias:
+            return y
+        out_names = self.names[self.contract :]
+        bias = self.param(
+            "bias", nn.with_logical_partitioning(nn.initializers.zeros, out_names), self.features, self.param_dtype
+        )
+        return y + bias.astype(self.dtype)

@@ -53,8 +53,8 @@ def with_hf_shape(cfg: Config) -> Config:
         raise UserError(
             f"train.init_from={spec} is a Hugging Face checkpoint, a Transformer; set model.name=transformer"
         )
-    checkpoint = hf.read(spec)
-    fields = {**checkpoint.keys, "vocab_used": checkpoint.vocab}
+    pretrained = hf.read(spec)
+    fields = {**pretrained.keys, "vocab_used": pretrained.vocab}
     defaults = TransformerConfig()
     taken, conflicts = {}, []
     for key, theirs in fields.items():
@@ -123,16 +123,16 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
         return None
     ours = variables(run.abstract_state())
     if hf.is_hf(spec):
-        checkpoint = hf.read(spec)
-        source = checkpoint.directory
+        pretrained = hf.read(spec)
+        source = pretrained.directory
         embedding = ours.get("params/embed/embedding")
         rows = None if embedding is None else embedding.shape[0]
         try:
-            theirs = {f"params/{path}": value for path, value in checkpoint.tensors(rows)}
+            theirs = {f"params/{path}": value for path, value in pretrained.tensors(rows)}
         except UserError as e:
             raise UserError(f"train.init_from={spec}: {e}") from None
-        _check_ids(run.dataset, checkpoint.vocab, spec)
-        origin = f"{checkpoint.table.title} checkpoint {source}"
+        _check_ids(run.dataset, pretrained.vocab, spec)
+        origin = f"{pretrained.table.title} checkpoint {source}"
     else:
         source, step = parse(spec)
         if source.resolve() == workdir.resolve():

@@ -134,6 +134,64 @@ def test_padded_vocabulary_is_never_predicted_and_leaves_the_real_logits_alone(t
     assert next_token_loss(logits, tokens) == pytest.approx(next_token_loss(expected, tokens), abs=1e-5)
 
 
+def test_an_export_cut_into_several_files_loads_in_transformers_and_back(tmp_path):
+    shape = dict(SHAPES["untied-exact-gelu"], n_layer=2)
+    source = save_gpt2(tmp_path / "gpt2", **shape)
+    trained = jaxnet.load(f"hf:{source}")
+    out = hf.export(tmp_path / "out", trained.params, trained.config.model, context=24, max_shard_bytes=40_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert sorted(set(index["weight_map"].values())) == files
+    sizes = {f: (out / f).stat().st_size for f in files}
+    assert all(size < 40_000 + 4_000 for f, size in sizes.items() if len(load_file(str(out / f))) > 1)
+    total = sum(t.nbytes for f in files for t in load_file(str(out / f)).values())
+    assert index["metadata"]["total_size"] == total
+    tokens = np.random.default_rng(6).integers(0, shape["vocab_size"], (2, 24))
+    expected = hf_logits(source, tokens)
+    np.testing.assert_allclose(hf_logits(out, tokens), expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(jaxnet.load(f"hf:{out}").predict(tokens), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_a_bfloat16_checkpoint_in_several_files_imports_to_the_logits_transformers_computes_from_it(tmp_path):
+    torch, transformers = reference()
+    shape = SHAPES["gpt2-like"]
+    source = save_gpt2(tmp_path / "f32", **shape)
+    model = transformers.GPT2LMHeadModel.from_pretrained(source).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16", max_shard_size="20KB")
+    assert (tmp_path / "bf16" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "bf16").glob("model-*.safetensors"))) > 2
+    reference_model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
+    tokens = np.random.default_rng(7).integers(0, 61, (2, 16))
+    with torch.no_grad():
+        expected = reference_model(torch.tensor(tokens)).logits.numpy()  # the bf16 weights, in float32
+    np.testing.assert_allclose(jaxnet.load(f"hf:{tmp_path / 'bf16'}").predict(tokens), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_tensors_are_checked_before_any_is_read_then_read_one_at_a_time(tmp_path, monkeypatch):
+    from jaxnet.models.hf import files
+
+    source = write_gpt2(tmp_path / "gpt2", n_layer=2)
+    reads = []
+    original = files.Tensors.read
+    monkeypatch.setattr(files.Tensors, "read", lambda self, name: reads.append(name) or original(self, name))
+    tensors = hf.read(f"hf:{source}").tensors()
+    assert reads == []  # nothing read until asked for
+    path, first = next(tensors)
+    assert len(reads) == 1 and path == "embed/embedding" and first.shape == (20, 16)
+    # every parameter once: embedding, positions, final norm (2), and 16 per block (2 norms, q/k/v, out, MLP)
+    assert len(list(tensors)) + 1 == 4 + 2 * 16
+    assert len(reads) == len(set(reads)) == 4 + 2 * 12  # each file tensor read once
+    # a wrong shape anywhere stops the import before the first read
+    tensors = load_file(str(source / "model.safetensors"))
+    tensors["transformer.h.1.mlp.c_proj.bias"] = np.zeros(17, np.float32)
+    save_file(tensors, str(source / "model.safetensors"))
+    reads.clear()
+    with pytest.raises(jaxnet.UserError, match="h.1.mlp.c_proj.bias has shape"):
+        next(hf.read(f"hf:{source}").tensors())
+    assert reads == []
+
+
 def write_text(path: Path) -> Path:
     """A small UTF-8 text (its bytes below 245: UTF-8 never uses 0xF5-0xFF)."""
     rng = np.random.default_rng(0)
@@ -226,6 +284,7 @@ def train_argv(tmp_path: Path, source: Path, *extra: str) -> list[str]:
         ("extra tensor", "GPT-2 tensor h.1.mlp.c_fc.weight (16, 64) has no place"),
         ("wrong shape", "GPT-2 tensor wpe.weight has shape (9, 16), but config.json makes it (8, 16)"),
         ("no config", "has no config.json"),
+        ("missing tensor", "the checkpoint lacks h.0.mlp.c_fc.bias, which jaxnet's block_0/mlp_in/bias needs"),
     ],
 )
 def test_a_bad_checkpoint_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, damage, message):
@@ -240,6 +299,8 @@ def test_a_bad_checkpoint_is_one_line_exit_2_and_nothing_written(tmp_path, capsy
     else:
         if damage == "extra tensor":
             tensors["transformer.h.1.mlp.c_fc.weight"] = np.zeros((16, 64), np.float32)
+        elif damage == "missing tensor":
+            del tensors["transformer.h.0.mlp.c_fc.bias"]
         else:
             tensors["transformer.wpe.weight"] = np.zeros((9, 16), np.float32)
         save_file(tensors, str(source / "model.safetensors"))

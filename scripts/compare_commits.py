@@ -86,12 +86,21 @@ def main() -> None:
     results = {}
     for family in families:
         medians = {names[sha]: statistics.median(x["ms_per_step"] for x in runs[family, sha]) for sha in commits}
+        before, after = (runs[family, sha] for sha in commits)
+        paired = [round(a["ms_per_step"] / b["ms_per_step"], 3) for a, b in zip(after, before, strict=True)]
         results[family] = {
             "median_ms_per_step": medians,
             "after_over_before": round(medians["after"] / medians["before"], 3),
+            # each round's two measurements ran back to back: their ratio cancels most of the load
+            "paired_after_over_before": paired,
+            "median_paired_ratio": statistics.median(paired),
             "rounds": {names[sha]: runs[family, sha] for sha in commits},
         }
-        print(f"{family}: before {medians['before']} ms, after {medians['after']} ms", flush=True)
+        print(
+            f"{family}: before {medians['before']} ms, after {medians['after']} ms, "
+            f"median paired ratio {statistics.median(paired)}",
+            flush=True,
+        )
     record = {
         "kind": "compare-commits",
         "what": "a train step's wall time (ms) under two commits, fresh processes in alternation; the step of the "

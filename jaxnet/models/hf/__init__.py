@@ -25,6 +25,7 @@ table (``gpt2.py``). This facade is what the rest of jaxnet calls::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -40,7 +41,7 @@ from jaxnet.errors import UserError
 from jaxnet.models.hf import files
 from jaxnet.models.hf.gpt2 import GPT2
 from jaxnet.models.hf.table import Table, file_tensors, fill
-from jaxnet.models.transformer import TransformerConfig
+from jaxnet.models.transformer import TransformerConfig, TransformerLanguageModel, TransformerSpec
 
 PREFIX = "hf:"
 """How ``train.init_from``, :func:`jaxnet.load` and :func:`jaxnet.load_params` name a checkpoint directory."""
@@ -114,11 +115,7 @@ class Checkpoint:
     def shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
         """The parameter shapes (by path) of this checkpoint's Transformer with ``rows`` token ids,
         from the model itself (``jax.eval_shape`` of its ``init``)."""
-        module = self.model().build(outputs=rows, seq_len=self.context)
-        tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-        variables = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
-        flat = jax.tree_util.tree_flatten_with_path(nn.unbox(variables)["params"])[0]
-        return {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in flat}
+        return dict(param_shapes(self.model().spec(rows, self.context)))
 
     def tensors(self, rows: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """Every parameter of this checkpoint's Transformer (path, float32 array), each read from
@@ -137,6 +134,17 @@ class Checkpoint:
     def params(self, rows: int | None = None) -> dict[str, np.ndarray]:
         """:meth:`tensors` gathered, by path (``block_0/attention/query/kernel``)."""
         return dict(self.tensors(rows))
+
+
+@functools.cache
+def param_shapes(spec: TransformerSpec) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(path, shape) of every parameter of the Transformer of ``spec``, from ``jax.eval_shape`` of
+    its ``init`` (traced once per spec)."""
+    module = TransformerLanguageModel(spec)
+    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    variables = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
+    flat = jax.tree_util.tree_flatten_with_path(nn.unbox(variables)["params"])[0]
+    return tuple(("/".join(str(k.key) for k in path), tuple(leaf.shape)) for path, leaf in flat)
 
 
 def read(spec: str | os.PathLike) -> Checkpoint:

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxnet.models.common import Projection
+from jaxnet.models.common import Projection, project
 from jaxnet.models.transformer.spec import TransformerSpec
 
 #: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
@@ -153,21 +153,34 @@ class SelfAttention(nn.Module):
         if s.kv_heads == s.heads and self.is_initializing():
             packed = _PackedKey(name="qkv")()
 
-        def project(name: str, heads: int, axis: str, index: int) -> jnp.ndarray:
+        def projection(name: str, heads: int, axis: str, index: int) -> Projection:
             init = None if packed is None else _packed_draw(packed, s, index)
-            y = Projection(
+            return Projection(
                 (heads, s.head_dim),
                 ("embed", axis, "kv"),
                 dtype=s.dtype,
                 param_dtype=s.param_dtype,
                 kernel_init=init,
                 name=name,
-            )(x)
-            return nn.with_logical_constraint(y, ("batch", None, axis, None))
+            )
 
-        q = project("query", s.heads, "heads", 0)
-        k = project("key", s.kv_heads, "kv_heads", 1)
-        v = project("value", s.kv_heads, "kv_heads", 2)
+        projections = [
+            projection("query", s.heads, "heads", 0),
+            projection("key", s.kv_heads, "kv_heads", 1),
+            projection("value", s.kv_heads, "kv_heads", 2),
+        ]
+        if s.kv_heads == s.heads:
+            # One product over the three kernels stacked (width, 3, heads, head_dim), split by head
+            # like each: the numbers of the packed kernel of before, and a third of the products.
+            weights = [p.weights((s.width,)) for p in projections]
+            kernel = jnp.stack([k for k, _ in weights], axis=1)
+            bias = jnp.stack([b for _, b in weights])
+            qkv = nn.with_logical_constraint(project(x, kernel, bias, 1, s.dtype), ("batch", None, None, "heads", None))
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        else:
+            q, k, v = (p(x) for p in projections)
+            q = nn.with_logical_constraint(q, ("batch", None, "heads", None))
+            k, v = (nn.with_logical_constraint(a, ("batch", None, "kv_heads", None)) for a in (k, v))
         if s.position == "rotary":
             q, k = rotary(q, positions), rotary(k, positions)
         if decode:

@@ -8,8 +8,10 @@ fresh process importing jaxnet from one of them, which builds the runner's ``Run
 family's standard experiment (``jaxnet bench``'s cases, full size), compiles its step, warms up
 and times ``--steps`` steps fed by the runner's input pipeline (``scripts/profile_cpu.py``'s
 child, with the allocator setting the jaxnet command uses). The commits alternate, round by
-round (A B A B ...), so the machine's load falls on both alike; the medians and their ratio go to
-``benchmarks/results/compare-commits-<date>[-<tag>].json``.
+round (A B A B ...), so the machine's load falls on both alike; the medians of wall and user CPU
+time per step and their ratios go to ``benchmarks/results/compare-commits-<date>[-<tag>].json``.
+On a machine other jobs load, user CPU time is the figure to compare: wall time also holds the
+waits for cores taken by others.
 """
 
 from __future__ import annotations
@@ -88,8 +90,12 @@ def main() -> None:
         medians = {names[sha]: statistics.median(x["ms_per_step"] for x in runs[family, sha]) for sha in commits}
         before, after = (runs[family, sha] for sha in commits)
         paired = [round(a["ms_per_step"] / b["ms_per_step"], 3) for a, b in zip(after, before, strict=True)]
+        user = {names[sha]: statistics.median(x["user_ms_per_step"] for x in runs[family, sha]) for sha in commits}
         results[family] = {
             "median_ms_per_step": medians,
+            # CPU time is the work itself; wall time also holds the waits for cores other jobs took
+            "median_user_cpu_ms_per_step": user,
+            "user_cpu_after_over_before": round(user["after"] / user["before"], 3),
             "after_over_before": round(medians["after"] / medians["before"], 3),
             # each round's two measurements ran back to back: their ratio cancels most of the load
             "paired_after_over_before": paired,
@@ -98,7 +104,8 @@ def main() -> None:
         }
         print(
             f"{family}: before {medians['before']} ms, after {medians['after']} ms, "
-            f"median paired ratio {statistics.median(paired)}",
+            f"median paired ratio {statistics.median(paired)}; user CPU before {user['before']} ms, "
+            f"after {user['after']} ms",
             flush=True,
         )
     record = {

@@ -57,7 +57,8 @@ def run_cli(argv: list[str], capsys) -> str:
 @needs_shakespeare
 @pytest.mark.parametrize("name", list(RUNS))
 def test_an_old_run_evaluates_to_the_metrics_the_old_code_gave(runs, name, capsys):
-    for split in ("val", "test"):
+    # the test split of the saved step (the resumed run below evaluates both splits again)
+    for split in ("test",):
         got = json.loads(run_cli(["eval", "--workdir", str(runs / name), "--split", split], capsys))
         want = json.loads((EXPECTED / f"{name}.eval.{split}.json").read_text())
         assert got.keys() == want.keys()

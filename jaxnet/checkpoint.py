@@ -48,6 +48,7 @@ import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 from jaxnet.errors import UserError
+from jaxnet.models import base as model_base
 
 MANIFEST = "jaxnet_manifest.json"
 """File in each sealed step directory: every other file's relative path, size and SHA-256."""
@@ -201,7 +202,9 @@ class Checkpoints:
         restored, the damaged ones are moved into ``damaged/`` (unless read-only). If all are
         damaged, or the requested ``step`` is, that is a :class:`UserError` and nothing is moved.
         A checkpoint of another model or optimizer is a :class:`UserError` naming the array, not
-        damage.
+        damage. A checkpoint an older jaxnet saved in a layout that changed since (a registered
+        :class:`~jaxnet.models.base.Unpacked`: the Transformer's packed ``qkv`` kernel) is read in
+        today's layout, which ``say`` reports in one line.
         """
         self._settle()
         steps = self._list_steps()
@@ -209,7 +212,7 @@ class Checkpoints:
             if step not in steps:
                 have = ", ".join(map(str, steps)) or "none"
                 raise UserError(f"there is no checkpoint step {step} in {self.directory} (steps there: {have})")
-            state, problem = self._try_restore(target, step)
+            state, problem = self._try_restore(target, step, say)
             if problem is not None:
                 raise UserError(
                     f"checkpoint step {step} in {self.directory} is damaged ({problem}); "
@@ -220,7 +223,7 @@ class Checkpoints:
             raise UserError(f"no checkpoint in {self.directory}; train first with `jaxnet train`")
         damaged: list[tuple[int, str]] = []
         for i in range(len(steps) - 1, -1, -1):
-            state, problem = self._try_restore(target, steps[i])
+            state, problem = self._try_restore(target, steps[i], say)
             if problem is None:
                 self._set_aside([s for s, _ in damaged])
                 return state
@@ -238,19 +241,25 @@ class Checkpoints:
 
     # -- restoring -------------------------------------------------------------------------------
 
-    def _try_restore(self, target: Any, step: int) -> tuple[Any, str | None]:
+    def _try_restore(self, target: Any, step: int, say: Callable[[str], Any] | None) -> tuple[Any, str | None]:
         """The restored state and None, or None and why checkpoint ``step`` is damaged."""
         sealed = (self.directory / str(step) / MANIFEST).exists()
         problem = self.verify(step)
         if _disagree(problem):  # every process must take the same checkpoint
             return None, problem or "damaged as another process found"
-        self._check_fits(target, step)
+        changes = self._check_fits(target, step)
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         try:
             with _quiet_orbax_coroutines():
-                restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+                if changes:
+                    restored = {"state": self._restore_changed(target, step)}
+                else:
+                    args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
+                    restored = self._manager.restore(step, args=args)
         except Exception as e:  # orbax and tensorstore raise many types for a damaged checkpoint
             problem = f"orbax cannot read it: {_root_cause(e)}"
+        if problem is None and changes and say is not None:
+            say(f"checkpoint step {step} in {self.directory}: {'; '.join(changes)}")
         if _disagree(problem):  # each process reads its own shards: one may fail where another does not
             return None, problem or "orbax cannot read it in another process"
         if not sealed and not self.read_only and self._primary:
@@ -321,16 +330,39 @@ class Checkpoints:
         _sync_processes("jaxnet: damaged checkpoints moved")
         self._manager.reload()  # orbax lists steps from memory; a moved step may be saved again
 
-    def _check_fits(self, target: Any, step: int) -> None:
-        """Name the first array that is missing, extra or of another shape in the saved state."""
+    def _restore_changed(self, target: Any, step: int) -> Any:
+        """Checkpoint ``step``, saved in a layout that changed since (see :func:`changed_layout`), read
+        as saved onto this process's first device, then in today's layout placed as ``target``
+        (shape-dtype structs with shardings) says."""
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        saved = self._manager.item_metadata(step)["state"]
+        as_saved = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved)
+        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(as_saved)))
+        flat, _ = model_base.migrate({_names(p): np.asarray(leaf) for p, leaf in _flat(restored["state"])})
+
+        def place(path: tuple, want: jax.ShapeDtypeStruct) -> jax.Array:
+            value = flat[_names(path)].astype(want.dtype)
+            return jax.make_array_from_callback(want.shape, want.sharding, lambda index: value[index])
+
+        return jax.tree_util.tree_map_with_path(place, target)
+
+    def _check_fits(self, target: Any, step: int) -> list[str]:
+        """Name the first array that is missing, extra or of another shape in the saved state.
+        Returns the notes of the layout changes that make it fit (none: it fits as saved)."""
         try:
             saved = self._manager.item_metadata(step)["state"]
         except Exception:  # unreadable metadata: let restore report the damage
-            return
+            return []
         if saved is None:
-            return
-        saved_shapes = {_names(path): getattr(leaf, "shape", None) for path, leaf in _flat(saved)}
+            return []
+        flat = {_names(path): leaf for path, leaf in _flat(saved)}
         wanted_shapes = {_names(path): leaf.shape for path, leaf in _flat(target)}
+        if not _same_shapes(flat, wanted_shapes):
+            migrated, notes = model_base.migrate(flat)
+            if notes and _same_shapes(migrated, wanted_shapes):
+                return notes
+            flat = migrated if notes else flat
+        saved_shapes = {name: getattr(leaf, "shape", None) for name, leaf in flat.items()}
         where = f"checkpoint step {step} in {self.directory} does not fit this run"
         guess = lambda name: "parallel.sgd or parallel.workers" if name[0] == "workers" else "model or optimizer"
         # Training would write into the workdir; reading a run (evaluation) needs the model it trained.
@@ -348,6 +380,7 @@ class Checkpoints:
             raise UserError(
                 f"{where}: it has {'/'.join(extra[0])}, which this run does not (another {guess(extra[0])}?); {fix}"
             )
+        return []
 
     # -- saving ----------------------------------------------------------------------------------
 
@@ -647,6 +680,55 @@ def _flat(tree: Any) -> list:
     return jax.tree_util.tree_flatten_with_path(tree)[0]
 
 
+def _same_shapes(saved: dict[tuple[str, ...], Any], wanted: dict[tuple[str, ...], tuple]) -> bool:
+    """Whether saved leaves (by path) are exactly the wanted paths, of the wanted shapes (a saved
+    leaf without a shape matches any)."""
+    if saved.keys() != wanted.keys():
+        return False
+    shapes = ((getattr(leaf, "shape", None), wanted[name]) for name, leaf in saved.items())
+    return all(have is None or tuple(have) == tuple(want) for have, want in shapes)
+
+
+def changed_layout(tree: Any) -> tuple[Any, list[str]]:
+    """``tree`` (a saved state or parameters as nested dicts and lists of arrays) in today's layout,
+    and the notes of the changes that applied (:func:`jaxnet.models.base.migrate`; none: ``tree``
+    itself)::
+
+        params, notes = changed_layout(saved["params"])   # qkv -> query, key, value
+    """
+    flat = {_names(path): leaf for path, leaf in _flat(tree)}
+    migrated, notes = model_base.migrate(flat)
+    if not notes:
+        return tree, []
+    out = _copy_containers(tree)
+    for name in flat.keys() - migrated.keys():
+        *parents, leaf = name
+        _node(out, parents).pop(leaf)
+    for name in migrated.keys() - flat.keys():
+        *parents, leaf = name
+        _node(out, parents, create=True)[leaf] = migrated[name]
+    return out, notes
+
+
+def _copy_containers(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _copy_containers(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return [_copy_containers(v) for v in tree]
+    return tree
+
+
+def _node(tree: Any, names: list[str], create: bool = False) -> Any:
+    for name in names:
+        if isinstance(tree, list):
+            tree = tree[int(name)]
+        elif create:
+            tree = tree.setdefault(name, {})
+        else:
+            tree = tree[name]
+    return tree
+
+
 def _names(path: tuple) -> tuple[str, ...]:
     """A tree path as plain names, the same whether saved (dicts, lists) or live (attributes)."""
     names = []
@@ -698,20 +780,18 @@ def load_params(workdir: str | os.PathLike, step: int | str | None = None) -> An
         params = jaxnet.load_params("runs/mine")
         params["Dense_0"]["kernel"].shape   # (3, 16)
 
-    ``"hf:PATH"`` reads a Hugging Face GPT-2 checkpoint directory instead, as the parameters of
-    jaxnet's Transformer (:mod:`jaxnet.models.hf_gpt2`; ``step`` does not apply)::
+    ``"hf:PATH"`` reads a Hugging Face checkpoint directory instead, as the parameters of jaxnet's
+    Transformer (:mod:`jaxnet.models.hf`; ``step`` does not apply)::
 
         params = jaxnet.load_params("hf:checkpoints/gpt2")
-        params["block_0"]["attention"]["qkv"]["kernel"].shape   # (768, 3, 12, 64)
+        params["block_0"]["attention"]["query"]["kernel"].shape   # (768, 12, 64)
     """
-    from jaxnet.models import hf_gpt2
+    from jaxnet.models import hf
 
-    if hf_gpt2.is_hf(workdir):
+    if hf.is_hf(workdir):
         if step is not None:
             raise UserError(f"{workdir} is a Hugging Face checkpoint, which has no steps; leave step unset")
-        directory = hf_gpt2.hf_dir(workdir)
-        hf = hf_gpt2.read_config(directory)
-        return hf_gpt2.nested(hf_gpt2.to_params(hf_gpt2.read_tensors(directory), hf))
+        return hf.nested(hf.read(workdir).params())
     return load_state(workdir, step)["params"]
 
 
@@ -757,4 +837,7 @@ def load_state(workdir: str | os.PathLike, step: int | str | None = None) -> dic
         state = ckpts.restore(target, step)
     finally:
         ckpts.close()
-    return jax.tree.map(np.asarray, state)
+    state, notes = changed_layout(jax.tree.map(np.asarray, state))
+    if notes:  # said on stderr: what reads a run (jaxnet.load, predict, eval) may print its results on stdout
+        print(f"checkpoint step {int(state['step'])} in {directory}: {'; '.join(notes)}", file=sys.stderr)
+    return state

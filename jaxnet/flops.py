@@ -51,96 +51,18 @@ def mfu(flops_per_step: float, steps_per_s: float, device_kind: str, devices: in
     return None if peak is None else flops_per_step * steps_per_s / (peak * devices)
 
 
-def transformer_forward(
-    *, batch: int, seq_len: int, vocab: int, layers: int, width: int, mlp_ratio: int, causal: bool = True
-) -> float:
-    """Forward FLOPs of :class:`~jaxnet.models.TransformerLanguageModel` on ``batch`` x ``seq_len`` tokens."""
-    tokens = batch * seq_len
-    projections = 2 * tokens * (3 * width * width + width * width + 2 * mlp_ratio * width * width)
-    pairs = seq_len * (seq_len + 1) / 2 if causal else seq_len * seq_len
-    attention = 2 * 2 * batch * pairs * width  # scores q.k and the weighted sum of v, over all heads
-    logits = 2 * tokens * width * vocab
-    return layers * (projections + attention) + logits
-
-
-def lstm_forward(*, batch: int, seq_len: int, vocab: int, layers: int, width: int) -> float:
-    """Forward FLOPs of :class:`~jaxnet.models.LSTMLanguageModel` (input and recurrent products
-    of the 4 gates per layer, then the output projection)."""
-    tokens = batch * seq_len
-    per_layer = 2 * tokens * (width * 4 * width + width * 4 * width)
-    return layers * per_layer + 2 * tokens * width * vocab
-
-
-def _taps(size: int, kernel: int, stride: int) -> int:
-    """Kernel positions that land on the input, summed over the outputs of one axis of a 'SAME'
-    convolution (positions over the zero padding multiply nothing and are not counted)."""
-    out = -(-size // stride)
-    pad = max((out - 1) * stride + kernel - size, 0) // 2
-    return sum(1 for o in range(out) for t in range(kernel) if 0 <= o * stride + t - pad < size)
-
-
-def _conv(batch: int, size: int, kernel: int, c_in: int, c_out: int, stride: int = 1) -> float:
-    """A square 'SAME' convolution of a ``size`` x ``size`` input."""
-    return 2 * batch * _taps(size, kernel, stride) ** 2 * c_in * c_out
-
-
-def convnet_forward(*, batch: int, height: int, channels: int, features: tuple, hidden: int, classes: int) -> float:
-    """Forward FLOPs of :class:`~jaxnet.models.ConvNet` on square ``height`` x ``height`` images."""
-    total, size, c_in = 0.0, height, channels
-    for c_out in features:
-        total += _conv(batch, size, 3, c_in, c_out)
-        size, c_in = size // 2, c_out
-    flat = size * size * c_in
-    return total + 2 * batch * (flat * hidden + hidden * classes)
-
-
-def resnet_forward(*, batch: int, height: int, channels: int, features: tuple, blocks: tuple, classes: int) -> float:
-    """Forward FLOPs of :class:`~jaxnet.models.ResNet` (convolutions, projection shortcuts, classifier)."""
-    total, size = _conv(batch, height, 3, channels, features[0]), height
-    c_in = features[0]
-    for stage, (c_out, count) in enumerate(zip(features, blocks, strict=True)):
-        for block in range(count):
-            stride = 2 if stage > 0 and block == 0 else 1
-            if c_in != c_out or stride > 1:
-                total += _conv(batch, size, 1, c_in, c_out, stride)  # projection shortcut
-            total += _conv(batch, size, 3, c_in, c_out, stride)
-            size = -(-size // stride)
-            total += _conv(batch, size, 3, c_out, c_out)
-            c_in = c_out
-    return total + 2 * batch * c_in * classes
-
-
 def forward_flops(model: Any, *, batch: int, input_shape: tuple, vocab: int, causal: bool = True) -> float:
-    """Forward FLOPs of the model a built-in family's config (e.g. :class:`~jaxnet.models.TransformerConfig`) describes.
+    """Forward FLOPs of the model a family's config (e.g. :class:`~jaxnet.models.TransformerConfig`)
+    describes: the family counts its own (:meth:`~jaxnet.models.base.ModelConfig.forward_flops`).
 
     ``input_shape`` is ``(seq_len,)`` for language models and ``(height, width, channels)`` for
-    images; ``vocab`` is the vocabulary size or the number of classes.
+    images; ``vocab`` is the vocabulary size or the number of classes. A family without a count is
+    a ``ValueError``.
     """
-    if model.name == "transformer":
-        return transformer_forward(
-            batch=batch,
-            seq_len=input_shape[0],
-            vocab=vocab,
-            layers=model.layers,
-            width=model.width,
-            mlp_ratio=model.mlp_ratio,
-            causal=causal and getattr(model, "causal", True),
-        )
-    if model.name == "lstm":
-        return lstm_forward(batch=batch, seq_len=input_shape[0], vocab=vocab, layers=model.layers, width=model.width)
-    height, _, channels = input_shape
-    images = {
-        "batch": batch,
-        "height": height,
-        "channels": channels,
-        "features": tuple(model.features),
-        "classes": vocab,
-    }
-    if model.name == "convnet":
-        return convnet_forward(**images, hidden=model.hidden)
-    if model.name == "resnet":
-        return resnet_forward(**images, blocks=tuple(model.blocks))
-    raise ValueError(f"no FLOP count for model.name={model.name}")
+    count = model.forward_flops(batch=batch, input_shape=tuple(input_shape), outputs=vocab, causal=causal)
+    if count is None:
+        raise ValueError(f"no FLOP count for model.name={model.name}")
+    return count
 
 
 def train_step_flops(model: Any, *, batch: int, input_shape: tuple, vocab: int, causal: bool = True) -> float:

@@ -15,7 +15,6 @@ On the command line: ``jaxnet predict --workdir RUN --input x.npy --out logits.n
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -157,9 +156,10 @@ class Trained:
 
         ``platforms`` (default: this machine's, e.g. ``("cpu",)``) are those it can run on.
 
-        ``"hf"``: a Transformer as a Hugging Face GPT-2 checkpoint in the directory ``path`` (new or
-        empty): ``config.json`` and ``model.safetensors``, the vocabulary's padding rows dropped
-        (:mod:`jaxnet.models.hf_gpt2`), which ``transformers.GPT2LMHeadModel.from_pretrained(path)``
+        ``"hf"``: a Transformer as a Hugging Face checkpoint (GPT-2's) in the directory ``path`` (new
+        or empty): ``config.json`` and ``model.safetensors`` (several files and
+        ``model.safetensors.index.json`` above 5 GB), the vocabulary's padding rows dropped
+        (:mod:`jaxnet.models.hf`), which ``transformers.GPT2LMHeadModel.from_pretrained(path)``
         loads. Both formats are written whole or not at all.
         """
         if format not in EXPORT_FORMATS:
@@ -211,13 +211,11 @@ class Trained:
         return path
 
     def _export_hf(self, path: Path) -> Path:
-        from jaxnet.models import hf_gpt2
+        from jaxnet.models import hf
 
         model = self.config.model
-        if model.name == "transformer" and not model.context:  # the position table's rows: data.seq_len
-            model = dataclasses.replace(model, context=self.config.data.seq_len)
-        config, tensors = hf_gpt2.from_params(jax.device_get(self.params), model)
-        return hf_gpt2.write(path, config, tensors)
+        context = getattr(model, "context", 0) or self.config.data.seq_len  # the position table's rows
+        return hf.export(path, self.params, model, context)
 
     def _state_for(self, rows: int) -> dict[str, Any]:
         """The model state for batches of ``rows`` examples: a carried state is fresh zeros of that many rows."""
@@ -290,16 +288,16 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
         trained = jaxnet.load("runs/cnn_fashion_mnist", step="best")
         labels = trained.predict(images).argmax(-1)
 
-    ``"hf:PATH"`` loads a Hugging Face GPT-2 checkpoint directory (``save_pretrained``'s) as
-    jaxnet's Transformer, before any training (:mod:`jaxnet.models.hf_gpt2`)::
+    ``"hf:PATH"`` loads a Hugging Face checkpoint directory (``save_pretrained``'s) as jaxnet's
+    Transformer, before any training (:mod:`jaxnet.models.hf`)::
 
         logits = jaxnet.load("hf:checkpoints/gpt2").predict(tokens)   # int (N, T) -> (N, T, 50257)
     """
-    from jaxnet.models import hf_gpt2
+    from jaxnet.models import hf
 
-    if hf_gpt2.is_hf(workdir):
+    if hf.is_hf(workdir):
         if step is not None or model is not None:
-            raise UserError(f"{workdir} is a Hugging Face GPT-2 checkpoint: it has no steps and its own model")
+            raise UserError(f"{workdir} is a Hugging Face checkpoint: it has no steps and its own model")
         return load_hf(workdir)
     workdir = Path(workdir)
     config_path = workdir / "config.json"
@@ -337,25 +335,23 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
 
 
 def hf_model(spec: str | os.PathLike) -> tuple[Config, Any, dict[str, Any]]:
-    """The config, Flax module and parameters (nested) of jaxnet's Transformer holding the GPT-2
-    checkpoint ``hf:PATH``; its vocabulary is GPT-2's, its context the checkpoint's positions."""
-    from jaxnet.models import TransformerConfig, hf_gpt2
+    """The config, Flax module and parameters (nested) of jaxnet's Transformer holding the Hugging
+    Face checkpoint ``hf:PATH``; its vocabulary is the checkpoint's, its context the checkpoint's
+    positions."""
+    from jaxnet.models import hf
 
-    directory = hf_gpt2.hf_dir(spec)
-    hf = hf_gpt2.read_config(directory)
-    fields = hf_gpt2.model_fields(hf)
-    vocab = fields.pop("vocab")
-    params = hf_gpt2.nested(hf_gpt2.to_params(hf_gpt2.read_tensors(directory), hf))
+    checkpoint = hf.read(spec)
+    params = hf.nested(checkpoint.params())
     cfg = Config()
-    cfg.model = TransformerConfig(**fields, vocab_used=vocab)
-    cfg.data.seq_len = fields["context"]
+    cfg.model = checkpoint.model()
+    cfg.data.seq_len = checkpoint.context
     cfg.train.init_from = str(spec)
     cfg.train.eval_batch_size = 32
-    return cfg, models.build(cfg.model, vocab, cfg.data.seq_len), params
+    return cfg, models.build(cfg.model, checkpoint.vocab, cfg.data.seq_len), params
 
 
 def load_hf(spec: str | os.PathLike) -> Trained:
-    """:func:`load` of ``"hf:PATH"``: a GPT-2 checkpoint as a :class:`Trained` Transformer taking
+    """:func:`load` of ``"hf:PATH"``: a Hugging Face checkpoint as a :class:`Trained` Transformer taking
     token ids (N, T) of any length up to its context."""
     cfg, module, params = hf_model(spec)
     vocab = params["embed"]["embedding"].shape[0]
@@ -432,10 +428,10 @@ def export_run(
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: directory {out.parent} does not exist")
     trained = load(workdir, step)
-    if format == "hf" and trained.config.model.name != "transformer":
+    if format == "hf" and not isinstance(trained.config.model, models.TransformerConfig):
         raise UserError(
-            f"{workdir} trained a {trained.config.model.name}; a GPT-2 checkpoint (--format hf) holds a Transformer. "
-            "Use --format jax"
+            f"{workdir} trained a {trained.config.model.name}; a Hugging Face checkpoint (--format hf) holds a "
+            "Transformer. Use --format jax"
         )
     written = trained.export(out, format=format)
     return json.dumps({"step": trained.step, "format": format, "out": str(written)})

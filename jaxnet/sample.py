@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnet.errors import UserError
+from jaxnet.models import hf
 
 
 def choose(logits: jnp.ndarray, key: jax.Array, temperature: float, top_k: int) -> jnp.ndarray:
@@ -83,14 +84,26 @@ def generate(
     top_k: int = 0,
     seed: int = 0,
 ) -> np.ndarray:
-    """``num_tokens`` token ids following ``prompt`` (1-D ids, not empty).
+    """``num_tokens`` token ids following ``prompt``: the ids of one sequence, (T,) or a batch of
+    one (1, T), not empty.
 
     ``model`` is called as ``model.apply(variables, tokens, train=False, decode=True)``; a model
-    with a ``context`` attribute (the Transformer) is decoded in windows of that many positions.
+    with a ``context`` attribute (the Transformer) is decoded in windows of that
+    many positions::
+
+        ids = generate(trained.model.module, trained.params, np.array([[3, 17, 5]]), 20, temperature=0)
     """
-    prompt = np.asarray(prompt, np.int32)
-    if prompt.ndim != 1 or len(prompt) == 0:
+    prompt = np.asarray(prompt)
+    if prompt.ndim == 2 and prompt.shape[0] == 1:  # one sequence as a model takes it: a batch of one
+        prompt = prompt[0]
+    if prompt.ndim != 1 or (prompt.size and prompt.dtype.kind not in "iu"):
+        raise UserError(
+            f"the prompt is {prompt.dtype} of shape {prompt.shape}; give the token ids of one sequence, "
+            "shaped (T,) or (1, T)"
+        )
+    if len(prompt) == 0:
         raise UserError("the prompt is empty; give at least one token of text")
+    prompt = prompt.astype(np.int32)
     if num_tokens < 1:
         return np.zeros(0, np.int32)
     context = getattr(model, "context", None)
@@ -201,7 +214,7 @@ def sample(
     from jaxnet.train import state as state_lib
     from jaxnet.train.loop import abstract_state, workers_of
 
-    if not str(workdir).startswith("hf:") and not (Path(workdir) / "config.json").is_file():
+    if not hf.is_hf(workdir) and not (Path(workdir) / "config.json").is_file():
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
     if tokens < 0:
         raise UserError(f"--tokens {tokens}: give a number of tokens >= 0")
@@ -211,15 +224,17 @@ def sample(
         raise UserError(f"--top-k {top_k}: give a count >= 0 (0 = no limit)")
     if ids is not None and not ids:
         raise UserError("--ids is empty; give at least one token id")
-    if str(workdir).startswith("hf:"):
+    if hf.is_hf(workdir):
         return sample_hf(str(workdir), prompt, tokens, temperature=temperature, top_k=top_k, seed=seed, ids=ids)
     workdir = Path(workdir)
     cfg = config_lib.apply_overrides(
         config_lib.load(workdir / "config.json"), ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]
     )
-    if cfg.model.name not in ("lstm", "transformer"):
+    language_models = [name for name, family in models.REGISTRY.items() if family.inputs == "tokens"]
+    if models.family(cfg.model.name).inputs != "tokens":
         raise UserError(
-            f"{workdir} trained a {cfg.model.name}, not a language model; sampling needs lstm or transformer"
+            f"{workdir} trained a {cfg.model.name}, not a language model; sampling needs one of "
+            f"{', '.join(language_models)}"
         )
     if not getattr(cfg.model, "causal", True):
         raise UserError(

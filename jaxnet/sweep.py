@@ -261,7 +261,7 @@ class Population:
         whole = parallel.replicated(self.mesh)
         self.at_once = members_at_once(self, at_once)
         self.train_step = jax.jit(
-            parallel.under_rules(self._all_steps, self.mesh),
+            parallel.under_rules(self._all_steps, self.mesh, run.rules),
             donate_argnums=0,
             compiler_options=xla_options.compiler_options(self.mesh),
             out_shardings=(self.state_shardings, whole),

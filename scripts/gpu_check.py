@@ -555,10 +555,9 @@ def smoke(name: str, workdir: str, expect: str, overrides: list[str]) -> int:
     cfg = load_experiment(f"{name}:smoke", [*overrides, "train.progress=false"])
     resolved = models.resolve(cfg.model)
     out: dict[str, Any] = {"backend": jax.default_backend(), "model": cfg.model.name, "dtype": resolved.dtype}
-    if cfg.model.name == "transformer":
-        out["attention"] = resolved.attention
-    if cfg.model.name == "lstm":
-        out["lstm_impl"] = resolved.lstm_impl
+    for kernel in ("attention", "lstm_impl"):  # the families that choose a kernel for the backend
+        if hasattr(resolved, kernel):
+            out[kernel] = getattr(resolved, kernel)
     # what the compiled program calls: cuDNN's fused attention and LSTM are custom calls
     run = Run(cfg)
     batch = parallel.put_batch(next(run.train_batches(0)), run.mesh)
@@ -581,9 +580,9 @@ def smoke(name: str, workdir: str, expect: str, overrides: list[str]) -> int:
     if expect == "gpu":
         if not out["bf16_in_program"]:
             problems.append("no bf16 in the program")
-        if cfg.model.name == "transformer" and not any("fmha" in c.lower() for c in out["cudnn_calls"]):
+        if "attention" in out and not any("fmha" in c.lower() for c in out["cudnn_calls"]):
             problems.append("no cuDNN attention call in the program")
-        if cfg.model.name == "lstm" and not any("rnn" in c.lower() for c in out["cudnn_calls"]):
+        if "lstm_impl" in out and not any("rnn" in c.lower() for c in out["cudnn_calls"]):
             problems.append("no cuDNN LSTM call in the program")
     elif out["cudnn_calls"]:
         problems.append(f"cuDNN calls on a CPU: {out['cudnn_calls']}")

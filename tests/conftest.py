@@ -153,6 +153,19 @@ def pytest_collection_modifyitems(items: list) -> None:
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: order within a file kept
 
 
+#: What every test of a user's own arrays sets: the data comes from Python, and no progress bar.
+OWN_ARRAYS = ("data.name=arrays", "train.progress=false")
+
+
+def arrays_config(experiment: str, settings: list[str] | tuple[str, ...], *overrides: str) -> Config:
+    """``Config(experiment=experiment)`` for a user's own arrays (:data:`OWN_ARRAYS`), with a test
+    file's ``settings`` and then a test's ``overrides`` (``key=value`` each)::
+
+        cfg = arrays_config("library", ["optim.lr=1e-2", "train.steps=40"], "train.batch_size=8")
+    """
+    return config.apply_overrides(Config(experiment=experiment), [*OWN_ARRAYS, *settings, *overrides])
+
+
 # A user's own model and arrays, for the tests of the library path: y is a noisy linear function of x.
 WEIGHTS = np.array([1.0, -2.0, 0.5], np.float32)
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import arrays_config
 from flax import nnx
 
 import jaxnet
@@ -28,7 +29,6 @@ def classes(n: int, seed: int) -> dict[str, np.ndarray]:
 DATA = jaxnet.data.arrays(train=classes(64, 0), val=classes(16, 1), test=classes(24, 2))
 TASK = jaxnet.tasks.classification(inputs="x", target="y")
 SETTINGS = [
-    "data.name=arrays",
     "optim.lr=3e-2",
     "train.steps=6",
     "train.batch_size=8",
@@ -36,12 +36,11 @@ SETTINGS = [
     "train.log_every=1",
     "train.eval_every=3",
     "train.checkpoint_every=3",
-    "train.progress=false",
 ]
 
 
 def config(*extra: str) -> jaxnet.Config:
-    return jaxnet.apply_overrides(jaxnet.Config(experiment="adapters"), [*SETTINGS, *extra])
+    return arrays_config("adapters", SETTINGS, *extra)
 
 
 class LinenMLP(nn.Module):

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import MLP, linear_data
+from conftest import MLP, arrays_config, linear_data
 
 import jaxnet
 from jaxnet import observe
@@ -31,7 +31,6 @@ def halved(split: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # goes on to one. A U-shaped validation curve, the same on every run.
 DATA = {"train": linear_data(256, 0), "val": halved(linear_data(64, 1)), "test": halved(linear_data(64, 2))}
 SETTINGS = [
-    "data.name=arrays",
     "optim.lr=1e-2",
     "optim.schedule=constant",
     "optim.warmup_steps=0",
@@ -42,7 +41,6 @@ SETTINGS = [
     "train.eval_every=5",
     "train.checkpoint_every=5",
     "train.keep_checkpoints=2",
-    "train.progress=false",
 ]
 PATIENCE = 3
 
@@ -50,7 +48,7 @@ PATIENCE = 3
 def train(workdir: Path, *overrides: str, actions: list | None = None, stop: bool = True) -> tuple[dict, str]:
     """Train the MLP on :data:`DATA` (with early stopping on val/loss unless not ``stop``); the
     summary and what the run printed."""
-    cfg = jaxnet.apply_overrides(jaxnet.Config(experiment="best"), [*SETTINGS, *overrides])
+    cfg = arrays_config("best", SETTINGS, *overrides)
     if stop:
         actions = [*(actions or []), jaxnet.early_stop("val/loss", patience=PATIENCE)]
     printed = io.StringIO()
@@ -181,7 +179,7 @@ def test_keep_best_alone_keeps_the_best_and_reports_the_last_state(tmp_path):
 
 EXPERIMENT = """
 import jaxnet
-from conftest import MLP
+from conftest import MLP, arrays_config
 from test_best import DATA, SETTINGS
 
 
@@ -202,7 +200,7 @@ def actions(cfg):
 
 
 def get_config(variant):
-    return jaxnet.apply_overrides(jaxnet.Config(), SETTINGS)
+    return arrays_config("", SETTINGS)
 """
 
 
@@ -268,7 +266,7 @@ WITH_HAMMING = jaxnet.Task(
     ],
 )
 def test_bad_keep_best_and_early_stop_are_one_line_before_anything_is_written(tmp_path, overrides, stops, words):
-    cfg = jaxnet.apply_overrides(jaxnet.Config(experiment="best"), [*SETTINGS, *overrides])
+    cfg = arrays_config("best", SETTINGS, *overrides)
     data = NO_VAL if "no val" in stops else DATA
     task = WITH_HAMMING if "hamming" in stops else jaxnet.tasks.regression()
     with pytest.raises(jaxnet.UserError) as error:
@@ -295,7 +293,7 @@ def test_a_metric_unknown_until_the_first_validation_pass_is_named_there(tmp_pat
         },
         finalize=ratio,
     )
-    cfg = jaxnet.apply_overrides(jaxnet.Config(experiment="best"), [*SETTINGS, "train.keep_best=min:val/rato"])
+    cfg = arrays_config("best", SETTINGS, "train.keep_best=min:val/rato")
     with pytest.raises(jaxnet.UserError) as error, contextlib.redirect_stdout(io.StringIO()):
         jaxnet.train(cfg, tmp_path / "run", model=MLP(), dataset=jaxnet.data.arrays(**DATA), task=task)
     assert str(error.value) == (

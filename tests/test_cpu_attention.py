@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from jaxnet import models
-from jaxnet.models import transformer as transformer_lib
-from jaxnet.models.transformer import TransformerLanguageModel, attention_fn, head_major_attention
+from jaxnet.models.transformer import TransformerLanguageModel, TransformerSpec, attention_fn, head_major_attention
+from jaxnet.models.transformer import attention as attention_lib
 
 CONFIG = models.TransformerConfig(layers=1, width=16, heads=2)
 
@@ -67,9 +67,11 @@ def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
         calls.append(args[0].shape)
         return head_major_attention(*args, **kwargs)
 
-    monkeypatch.setattr(transformer_lib, "head_major_attention", counting)
+    monkeypatch.setattr(attention_lib, "head_major_attention", counting)
     model = TransformerLanguageModel(
-        vocab_size=11, context=8, layers=2, width=16, heads=2, attention=models.resolve(CONFIG, "cpu").attention
+        TransformerSpec(
+            vocab=11, context=8, layers=2, width=16, heads=2, attention=models.resolve(CONFIG, "cpu").attention
+        )
     )
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 11
     params = model.init(jax.random.key(0), tokens)

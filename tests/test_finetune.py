@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from conftest import arrays_config
 
 import jaxnet
 from jaxnet.checkpoint import load_state
@@ -53,7 +54,6 @@ def dataset(classes: int):
 
 TASK = jaxnet.tasks.classification(inputs="x", target="y")
 SETTINGS = [
-    "data.name=arrays",
     "optim.lr=3e-2",
     "optim.weight_decay=1e-2",  # decay would move a frozen parameter if the mask let it through
     "train.steps=4",
@@ -61,12 +61,11 @@ SETTINGS = [
     "train.eval_batch_size=8",
     "train.log_every=1",
     "train.checkpoint_every=2",
-    "train.progress=false",
 ]
 
 
 def config(*extra: str) -> jaxnet.Config:
-    return jaxnet.apply_overrides(jaxnet.Config(experiment="finetune"), [*SETTINGS, *extra])
+    return arrays_config("finetune", SETTINGS, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 
 from jaxnet import flops
 from jaxnet.models import ConvNetConfig, LSTMConfig, ResNetConfig, TransformerConfig, build
+from jaxnet.models.transformer import TransformerLanguageModel, TransformerSpec, transformer_flops
 
 CASES = {
     "transformer": (TransformerConfig(layers=2, width=128, heads=4, mlp_ratio=4), 50, (4, 32)),
@@ -54,6 +55,17 @@ def test_causal_attention_counts_only_the_pairs_it_needs():
     assert flops.train_step_flops(cfg, batch=batch, input_shape=(length,), vocab=vocab) == 3 * causal
     encoder = dataclasses.replace(cfg, causal=False)  # a bidirectional model needs every pair
     assert flops.forward_flops(encoder, batch=batch, input_shape=(length,), vocab=vocab) == full
+
+
+def test_grouped_query_attention_counts_the_key_value_projections_of_its_own_heads():
+    """The count of a Transformer whose keys and values have half the query heads, against XLA's;
+    it is below the multi-head count by exactly the key and value projections' missing half."""
+    spec = TransformerSpec(vocab=50, context=32, layers=2, width=128, heads=4, kv_heads=2)
+    model = TransformerLanguageModel(spec)
+    ours = transformer_flops(spec, batch=4, causal=False)
+    assert ours <= xla_forward_flops(model, jnp.zeros((4, 32), jnp.int32)) <= 1.04 * ours
+    full = transformer_flops(dataclasses.replace(spec, kv_heads=4), batch=4, causal=False)
+    assert full - ours == 2 * spec.layers * (4 * 32) * 2 * 128 * (2 * 32)  # k and v: 2 heads of 32 fewer
 
 
 def test_peak_table_and_mfu():

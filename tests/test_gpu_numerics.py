@@ -14,6 +14,7 @@ The cuDNN LSTM against the scan LSTM is ``tests/test_lstm_cudnn.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -23,7 +24,7 @@ import pytest
 
 from jaxnet import Config, parallel
 from jaxnet.data import text as text_lib
-from jaxnet.models import TransformerLanguageModel
+from jaxnet.models import TransformerLanguageModel, TransformerSpec
 from jaxnet.train.loop import Run
 
 pytestmark = [
@@ -83,8 +84,8 @@ def test_cudnn_attention_matches_xla_attention_in_bf16(batch, length, heads, hea
 
 def test_transformer_with_cudnn_attention_matches_xla_attention():
     vocab, context = 256, 128
-    make = functools.partial(TransformerLanguageModel, vocab, context, layers=2, width=256, heads=4, dtype=jnp.bfloat16)
-    models = {impl: make(attention=impl) for impl in ("xla", "cudnn")}
+    spec = TransformerSpec(vocab=vocab, context=context, layers=2, width=256, heads=4, dtype=jnp.bfloat16)
+    models = {impl: TransformerLanguageModel(dataclasses.replace(spec, attention=impl)) for impl in ("xla", "cudnn")}
     tokens = jax.random.randint(jax.random.PRNGKey(1), (4, context), 0, vocab)
     params = models["xla"].init(jax.random.PRNGKey(2), tokens)["params"]
 

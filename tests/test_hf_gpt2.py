@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 import jaxnet
 from jaxnet import cli
-from jaxnet.models import hf_gpt2
+from jaxnet.models import hf
 from jaxnet.predict import hf_model
 
 RTOL = ATOL = 1e-5  # float32 rounding over a few blocks of width <= 48
@@ -105,10 +105,13 @@ def test_load_params_maps_conv1d_and_the_packed_qkv_onto_jaxnets_axes(tmp_path):
     directory = save_gpt2(tmp_path / "m", **SHAPES["gpt2-like"])
     tensors = load_file(str(directory / "model.safetensors"))
     params = jaxnet.load_params(f"hf:{directory}")
-    qkv = params["block_1"]["attention"]["qkv"]["kernel"]
-    assert qkv.shape == (32, 3, 4, 8)
+    attention = params["block_1"]["attention"]
+    assert {n: attention[n]["kernel"].shape for n in ("query", "key", "value")} == dict.fromkeys(
+        ("query", "key", "value"), (32, 4, 8)
+    )
     c_attn = tensors["transformer.h.1.attn.c_attn.weight"]  # [in, q|k|v]
-    np.testing.assert_array_equal(qkv[:, 1, 2], c_attn[:, 32 + 2 * 8 : 32 + 3 * 8])  # keys of head 2
+    keys_of_head_2 = c_attn[:, 32 + 2 * 8 : 32 + 3 * 8]
+    np.testing.assert_array_equal(attention["key"]["kernel"][:, 2], keys_of_head_2)
     np.testing.assert_array_equal(
         params["block_0"]["attention"]["out"]["kernel"][3], tensors["transformer.h.0.attn.c_proj.weight"][24:32]
     )
@@ -121,8 +124,7 @@ def test_padded_vocabulary_is_never_predicted_and_leaves_the_real_logits_alone(t
     tokens = np.random.default_rng(3).integers(0, 61, (2, 16))
     expected = hf_logits(directory, tokens)
     cfg, _, _ = hf_model(f"hf:{directory}")
-    hf = hf_gpt2.read_config(directory)
-    params = hf_gpt2.nested(hf_gpt2.to_params(hf_gpt2.read_tensors(directory), hf, vocab=64))
+    params = hf.nested(hf.read(f"hf:{directory}").params(rows=64))
     assert params["embed"]["embedding"].shape == (64, 32)
     assert not params["embed"]["embedding"][61:].any()
     model = jaxnet.models.build(cfg.model, 64, 16)  # model.vocab_used=61 from the checkpoint
@@ -130,6 +132,64 @@ def test_padded_vocabulary_is_never_predicted_and_leaves_the_real_logits_alone(t
     np.testing.assert_allclose(logits[..., :61], expected, rtol=RTOL, atol=ATOL)
     assert (logits[..., 61:] == np.finfo(np.float32).min).all()
     assert next_token_loss(logits, tokens) == pytest.approx(next_token_loss(expected, tokens), abs=1e-5)
+
+
+def test_an_export_cut_into_several_files_loads_in_transformers_and_back(tmp_path):
+    shape = dict(SHAPES["untied-exact-gelu"], n_layer=2)
+    source = save_gpt2(tmp_path / "gpt2", **shape)
+    trained = jaxnet.load(f"hf:{source}")
+    out = hf.export(tmp_path / "out", trained.params, trained.config.model, context=24, max_shard_bytes=40_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert sorted(set(index["weight_map"].values())) == files
+    sizes = {f: (out / f).stat().st_size for f in files}
+    assert all(size < 40_000 + 4_000 for f, size in sizes.items() if len(load_file(str(out / f))) > 1)
+    total = sum(t.nbytes for f in files for t in load_file(str(out / f)).values())
+    assert index["metadata"]["total_size"] == total
+    tokens = np.random.default_rng(6).integers(0, shape["vocab_size"], (2, 24))
+    expected = hf_logits(source, tokens)
+    np.testing.assert_allclose(hf_logits(out, tokens), expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(jaxnet.load(f"hf:{out}").predict(tokens), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_a_bfloat16_checkpoint_in_several_files_imports_to_the_logits_transformers_computes_from_it(tmp_path):
+    torch, transformers = reference()
+    shape = SHAPES["gpt2-like"]
+    source = save_gpt2(tmp_path / "f32", **shape)
+    model = transformers.GPT2LMHeadModel.from_pretrained(source).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16", max_shard_size="20KB")
+    assert (tmp_path / "bf16" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "bf16").glob("model-*.safetensors"))) > 2
+    reference_model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
+    tokens = np.random.default_rng(7).integers(0, 61, (2, 16))
+    with torch.no_grad():
+        expected = reference_model(torch.tensor(tokens)).logits.numpy()  # the bf16 weights, in float32
+    np.testing.assert_allclose(jaxnet.load(f"hf:{tmp_path / 'bf16'}").predict(tokens), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_tensors_are_checked_before_any_is_read_then_read_one_at_a_time(tmp_path, monkeypatch):
+    from jaxnet.models.hf import files
+
+    source = write_gpt2(tmp_path / "gpt2", n_layer=2)
+    reads = []
+    original = files.Tensors.read
+    monkeypatch.setattr(files.Tensors, "read", lambda self, name: reads.append(name) or original(self, name))
+    tensors = hf.read(f"hf:{source}").tensors()
+    assert reads == []  # nothing read until asked for
+    path, first = next(tensors)
+    assert len(reads) == 1 and path == "embed/embedding" and first.shape == (20, 16)
+    # every parameter once: embedding, positions, final norm (2), and 16 per block (2 norms, q/k/v, out, MLP)
+    assert len(list(tensors)) + 1 == 4 + 2 * 16
+    assert len(reads) == len(set(reads)) == 4 + 2 * 12  # each file tensor read once
+    # a wrong shape anywhere stops the import before the first read
+    tensors = load_file(str(source / "model.safetensors"))
+    tensors["transformer.h.1.mlp.c_proj.bias"] = np.zeros(17, np.float32)
+    save_file(tensors, str(source / "model.safetensors"))
+    reads.clear()
+    with pytest.raises(jaxnet.UserError, match="h.1.mlp.c_proj.bias has shape"):
+        next(hf.read(f"hf:{source}").tensors())
+    assert reads == []
 
 
 def write_text(path: Path) -> Path:
@@ -173,15 +233,26 @@ def test_finetune_from_hf_then_export_and_transformers_reproduces_the_logits(tmp
 
 
 def write_gpt2(directory: Path, **overrides) -> Path:
-    """A GPT-2 checkpoint written with safetensors alone (random tensors of the config's shapes)."""
+    """A GPT-2 checkpoint written with safetensors alone: random tensors, named and shaped as GPT-2
+    names and shapes them (transformers' GPT2LMHeadModel state dict: c_attn [w, 3w], c_fc [w, 4w], ...)."""
     config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 8, "vocab_size": 20}
     config |= overrides
-    fields = hf_gpt2.model_fields(config)
+    w, v, n = config["n_embd"], config["vocab_size"], config["n_positions"]
+    shapes = {"wte.weight": (v, w), "wpe.weight": (n, w), "ln_f.weight": (w,), "ln_f.bias": (w,)}
+    for i in range(config["n_layer"]):
+        shapes |= {f"h.{i}.ln_{k}.{p}": (w,) for k in (1, 2) for p in ("weight", "bias")}
+        shapes |= {
+            f"h.{i}.attn.c_attn.weight": (w, 3 * w),
+            f"h.{i}.attn.c_attn.bias": (3 * w,),
+            f"h.{i}.attn.c_proj.weight": (w, w),
+            f"h.{i}.attn.c_proj.bias": (w,),
+            f"h.{i}.mlp.c_fc.weight": (w, 4 * w),
+            f"h.{i}.mlp.c_fc.bias": (4 * w,),
+            f"h.{i}.mlp.c_proj.weight": (4 * w, w),
+            f"h.{i}.mlp.c_proj.bias": (w,),
+        }
     rng = np.random.default_rng(0)
-    tensors = {
-        "transformer." + name: rng.normal(size=shape).astype(np.float32)
-        for name, shape in hf_gpt2._shapes(fields).items()
-    }
+    tensors = {"transformer." + name: rng.normal(size=shape).astype(np.float32) for name, shape in shapes.items()}
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(config))
     save_file(tensors, str(directory / "model.safetensors"))
@@ -213,6 +284,7 @@ def train_argv(tmp_path: Path, source: Path, *extra: str) -> list[str]:
         ("extra tensor", "GPT-2 tensor h.1.mlp.c_fc.weight (16, 64) has no place"),
         ("wrong shape", "GPT-2 tensor wpe.weight has shape (9, 16), but config.json makes it (8, 16)"),
         ("no config", "has no config.json"),
+        ("missing tensor", "the checkpoint lacks h.0.mlp.c_fc.bias, which jaxnet's block_0/mlp_in/bias needs"),
     ],
 )
 def test_a_bad_checkpoint_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, damage, message):
@@ -227,6 +299,8 @@ def test_a_bad_checkpoint_is_one_line_exit_2_and_nothing_written(tmp_path, capsy
     else:
         if damage == "extra tensor":
             tensors["transformer.h.1.mlp.c_fc.weight"] = np.zeros((16, 64), np.float32)
+        elif damage == "missing tensor":
+            del tensors["transformer.h.0.mlp.c_fc.bias"]
         else:
             tensors["transformer.wpe.weight"] = np.zeros((9, 16), np.float32)
         save_file(tensors, str(source / "model.safetensors"))
@@ -315,6 +389,6 @@ def test_export_refuses_a_bad_format_and_a_non_empty_directory_and_writes_nothin
 def test_a_model_gpt2_cannot_hold_is_refused():
     model = jaxnet.models.TransformerConfig(position="rotary")
     with pytest.raises(jaxnet.UserError, match="GPT-2 cannot hold this model: model.position=rotary"):
-        hf_gpt2.from_params({}, model)
+        hf.convert({}, model, context=8)
     with pytest.raises(jaxnet.UserError, match="holds a Transformer; this run trained a lstm"):
-        hf_gpt2.from_params({}, jaxnet.models.LSTMConfig())
+        hf.convert({}, jaxnet.models.LSTMConfig(), context=8)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import MLP, linear_data
+from conftest import MLP, arrays_config, linear_data
 
 import jaxnet
 from jaxnet import observe
@@ -31,7 +31,6 @@ class Rows:
 
 DATA = {"train": linear_data(256, 0), "val": linear_data(40, 1), "test": linear_data(50, 2)}
 SETTINGS = [
-    "data.name=arrays",
     "optim.lr=1e-2",
     "train.steps=40",
     "train.batch_size=16",
@@ -39,12 +38,11 @@ SETTINGS = [
     "train.log_every=10",
     "train.eval_every=20",
     "train.checkpoint_every=20",
-    "train.progress=false",
 ]
 
 
 def config(*extra: str) -> jaxnet.Config:
-    return jaxnet.apply_overrides(jaxnet.Config(experiment="library"), [*SETTINGS, *extra])
+    return arrays_config("library", SETTINGS, *extra)
 
 
 def test_own_model_data_task_and_action_get_everything_a_built_in_run_gets(tmp_path):

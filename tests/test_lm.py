@@ -1,8 +1,7 @@
-"""Language models against independent references.
-
-The LSTM and causal self-attention against plain numpy, hidden state carried across calls and
-training steps, rotary positions, greedy/cached sampling against full forward passes, and (in
-test_text_data.py) the text corpora and batching.
+"""Language models against independent references: the LSTM against plain numpy, its hidden state
+carried across calls and training steps, and greedy sampling with the carried state against full
+forward passes. The Transformer's are in test_transformer.py (which uses the helpers here), the
+text corpora and batching in test_text_data.py.
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ import optax
 import pytest
 
 from jaxnet.data.text import eval_batches
-from jaxnet.errors import UserError
 from jaxnet.models.lstm import LSTMLanguageModel, LSTMLayer, lstm_scan
-from jaxnet.models.transformer import SelfAttention, TransformerLanguageModel, rotary
-from jaxnet.sample import decode_state, generate
+from jaxnet.sample import generate
 from jaxnet.train import state as state_lib
 from jaxnet.train.step import make_eval_step, make_train_step
 
@@ -107,39 +104,6 @@ def np_lstm_lm(params, tokens, carry, layers: int, tied: bool):
 def np_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
-
-
-def np_rotary(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
-    """Pairs (x[j], x[j + d/2]) rotated by the angle position * base**(-2j/d)."""
-    d = x.shape[-1]
-    half = d // 2
-    out = np.empty_like(x, dtype=np.float64)
-    for t, pos in enumerate(positions):
-        for j in range(half):
-            angle = pos * base ** (-2.0 * j / d)
-            a, b = x[:, t, :, j], x[:, t, :, j + half]
-            out[:, t, :, j] = a * np.cos(angle) - b * np.sin(angle)
-            out[:, t, :, j + half] = a * np.sin(angle) + b * np.cos(angle)
-    return out
-
-
-def np_causal_attention(params, x, heads: int, use_rotary: bool) -> np.ndarray:
-    """Naive multi-head causal softmax attention with input and output projections."""
-    p = np_tree(params)
-    x = np.asarray(x, np.float64)
-    batch, length, width = x.shape
-    head_dim = width // heads
-    qkv = np.einsum("btw,wshd->btshd", x, p["qkv"]["kernel"]) + p["qkv"]["bias"]
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (batch, time, heads, head_dim)
-    if use_rotary:
-        q, k = np_rotary(q, np.arange(length)), np_rotary(k, np.arange(length))
-    out = np.zeros((batch, length, heads, head_dim))
-    for bi in range(batch):
-        for h in range(heads):
-            scores = q[bi, :, h] @ k[bi, :, h].T / np.sqrt(head_dim)  # (query, key)
-            scores = np.where(np.tril(np.ones((length, length), bool)), scores, -np.inf)
-            out[bi, :, h] = np_softmax(scores) @ v[bi, :, h]
-    return np.einsum("bthd,hdw->btw", out, p["out"]["kernel"]) + p["out"]["bias"]
 
 
 def np_cross_entropy(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -337,118 +301,6 @@ def test_stream_evaluation_with_carried_state_equals_one_pass_over_each_stream(l
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. Attention and rotary positions
-
-T_VOCAB, CONTEXT = 31, 8
-
-
-def transformer(position: str = "learned") -> TransformerLanguageModel:
-    return TransformerLanguageModel(T_VOCAB, CONTEXT, layers=2, width=16, heads=2, position=position)
-
-
-@pytest.fixture(scope="module")
-def transformer_params():
-    return {
-        position: random_params(transformer(position), jnp.zeros((1, CONTEXT), jnp.int32), seed=3)
-        for position in ("learned", "rotary")
-    }
-
-
-@pytest.mark.parametrize("position", ["learned", "rotary"])
-def test_transformer_logits_at_a_position_never_depend_on_later_tokens(transformer_params, position):
-    model = transformer(position)
-    params = scaled(transformer_params[position], 5.0)  # larger weights: changes propagate visibly
-    apply = functools.partial(jitted(model), {"params": params})
-    tokens = random_tokens((2, CONTEXT), seed=6, vocab=T_VOCAB)
-    base = np.asarray(apply(tokens))
-    for t in (0, 3, CONTEXT - 1):
-        changed = tokens.copy()
-        changed[:, t] = (changed[:, t] + 1) % T_VOCAB
-        logits = np.asarray(apply(changed))
-        np.testing.assert_array_equal(logits[:, :t], base[:, :t])
-        assert (np.abs(logits[:, t:] - base[:, t:]).max(axis=-1) > 1e-4).all()  # every later position sees it
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-def test_a_later_token_changes_earlier_positions_only_without_the_causal_mask(transformer_params, causal):
-    model = transformer().clone(causal=causal)
-    apply = functools.partial(jitted(model), {"params": scaled(transformer_params["learned"], 5.0)})
-    tokens = random_tokens((2, CONTEXT), seed=8, vocab=T_VOCAB)
-    changed = tokens.copy()
-    changed[:, -1] = (changed[:, -1] + 1) % T_VOCAB
-    earlier = np.abs(np.asarray(apply(changed))[:, :-1] - np.asarray(apply(tokens))[:, :-1]).max(axis=-1)
-    if causal:
-        assert (earlier == 0).all()
-    else:
-        assert (earlier > 1e-4).all()  # every earlier position attends to the last token
-
-
-@pytest.mark.parametrize("use_rotary", [False, True], ids=["plain", "rotary"])
-def test_causal_self_attention_matches_naive_numpy_softmax_attention(use_rotary):
-    heads, length, width = 2, 7, 8
-    module = SelfAttention(heads, context=CONTEXT, rotary=use_rotary)
-    rng = np.random.default_rng(7)
-    x = rng.normal(size=(2, length, width)).astype(np.float32)
-    shapes = param_shapes(module, x, positions=jnp.arange(length))
-    assert shapes == {
-        "qkv": {"kernel": (width, 3, heads, width // heads), "bias": (3, heads, width // heads)},
-        "out": {"kernel": (heads, width // heads, width), "bias": (width,)},
-    }
-    # random weights and biases of order one, so that the softmax is far from uniform
-    params = jax.tree.map(
-        lambda s: (0.5 * rng.normal(size=s)).astype(np.float32), shapes, is_leaf=lambda s: isinstance(s, tuple)
-    )
-    got = jitted(module)({"params": params}, x, positions=jnp.arange(length))
-    want = np_causal_attention(params, x, heads, use_rotary)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    if use_rotary:  # positions matter: the same module without rotation gives something else
-        plain = np_causal_attention(params, x, heads, False)
-        assert np.abs(plain - want).max() > 1e-2
-
-
-def test_rotary_matches_numpy_half_split_rotation():
-    rng = np.random.default_rng(8)
-    x = rng.normal(size=(2, 5, 3, 8)).astype(np.float32)
-    positions = np.array([0, 1, 4, 9, 30])
-    got = rotary(jnp.asarray(x), jnp.asarray(positions))
-    np.testing.assert_allclose(got, np_rotary(x.astype(np.float64), positions), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got[:, 0], x[:, 0], rtol=0, atol=0)  # position 0 is the identity
-    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
-
-
-def test_rotary_query_key_products_depend_only_on_the_distance():
-    rng = np.random.default_rng(9)
-    q, k = rng.normal(size=(2, 1, 1, 1, 16)).astype(np.float32)
-    dots = {}
-    for p_q, p_k in [(5, 2), (3, 3), (0, 7)]:
-        for shift in (0, 1, 13, 50):
-            rq = np.asarray(rotary(jnp.asarray(q), jnp.asarray([p_q + shift])), np.float64)
-            rk = np.asarray(rotary(jnp.asarray(k), jnp.asarray([p_k + shift])), np.float64)
-            dots.setdefault((p_q, p_k), []).append(float((rq * rk).sum()))
-    for pair, values in dots.items():
-        np.testing.assert_allclose(values, values[0], rtol=1e-4, atol=1e-4, err_msg=str(pair))
-    # but the product does depend on the distance
-    assert abs(dots[(5, 2)][0] - dots[(3, 3)][0]) > 1e-2 and abs(dots[(0, 7)][0] - dots[(3, 3)][0]) > 1e-2
-
-
-@pytest.mark.parametrize("position", ["learned", "rotary"])
-def test_transformer_decoding_with_the_cache_matches_the_full_forward_pass(transformer_params, position):
-    model = transformer(position)
-    params = scaled(transformer_params[position], 5.0)
-    tokens = random_tokens((1, CONTEXT), seed=10, vocab=T_VOCAB)
-    full = jitted(model)({"params": params}, tokens)
-    cache = decode_state(model)["cache"]  # an empty cache for one sequence
-    pieces, start = [], 0
-    decode = jitted(model, decode=True, mutable=("cache",))
-    for size in (3, 1, 1, 1, 1, 1):  # a chunk of several tokens, then single tokens
-        logits, variables = decode({"params": params, "cache": cache}, tokens[:, start : start + size])
-        cache, start = variables["cache"], start + size
-        pieces.append(logits)
-    assert start == CONTEXT
-    np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, rtol=1e-5, atol=1e-5)
-
-
-# ---------------------------------------------------------------------------------------------
 # 5. Sampling
 
 
@@ -457,7 +309,7 @@ def greedy_reference(model, params, prompt, num_tokens: int, context: int | None
     the last context // 2 tokens when it would outgrow the context (as jaxnet.sample documents).
 
     The text is zero-padded to one fixed length (one compilation); the models are causal, so the
-    padding after the last token does not change its logits (checked above for the Transformer).
+    padding after the last token does not change its logits (checked in test_transformer.py).
     """
     text, start = list(prompt), 0
     length = context if context is not None else len(prompt) + num_tokens
@@ -472,71 +324,9 @@ def greedy_reference(model, params, prompt, num_tokens: int, context: int | None
     return text[len(prompt) :]
 
 
-@pytest.fixture(scope="module")
-def sharp_transformer(transformer_params):
-    """A Transformer whose greedy continuations are not all one token."""
-    return transformer("learned"), scaled(transformer_params["learned"], 20.0)
-
-
-def test_greedy_generation_with_the_kv_cache_equals_full_forward_greedy_within_the_context(sharp_transformer):
-    model, params = sharp_transformer
-    prompt = np.array([3, 17, 5], np.int32)
-    n = CONTEXT - len(prompt) + 1  # the last one is predicted from a full context
-    want = greedy_reference(model, params, prompt, n, CONTEXT)
-    assert len(set(want)) > 1
-    got = generate(model, params, prompt, n, temperature=0.0)
-    assert got.dtype == np.int32 and got.tolist() == want
-
-
-def test_generation_past_the_context_slides_the_window(sharp_transformer):
-    model, params = sharp_transformer
-    prompt = np.array([9, 2], np.int32)
-    n = 3 * CONTEXT + 1
-    got = generate(model, params, prompt, n, temperature=0.0)
-    assert got.shape == (n,) and ((0 <= got) & (got < T_VOCAB)).all()
-    want = greedy_reference(model, params, prompt, n, CONTEXT)
-    assert len(set(want)) > 1
-    assert got.tolist() == want
-    sampled = generate(model, params, prompt, n, temperature=1.0, seed=3)
-    assert sampled.shape == (n,) and ((0 <= sampled) & (sampled < T_VOCAB)).all()
-
-
-def test_a_prompt_as_long_as_the_context_is_a_user_error(sharp_transformer):
-    model, params = sharp_transformer
-    with pytest.raises(UserError, match="context"):
-        generate(model, params, np.arange(CONTEXT) % T_VOCAB, 2)
-    with pytest.raises(UserError, match="empty"):
-        generate(model, params, np.zeros(0, np.int32), 2)
-    assert len(generate(model, params, np.arange(CONTEXT - 1), 2, temperature=0.0)) == 2
-
-
 def test_lstm_greedy_generation_with_carried_state_equals_full_forward_greedy(lstm_params):
     model, params = lstm_model(), scaled(lstm_params[False], 3.0)
     prompt = np.array([1, 4, 8, 2], np.int32)
     want = greedy_reference(model, params, prompt, 12, None)
     assert len(set(want)) > 1
     assert generate(model, params, prompt, 12, temperature=0.0).tolist() == want
-
-
-def test_top_k_1_is_greedy_and_seeds_make_samples_reproducible(sharp_transformer, transformer_params):
-    model, sharp = sharp_transformer
-    flat = transformer_params["learned"]  # small weights: nearly uniform next-token distributions
-    prompt = np.array([4, 1], np.int32)
-    for params in (sharp, flat):
-        greedy = generate(model, params, prompt, 10, temperature=0.0).tolist()
-        for seed in (0, 1):
-            assert generate(model, params, prompt, 10, temperature=1.0, top_k=1, seed=seed).tolist() == greedy
-    # draws depend on the seed, and only on it
-    first = generate(model, flat, prompt, 16, temperature=1.0, seed=5)
-    assert generate(model, flat, prompt, 16, temperature=1.0, seed=5).tolist() == first.tolist()
-    assert generate(model, flat, prompt, 16, temperature=1.0, seed=6).tolist() != first.tolist()
-    assert len(set(first.tolist())) > 3
-
-
-def test_top_k_draws_only_among_the_k_likeliest_tokens(transformer_params):
-    model, params = transformer("learned"), transformer_params["learned"]
-    prompt = np.array([7, 3, 11], np.int32)
-    logits = np.asarray(jitted(model)({"params": params}, prompt[None]))[0, -1]
-    top3 = set(np.argsort(logits)[-3:].tolist())
-    drawn = {int(generate(model, params, prompt, 1, temperature=1.0, top_k=3, seed=seed)[0]) for seed in range(24)}
-    assert drawn <= top3 and len(drawn) > 1

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import MLP, linear_data
+from conftest import MLP, arrays_config, linear_data
 
 import jaxnet
 from jaxnet import optim
@@ -22,20 +22,18 @@ from jaxnet.config import OptimConfig
 
 DATA = {"train": linear_data(128, 0), "val": linear_data(32, 1), "test": linear_data(32, 2)}
 SETTINGS = [
-    "data.name=arrays",
     "optim.lr=1e-2",
     "train.steps=20",
     "train.batch_size=16",
     "train.log_every=5",
     "train.eval_every=10",
     "train.checkpoint_every=10",
-    "train.progress=false",
 ]
 TASK = jaxnet.tasks.regression(inputs="x", target="y")
 
 
 def config(*extra: str) -> jaxnet.Config:
-    return jaxnet.apply_overrides(jaxnet.Config(experiment="optimizers"), [*SETTINGS, *extra])
+    return arrays_config("optimizers", SETTINGS, *extra)
 
 
 def params_tree(seed: int = 0) -> dict:
@@ -217,11 +215,11 @@ import numpy as np
 import optax
 
 import jaxnet
-from conftest import MLP, linear_data
+from conftest import MLP, arrays_config, linear_data
 
 
 def get_config(variant):
-    return jaxnet.apply_overrides(jaxnet.Config(), {settings!r})
+    return arrays_config("", {settings!r})
 
 
 def data(cfg):

@@ -9,25 +9,23 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from conftest import MLP, linear_data, tiny_config
+from conftest import MLP, arrays_config, linear_data, tiny_config
 
 import jaxnet
 from jaxnet import cli
 
 DATA = {"train": linear_data(256, 0), "val": linear_data(40, 1), "test": linear_data(50, 2)}
 SETTINGS = [
-    "data.name=arrays",
     "optim.lr=1e-2",
     "train.steps=20",
     "train.batch_size=16",
     "train.eval_batch_size=32",
     "train.checkpoint_every=10",
-    "train.progress=false",
 ]
 
 
 def train_own(workdir, model, *extra: str) -> dict:
-    cfg = jaxnet.apply_overrides(jaxnet.Config(experiment="own"), [*SETTINGS, *extra])
+    cfg = arrays_config("own", SETTINGS, *extra)
     task = jaxnet.tasks.regression(inputs="x", target="y")
     return jaxnet.train(cfg, workdir, model=model, dataset=jaxnet.data.arrays(**DATA), task=task)
 

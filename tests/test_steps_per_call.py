@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import MLP, linear_data
+from conftest import MLP, arrays_config, linear_data
 
 import jaxnet
 from jaxnet import config as config_lib
@@ -14,12 +14,12 @@ from jaxnet import observe
 from jaxnet.train.loop import call_sizes
 
 DATA = {"train": linear_data(96, 0), "val": linear_data(16, 1), "test": linear_data(16, 2)}
-SETTINGS = ["data.name=arrays", "optim.lr=1e-2", "train.steps=10", "train.batch_size=8", "train.eval_batch_size=16"]
-SETTINGS += ["train.log_every=4", "train.eval_every=8", "train.checkpoint_every=4", "train.progress=false"]
+SETTINGS = ["optim.lr=1e-2", "train.steps=10", "train.batch_size=8", "train.eval_batch_size=16"]
+SETTINGS += ["train.log_every=4", "train.eval_every=8", "train.checkpoint_every=4"]
 
 
 def train(workdir, *extra: str, actions=None) -> dict:
-    cfg = jaxnet.apply_overrides(jaxnet.Config(experiment="k"), [*SETTINGS, *extra])
+    cfg = arrays_config("k", SETTINGS, *extra)
     return jaxnet.train(
         cfg, workdir, model=MLP(), dataset=jaxnet.data.arrays(**DATA), task=jaxnet.tasks.regression(), actions=actions
     )

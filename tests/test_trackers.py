@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from conftest import MLP, linear_data
+from conftest import MLP, arrays_config, linear_data
 
 import jaxnet
 from jaxnet import observe
@@ -20,7 +20,6 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 DATA = {"train": linear_data(128, 0), "val": linear_data(32, 1), "test": linear_data(32, 2)}
 SETTINGS = [
-    "data.name=arrays",
     "optim.lr=1e-2",
     "train.steps=40",
     "train.batch_size=16",
@@ -28,7 +27,6 @@ SETTINGS = [
     "train.log_every=10",
     "train.eval_every=20",
     "train.checkpoint_every=20",
-    "train.progress=false",
     "train.trackers=tensorboard,mlflow",
 ]
 TIMINGS = ("steps_per_s", "examples_per_s")  # differ between an invocation and its resume
@@ -36,7 +34,7 @@ STORE_SETTINGS = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")  # a develope
 
 
 def config(*extra: str) -> jaxnet.Config:
-    return jaxnet.apply_overrides(jaxnet.Config(experiment="tracked"), [*SETTINGS, *extra])
+    return arrays_config("tracked", SETTINGS, *extra)
 
 
 def train(workdir, *extra, actions=()):

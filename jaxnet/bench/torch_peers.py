@@ -1,4 +1,6 @@
-"""PyTorch twins of jaxnet's four Flax models and a small trainer, for the benchmark only.
+"""PyTorch twins of jaxnet's four Flax models and a small trainer, for the benchmark only. The
+Transformer's twin is GPT-shaped only (causal, multi-head, LayerNorm, tanh GELU) and stays so:
+it is the peer a benchmark compares with, not a second home of every variant.
 
 torch is an optional peer, never a dependency of jaxnet: this module imports without it, and
 :func:`available` says whether it is there. Everything else raises a clear ``ImportError`` when
@@ -51,7 +53,22 @@ except (ImportError, OSError) as _error:  # no torch, or a broken one: available
 else:
     _IMPORT_ERROR = None
 
-IMAGE_MODELS = ("convnet", "resnet")
+
+def _image_model(model_cfg: Any) -> bool:
+    from jaxnet.models import ConvNetConfig, ResNetConfig
+
+    return isinstance(model_cfg, ConvNetConfig | ResNetConfig)
+
+
+def _family(model_cfg: Any) -> str:
+    """Which twin ``model_cfg`` (a built-in family's config) has: convnet, resnet, lstm or gpt."""
+    from jaxnet.models import ConvNetConfig, LSTMConfig, ResNetConfig, TransformerConfig
+
+    kinds = {ConvNetConfig: "convnet", ResNetConfig: "resnet", LSTMConfig: "lstm", TransformerConfig: "gpt"}
+    for cls, kind in kinds.items():
+        if isinstance(model_cfg, cls):
+            return kind
+    raise ValueError(f"no torch twin for model {model_cfg.name!r}; choose convnet, resnet, lstm or transformer")
 
 
 def available() -> str | None:
@@ -252,7 +269,8 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Block(nn.Module):
-    """Twin of :class:`jaxnet.models.transformer.Block`: pre-LayerNorm causal attention and a GELU MLP."""
+    """Twin of :class:`jaxnet.models.transformer.Block` in its GPT shape: pre-LayerNorm causal
+    multi-head attention (queries, keys and values in one ``Linear``) and a tanh-GELU MLP."""
 
     def __init__(self, width: int, heads: int, mlp_ratio: int, dropout: float, rotary: bool, out_std: float):
         super().__init__()
@@ -284,7 +302,9 @@ class Block(nn.Module):
 
 
 class TransformerLanguageModel(nn.Module):
-    """Twin of :class:`jaxnet.models.transformer.TransformerLanguageModel` (decoder only, GPT style)."""
+    """Twin of :class:`jaxnet.models.transformer.TransformerLanguageModel` in its GPT shape only (a
+    causal decoder, multi-head attention, LayerNorm of epsilon 1e-6, tanh GELU): the peer the
+    benchmark compares with, not a second implementation of every Transformer jaxnet builds."""
 
     def __init__(
         self,
@@ -345,7 +365,8 @@ def build_model(
 ) -> nn.Module:
     """The torch twin of ``jaxnet.models.build(model_cfg, num_classes, seq_len)``.
 
-    ``model_cfg.name`` is one of convnet, resnet, lstm, transformer. Image models take NHWC
+    ``model_cfg`` is a config of convnet, resnet, lstm or transformer (GPT-shaped: see
+    :class:`TransformerLanguageModel`). Image models take NHWC
     float images; the ConvNet's dense layer depends on the image size, which ``image_shape``
     (H, W, C) gives (default: 28x28x1, Fashion-MNIST). ``seq_len`` is the Transformer's context.
     Parameters are ``model_cfg.param_dtype``; the compute dtype is the caller's (see
@@ -353,25 +374,35 @@ def build_model(
     """
     _require()
     c = model_cfg
-    if c.name == "convnet":
+    kind = _family(c)
+    if kind == "convnet":
         height, width, channels = image_shape or (28, 28, 1)
         if height != width:
             raise ValueError(f"the torch ConvNet expects square images, got {height}x{width}")
         model = ConvNet(num_classes, tuple(c.features), c.hidden, c.dropout, channels, height)
-    elif c.name == "resnet":
+    elif kind == "resnet":
         model = ResNet(num_classes, tuple(c.features), tuple(c.blocks), (image_shape or (32, 32, 3))[2])
-    elif c.name == "lstm":
+    elif kind == "lstm":
         model = LSTMLanguageModel(num_classes, c.layers, c.width, c.dropout, c.init_scale, c.tie_embeddings)
-    elif c.name == "transformer":
+    else:
         if seq_len < 1:
             raise ValueError("the Transformer needs seq_len >= 1 (its context)")
-        if not getattr(c, "causal", True):
-            raise ValueError("no torch twin for a bidirectional Transformer (model.causal=false)")
+        spec = c.spec(num_classes, c.context or seq_len)
+        different = [
+            what
+            for what, differs in (
+                ("a bidirectional Transformer (model.causal=false)", not spec.causal),
+                (f"model.norm_eps={spec.norm_eps} (the twin's LayerNorm has 1e-6)", spec.norm_eps != 1e-6),
+                ("model.gelu=exact (the twin's GELU is the tanh form)", spec.gelu != "tanh"),
+                ("grouped-query attention (kv_heads < heads)", spec.kv_heads != spec.heads),
+            )
+            if differs
+        ]
+        if different:
+            raise ValueError(f"no torch twin for {'; '.join(different)}: the torch Transformer is GPT-shaped only")
         model = TransformerLanguageModel(
             num_classes, seq_len, c.layers, c.width, c.heads, c.mlp_ratio, c.dropout, c.position, c.tie_embeddings
         )
-    else:
-        raise ValueError(f"no torch twin for model {c.name!r}; choose convnet, resnet, lstm or transformer")
     return model.to(getattr(torch, c.param_dtype))
 
 
@@ -424,18 +455,20 @@ def _pairs_lstm(model: LSTMLanguageModel, params: dict) -> list[tuple[Any, np.nd
 
 
 def _pairs_transformer(model: TransformerLanguageModel, params: dict) -> list[tuple[Any, np.ndarray]]:
-    """(torch tensor, value) pairs for the Transformer: multi-axis kernels flattened, then transposed."""
+    """(torch tensor, value) pairs for the Transformer: multi-axis kernels flattened (queries, keys and
+    values side by side in the twin's one ``Linear``), then transposed."""
     pairs = [(model.embed.weight, params["embed"]["embedding"])]
     if model.position is not None:
         pairs.append((model.position, params["position"]))
     for i, block in enumerate(model.blocks):
         p = params[f"block_{i}"]
         attention = p["attention"]
-        qkv, out = attention["qkv"], attention["out"]
-        width = qkv["kernel"].shape[0]
+        out = attention["out"]
+        width = out["kernel"].shape[-1]
+        qkv = [attention[name] for name in ("query", "key", "value")]
         pairs += [
-            (block.qkv.weight, qkv["kernel"].reshape(width, -1).T),
-            (block.qkv.bias, qkv["bias"].reshape(-1)),
+            (block.qkv.weight, np.concatenate([a["kernel"].reshape(width, -1) for a in qkv], axis=1).T),
+            (block.qkv.bias, np.concatenate([a["bias"].reshape(-1) for a in qkv])),
             (block.out.weight, out["kernel"].reshape(-1, width).T),
             (block.out.bias, out["bias"]),
         ]
@@ -466,14 +499,13 @@ def load_flax_params(torch_model: Any, variables: dict, model_cfg: Any) -> None:
 
     params = as_numpy(variables["params"])
     stats = as_numpy(variables.get("batch_stats", {}))
-    if model_cfg.name in IMAGE_MODELS:
+    kind = _family(model_cfg)
+    if kind in ("convnet", "resnet"):
         pairs = _pairs_image(torch_model, params, stats)
-    elif model_cfg.name == "lstm":
+    elif kind == "lstm":
         pairs = _pairs_lstm(torch_model, params)
-    elif model_cfg.name == "transformer":
-        pairs = _pairs_transformer(torch_model, params)
     else:
-        raise ValueError(f"no torch twin for model {model_cfg.name!r}")
+        pairs = _pairs_transformer(torch_model, params)
     with torch.no_grad():
         for tensor, value in pairs:
             if tuple(tensor.shape) != value.shape:
@@ -592,9 +624,9 @@ class Trainer:
         self.device = torch.device(device)
         self.bf16 = bf16
         self.label_smoothing = label_smoothing
-        self.stateful = model_cfg.name == "lstm"
+        self.stateful = _family(model_cfg) == "lstm"
         model = build_model(model_cfg, num_classes, seq_len, image_shape=image_shape).to(self.device)
-        if model_cfg.name in IMAGE_MODELS and bf16 and self.device.type == "cuda":
+        if _image_model(model_cfg) and bf16 and self.device.type == "cuda":
             model = model.to(memory_format=torch.channels_last)
         self.model = model.train()
         self.params = [p for p in model.parameters() if p.requires_grad]

@@ -464,8 +464,10 @@ def validate(cfg: Config) -> None:
     if cfg.data.name == "text" and not cfg.data.path:
         raise UserError("data.name=text needs data.path=FILE, the text file to train on")
     cfg.model.validate()
-    if cfg.model.name == "lstm" and cfg.optim.grad_accum > 1:
-        raise UserError("optim.grad_accum > 1 cannot be used with model.name=lstm (its carried state is per batch row)")
+    if cfg.model.carries_state and cfg.optim.grad_accum > 1:
+        raise UserError(
+            f"optim.grad_accum > 1 cannot be used with model.name={cfg.model.name} (its carried state is per batch row)"
+        )
     if "float64" in (cfg.model.dtype, cfg.model.param_dtype):
         import jax
 
@@ -560,4 +562,4 @@ def profile_steps(cfg: Config) -> tuple[int, int] | None:
 
 def batching(cfg: Config) -> str:
     """How a language model's batches are made: the explicit ``data.batching`` or the model's default."""
-    return cfg.data.batching or ("stream" if cfg.model.name == "lstm" else "windows")
+    return cfg.data.batching or ("stream" if cfg.model.carries_state else "windows")

@@ -1,11 +1,14 @@
 """Model families: ``model.name`` in the config -> the family's config class -> a Flax Linen module.
 
-A family is one file: a config dataclass (subclassing :class:`ModelConfig`, whose fields are the
-family's ``model.*`` keys) whose ``build`` makes the module, the module itself, and one line
-registering the config class under a name (:func:`register`). The built-in families are
-``cnn.py`` (convnet, resnet), ``lstm.py`` and ``transformer.py``, imported below; an experiment
-file registers its own the same way, and its keys are then set and checked like the built-in
-ones (``jaxnet train mine.py model.hidden=128``)::
+A family is one file (or one package): a config dataclass (subclassing :class:`ModelConfig`, whose
+fields are the family's ``model.*`` keys) whose ``build`` makes the module, the module itself, and
+one line registering the config class under a name (:func:`register`). The family also owns its
+FLOP count (:meth:`ModelConfig.forward_flops`) and the sharding rules of its own logical axis
+names (:meth:`ModelConfig.axis_rules`). The built-in families are ``cnn.py`` (convnet, resnet),
+``lstm.py`` and the ``transformer/`` package, imported below; Hugging Face checkpoints of the
+Transformer come and go through ``hf/``. An experiment file registers its own family the same way,
+and its keys are then set and checked like the built-in ones (``jaxnet train mine.py
+model.hidden=128``)::
 
     @dataclass
     class MLPConfig(jaxnet.ModelConfig):
@@ -31,7 +34,7 @@ from jaxnet.models.base import BUILT_IN, INPUTS, REGISTRY, Build, Family, ModelC
 from jaxnet.models.cnn import ConvNet, ConvNetConfig, ResNet, ResNetConfig
 from jaxnet.models.common import DTYPES
 from jaxnet.models.lstm import LSTMConfig, LSTMLanguageModel
-from jaxnet.models.transformer import TransformerConfig, TransformerLanguageModel
+from jaxnet.models.transformer import TransformerConfig, TransformerLanguageModel, TransformerSpec
 
 
 def resolve(cfg: ModelConfig, backend: str | None = None) -> ModelConfig:
@@ -76,6 +79,7 @@ __all__ = [
     "ResNetConfig",
     "TransformerConfig",
     "TransformerLanguageModel",
+    "TransformerSpec",
     "build",
     "family",
     "field",

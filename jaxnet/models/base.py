@@ -233,6 +233,11 @@ class ModelConfig(Checked):
     module (:meth:`build`), and is registered by :func:`register`; ``name`` is filled in from there.
     """
 
+    #: The model carries a state from one batch to the next (an LSTM's hidden state): its text
+    #: batches are contiguous streams by default, and gradients cannot be accumulated over
+    #: micro-batches (the state is per batch row). A class attribute, not a config key.
+    carries_state: typing.ClassVar[bool] = False
+
     name: str = field("", "model family: a registered model (see jaxnet.models.register)")
     dtype: str = field(
         "auto",
@@ -269,6 +274,29 @@ class ModelConfig(Checked):
         ``super().for_backend(backend)`` first."""
         dtype = self.dtype if self.dtype != "auto" else ("float32" if backend == "cpu" else "bfloat16")
         return dataclasses.replace(self, dtype=dtype)
+
+    def forward_flops(self, *, batch: int, input_shape: tuple, outputs: int, causal: bool = True) -> float | None:
+        """The matrix-product FLOPs of one forward pass of this family's model on ``batch`` inputs
+        of ``input_shape`` (``(seq_len,)`` for a language model, ``(height, width, channels)`` for
+        images) with ``outputs`` classes or tokens, counted as :mod:`jaxnet.flops` says; None when
+        the family has no count (throughput is then reported without MFU). ``causal`` counts only
+        the attention pairs a causal model needs. A family that knows its arithmetic overrides it::
+
+            def forward_flops(self, *, batch, input_shape, outputs, causal=True):
+                return 2 * batch * (input_shape[0] * self.hidden + self.hidden * outputs)
+        """
+        return None
+
+    def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
+        """Logical axis names of this family's parameters and activations that the shared table
+        (:data:`jaxnet.parallel.RULES`) does not place, each with the mesh axis (or None: whole on
+        every device) it goes to on a mesh of ``mesh_shape`` (``{"data": 2, "fsdp": 1, "tensor":
+        4}``). They come before the shared rules. None by default::
+
+            def axis_rules(self, mesh_shape):
+                return (("experts", "tensor" if self.experts % mesh_shape["tensor"] == 0 else None),)
+        """
+        return ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +349,77 @@ def model_keys(cls: type) -> dict[str, dataclasses.Field]:
     shared = [k for k in leaves(ModelConfig, "model.") if k != "model.name"]
     order = ["model.name", *(k for k in fields if k not in shared and k != "model.name"), *shared]
     return {k: fields[k] for k in order}
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts that changed: arrays saved by an older jaxnet, read as today's.
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A parameter an older jaxnet saved packed, now kept as several: a saved array whose path
+    ends with ``old`` holds, along ``axis``, the arrays whose paths end with each of ``new``
+    instead (the rest of the path the same). ``note`` says what changed, once, when it is read.
+    Optimizer moments mirror the parameters' paths and are read the same way::
+
+        Unpacked(("qkv", "kernel"), (("query", "kernel"), ("key", "kernel"), ("value", "kernel")), axis=-3,
+                 note="attention's packed qkv kernel split into query, key and value")
+    """
+
+    old: tuple[str, ...]
+    new: tuple[tuple[str, ...], ...]
+    axis: int
+    note: str
+
+    def matches(self, path: tuple[str, ...], shape: tuple[int, ...]) -> bool:
+        """Whether an array saved at ``path`` of ``shape`` is one this change unpacks."""
+        ndim = len(shape)
+        return path[-len(self.old) :] == self.old and -ndim <= self.axis < ndim and shape[self.axis] == len(self.new)
+
+    def unpack(self, path: tuple[str, ...], leaf: Any) -> dict[tuple[str, ...], Any]:
+        """Today's arrays by path from the saved ``leaf`` at ``path`` (an array, or metadata with a
+        ``shape`` and ``dtype``, unpacked into :class:`Shaped` ones)."""
+        stem = path[: -len(self.old)]
+        if not hasattr(leaf, "__array__"):  # metadata: only the shapes
+            shape = tuple(d for j, d in enumerate(leaf.shape) if j != self.axis % len(leaf.shape))
+            return {stem + name: Shaped(shape, leaf.dtype) for name in self.new}
+        array = np.asarray(leaf)
+        return {stem + name: np.take(array, i, axis=self.axis) for i, name in enumerate(self.new)}
+
+
+class Shaped(typing.NamedTuple):
+    """The shape and dtype of an array not read (what :meth:`Unpacked.unpack` makes of metadata)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+#: Every layout change a family has registered (:func:`register_migration`).
+MIGRATIONS: list[Unpacked] = []
+
+
+def register_migration(change: Unpacked) -> None:
+    """Read arrays an older jaxnet saved in ``change``'s layout as today's (checkpoints, resumed
+    runs, ``train.init_from``, :func:`jaxnet.load`)."""
+    if change not in MIGRATIONS:
+        MIGRATIONS.append(change)
+
+
+def migrate(flat: dict[tuple[str, ...], Any]) -> tuple[dict[tuple[str, ...], Any], list[str]]:
+    """``flat`` (saved leaves by path: arrays, or metadata with a shape and dtype) in today's layout,
+    and the notes of the changes that applied (each once). Leaves no change matches are kept."""
+    out: dict[tuple[str, ...], Any] = {}
+    notes: list[str] = []
+    for path, leaf in flat.items():
+        shape = tuple(getattr(leaf, "shape", ()) or ())
+        change = next((c for c in MIGRATIONS if c.matches(path, shape)), None)
+        if change is None:
+            out[path] = leaf
+            continue
+        out.update(change.unpack(path, leaf))
+        if change.note not in notes:
+            notes.append(change.note)
+    return out, notes
 
 
 # ---------------------------------------------------------------------------------------------

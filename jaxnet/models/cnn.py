@@ -48,6 +48,16 @@ class ConvNetConfig(ModelConfig):
         """The :class:`ConvNet` this config describes (its dtypes resolved, see :func:`jaxnet.models.resolve`)."""
         return ConvNet(outputs, self.features, self.hidden, self.dropout, DTYPES[self.dtype], DTYPES[self.param_dtype])
 
+    def forward_flops(self, *, batch: int, input_shape: tuple, outputs: int, causal: bool = True) -> float:
+        """The convolutions (only the kernel positions that fall on the image) and the dense layers."""
+        height, _, c_in = input_shape
+        total, size = 0.0, height
+        for c_out in self.features:
+            total += conv_flops(batch, size, 3, c_in, c_out)
+            size, c_in = size // 2, c_out
+        flat = size * size * c_in
+        return total + 2 * batch * (flat * self.hidden + self.hidden * outputs)
+
 
 @dataclass
 class ResNetConfig(ModelConfig):
@@ -66,6 +76,36 @@ class ResNetConfig(ModelConfig):
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> ResNet:
         """The :class:`ResNet` this config describes; ``batch_axis`` names the mesh axes BatchNorm averages over."""
         return ResNet(outputs, self.features, self.blocks, DTYPES[self.dtype], DTYPES[self.param_dtype], batch_axis)
+
+    def forward_flops(self, *, batch: int, input_shape: tuple, outputs: int, causal: bool = True) -> float:
+        """The convolutions (projection shortcuts included) and the classifier."""
+        height, _, channels = input_shape
+        total, size = conv_flops(batch, height, 3, channels, self.features[0]), height
+        c_in = self.features[0]
+        for stage, (c_out, count) in enumerate(zip(self.features, self.blocks, strict=True)):
+            for block in range(count):
+                stride = 2 if stage > 0 and block == 0 else 1
+                if c_in != c_out or stride > 1:
+                    total += conv_flops(batch, size, 1, c_in, c_out, stride)  # projection shortcut
+                total += conv_flops(batch, size, 3, c_in, c_out, stride)
+                size = -(-size // stride)
+                total += conv_flops(batch, size, 3, c_out, c_out)
+                c_in = c_out
+        return total + 2 * batch * c_in * outputs
+
+
+def _taps(size: int, kernel: int, stride: int) -> int:
+    """Kernel positions that land on the input, summed over the outputs of one axis of a 'SAME'
+    convolution (positions over the zero padding multiply nothing and are not counted)."""
+    out = -(-size // stride)
+    pad = max((out - 1) * stride + kernel - size, 0) // 2
+    return sum(1 for o in range(out) for t in range(kernel) if 0 <= o * stride + t - pad < size)
+
+
+def conv_flops(batch: int, size: int, kernel: int, c_in: int, c_out: int, stride: int = 1) -> float:
+    """FLOPs of a square 'SAME' convolution of a ``size`` x ``size`` input, counting only the kernel
+    positions that fall on the image."""
+    return 2 * batch * _taps(size, kernel, stride) ** 2 * c_in * c_out
 
 
 _IMAGE_ACT = ("batch", None, None, "mlp")

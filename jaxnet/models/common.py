@@ -97,3 +97,59 @@ def member_conv(lhs: jnp.ndarray, rhs: jnp.ndarray, *args: Any, **kwargs: Any) -
 
     f.defvjp(lambda x, w: (forward(x, w), (x, w)), lambda res, g: backward(*res, g))
     return f(lhs, rhs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The linear layer
+
+
+def normal(std: float, names: tuple) -> nn.initializers.Initializer:
+    """N(0, ``std``) initialisation of a parameter whose axes have the logical ``names``."""
+    return nn.with_logical_partitioning(nn.initializers.normal(std), names)
+
+
+def project(x: jnp.ndarray, kernel: jnp.ndarray, bias: jnp.ndarray | None, contract: int, dtype: Any) -> jnp.ndarray:
+    """``x @ kernel + bias`` in ``dtype``, contracting the last ``contract`` axes of ``x`` with the
+    first ``contract`` of ``kernel``."""
+    inputs = tuple(range(x.ndim - contract, x.ndim))
+    y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), ((inputs, tuple(range(contract))), ((), ())))
+    return y if bias is None else y + bias.astype(dtype)
+
+
+class Projection(nn.Module):
+    """``x @ kernel + bias`` contracting the last ``contract`` axes of ``x`` into ``features``: every
+    linear layer of the Transformer (queries, keys, values, the attention's output, the MLP, an
+    untied output head), so that what changes a linear layer (an adapter) changes it here, in
+    :meth:`weights`, which every product with the layer goes through.
+
+    ``names`` are the logical names of the kernel's axes (inputs, then outputs). The kernel is
+    created at its full shape (Flax's ``DenseGeneral`` creates it flat and reshapes, which its own
+    logical-axis constraints reject), so its axes can be named and split. It starts from
+    N(0, ``std``) unless ``kernel_init`` says otherwise; the bias (``use_bias``) from zeros::
+
+        q = Projection((heads, head_dim), ("embed", "heads", "kv"), name="query")(x)  # (b, t, heads, head_dim)
+    """
+
+    features: tuple[int, ...]
+    names: tuple[str | None, ...]
+    contract: int = 1
+    std: float = 0.02
+    use_bias: bool = True
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable | None = None
+
+    @nn.compact
+    def weights(self, inputs: tuple[int, ...]) -> tuple[jnp.ndarray, jnp.ndarray | None]:
+        """The kernel, of shape ``inputs + features``, and the bias (None without one), created on
+        first use: what the layer multiplies by (a caller may multiply by several layers' at once)."""
+        init = nn.with_logical_partitioning(self.kernel_init, self.names) if self.kernel_init else None
+        kernel = self.param("kernel", init or normal(self.std, self.names), (*inputs, *self.features), self.param_dtype)
+        if not self.use_bias:
+            return kernel, None
+        bias_init = nn.with_logical_partitioning(nn.initializers.zeros, self.names[self.contract :])
+        return kernel, self.param("bias", bias_init, self.features, self.param_dtype)
+
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        kernel, bias = self.weights(tuple(x.shape[x.ndim - self.contract :]))
+        return project(x, kernel, bias, self.contract, self.dtype)

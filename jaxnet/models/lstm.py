@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -56,6 +56,8 @@ Dtype = Any
 @dataclass
 class LSTMConfig(ModelConfig):
     """``model.*`` keys of :class:`LSTMLanguageModel`."""
+
+    carries_state: ClassVar[bool] = True  # the hidden state, from one batch to the next
 
     layers: int = field(2, "number of LSTM layers", low=1)
     width: int = field(200, "hidden units (= embedding size)", low=1)
@@ -81,6 +83,12 @@ class LSTMConfig(ModelConfig):
                 f"model.lstm_impl=cudnn needs an NVIDIA GPU (the backend here is {backend}); use model.lstm_impl=auto"
             )
         return dataclasses.replace(cfg, lstm_impl=impl)
+
+    def forward_flops(self, *, batch: int, input_shape: tuple, outputs: int, causal: bool = True) -> float:
+        """The input and recurrent products of the 4 gates per layer, then the output projection."""
+        tokens = batch * input_shape[0]
+        per_layer = 2 * tokens * (self.width * 4 * self.width + self.width * 4 * self.width)
+        return self.layers * per_layer + 2 * tokens * self.width * outputs
 
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> LSTMLanguageModel:
         """The :class:`LSTMLanguageModel` this config describes over a vocabulary of ``outputs`` tokens

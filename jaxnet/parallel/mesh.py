@@ -133,7 +133,7 @@ def process_rows(mesh: Mesh, batch_size: int) -> slice:
     return slice(spans[0][0], spans[-1][1])
 
 
-def state_shardings(boxed_state: Any, mesh: Mesh, split_carry: bool = False) -> Any:
+def state_shardings(boxed_state: Any, mesh: Mesh, split_carry: bool = False, rules: tuple = RULES) -> Any:
     """Shardings for every leaf of a state whose parameters carry logical axis names.
 
     ``boxed_state`` is the (abstract) state with Flax's ``LogicallyPartitioned`` boxes still on,
@@ -147,6 +147,7 @@ def state_shardings(boxed_state: Any, mesh: Mesh, split_carry: bool = False) -> 
     the sharded mode keeps it whole: it is one small array per layer.) A vocabulary
     the ``tensor`` axis does not divide stays whole (the vocabulary is the data's, not a choice);
     any other dimension that its mesh axes do not divide is a one-line error naming the array.
+    ``rules`` is :data:`RULES` with the model family's own in front (``ModelConfig.axis_rules``).
     """
     shapes = nn.unbox(boxed_state)
     tensor = mesh.shape["tensor"]
@@ -161,7 +162,7 @@ def state_shardings(boxed_state: Any, mesh: Mesh, split_carry: bool = False) -> 
         shapes,
         is_leaf=lambda x: isinstance(x, PartitionSpec),
     )
-    shardings = nn.logical_to_mesh_sharding(logical, mesh, RULES)
+    shardings = nn.logical_to_mesh_sharding(logical, mesh, rules)
     rows = batch_sharding(mesh)
     shardings = jax.tree_util.tree_map_with_path(
         lambda path, sh: rows if split_carry and any(getattr(k, "key", None) == "carry" for k in path) else sh,
@@ -202,13 +203,14 @@ def _unnamed_by_size(names: Any, shapes: Any, shardings: Any, mesh: Mesh) -> Any
     return shardings.replace(params=place("params"), opt_state=place("opt_state"))
 
 
-def under_rules(fn: Callable, mesh: Mesh) -> Callable:
-    """``fn`` traced with :data:`RULES` and ``mesh`` in scope, so the activation marks in the models
-    (``nn.with_logical_constraint``) become sharding constraints for the compiler."""
+def under_rules(fn: Callable, mesh: Mesh, rules: tuple = RULES) -> Callable:
+    """``fn`` traced with ``rules`` (:data:`RULES` and the model family's own) and ``mesh`` in scope,
+    so the activation marks in the models (``nn.with_logical_constraint``) become sharding
+    constraints for the compiler."""
 
     @functools.wraps(fn)
     def traced(*args: Any) -> Any:
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(RULES):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
             return fn(*args)
 
     return traced

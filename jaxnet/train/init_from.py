@@ -7,10 +7,11 @@ the paths it matches freshly initialised (a new head); every other path must be 
 the same shape. A carried ``carry`` collection (an LSTM's state between batches) belongs to the data
 position, not to what was learned, and is never taken over.
 
-``train.init_from=hf:PATH`` starts from a Hugging Face GPT-2 checkpoint instead (a directory
-``save_pretrained`` wrote, :mod:`jaxnet.models.hf_gpt2`): :func:`with_hf_shape` gives the
-Transformer that checkpoint's shape before the run is built, and :func:`load` maps its tensors
-onto the Transformer's paths (the vocabulary padded with masked rows where the data's is larger).
+``train.init_from=hf:PATH`` starts from a Hugging Face checkpoint instead (a directory
+``save_pretrained`` wrote, read through :mod:`jaxnet.models.hf`): :func:`with_hf_shape` gives the
+Transformer that checkpoint's shape before the run is built, and :func:`load` takes its tensors
+onto the Transformer's paths as they are read (the vocabulary padded with masked rows where the
+data's is larger).
 
 >>> cfg = with_hf_shape(cfg)                   # doctest: +SKIP
 >>> init = load(cfg, run, Path("runs/new"))   # doctest: +SKIP
@@ -30,14 +31,14 @@ import numpy as np
 from jaxnet import checkpoint, parallel
 from jaxnet.config import Config
 from jaxnet.errors import UserError
-from jaxnet.models import TransformerConfig, hf_gpt2
+from jaxnet.models import TransformerConfig, hf
 from jaxnet.models.adapters.paths import joined
 
 CARRIED = "carry"  # model state of the data position, left fresh
 
 
 def with_hf_shape(cfg: Config) -> Config:
-    """``cfg`` with the Transformer's shape taken from the GPT-2 checkpoint ``train.init_from=hf:PATH``
+    """``cfg`` with the Transformer's shape taken from the Hugging Face checkpoint ``train.init_from=hf:PATH``
     names (layers, width, heads, MLP ratio, GELU, LayerNorm epsilon, positions, tied embeddings,
     vocabulary); ``cfg`` itself when ``init_from`` names no such checkpoint.
 
@@ -46,13 +47,14 @@ def with_hf_shape(cfg: Config) -> Config:
     0 becomes the checkpoint's context; a longer one than it has is refused.
     """
     spec = cfg.train.init_from
-    if not hf_gpt2.is_hf(spec):
+    if not hf.is_hf(spec):
         return cfg
-    if cfg.model.name != "transformer":
-        raise UserError(f"train.init_from={spec} is a GPT-2 checkpoint, a Transformer; set model.name=transformer")
-    hf = hf_gpt2.read_config(hf_gpt2.hf_dir(spec))
-    fields = hf_gpt2.model_fields(hf)
-    fields["vocab_used"] = fields.pop("vocab")
+    if not isinstance(cfg.model, TransformerConfig):
+        raise UserError(
+            f"train.init_from={spec} is a Hugging Face checkpoint, a Transformer; set model.name=transformer"
+        )
+    pretrained = hf.read(spec)
+    fields = {**pretrained.keys, "vocab_used": pretrained.vocab}
     defaults = TransformerConfig()
     taken, conflicts = {}, []
     for key, theirs in fields.items():
@@ -120,17 +122,17 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
     if not spec or resuming(workdir):
         return None
     ours = variables(run.abstract_state())
-    if hf_gpt2.is_hf(spec):
-        source = hf_gpt2.hf_dir(spec)
-        hf = hf_gpt2.read_config(source)
-        rows = ours.get("params/embed/embedding")
+    if hf.is_hf(spec):
+        pretrained = hf.read(spec)
+        source = pretrained.directory
+        embedding = ours.get("params/embed/embedding")
+        rows = None if embedding is None else embedding.shape[0]
         try:
-            flat = hf_gpt2.to_params(hf_gpt2.read_tensors(source), hf, None if rows is None else rows.shape[0])
+            theirs = {f"params/{path}": value for path, value in pretrained.tensors(rows)}
         except UserError as e:
             raise UserError(f"train.init_from={spec}: {e}") from None
-        theirs = {f"params/{path}": value for path, value in flat.items()}
-        _check_ids(run.dataset, hf_gpt2.model_fields(hf)["vocab"], spec)
-        origin = f"GPT-2 checkpoint {source}"
+        _check_ids(run.dataset, pretrained.vocab, spec)
+        origin = f"{pretrained.table.title} checkpoint {source}"
     else:
         source, step = parse(spec)
         if source.resolve() == workdir.resolve():

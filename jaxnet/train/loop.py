@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -161,6 +162,7 @@ class Run:
         if not isinstance(self.task, tasks.Task):
             raise UserError(f"task is a {type(self.task).__name__}; pass a jaxnet.Task (or jaxnet.tasks.NAME(...))")
         self.replicas = cfg.parallel.mode == "replicas"
+        self.rules = parallel.RULES  # the logical axes of a model of yours
         if model is None and "model" in self.hooks:
             model = self.hooks["model"](cfg)
         if model is None:
@@ -173,6 +175,8 @@ class Run:
             batch_axis = parallel.REPLICA_AXIS if self.replicas else None
             outputs = self.dataset.num_classes + self.task.extra_inputs
             model = models.build(cfg.model, outputs, cfg.data.seq_len, batch_axis=batch_axis, backend=backend)
+            # The family's own logical axes (a built model's; yours are placed by the shared rules).
+            self.rules = tuple(cfg.model.axis_rules(dict(self.mesh.shape))) + parallel.RULES
         self.model = adapters.adapt(model)
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
@@ -184,12 +188,12 @@ class Run:
         boxed = self._check_model_and_task()
         optim.check_freeze(cfg.optim.freeze, boxed.params)
         # Where every leaf of the train state lives, from the parameters' logical axis names.
-        self.state_shardings = parallel.state_shardings(boxed, self.mesh, split_carry=self.replicas)
+        self.state_shardings = parallel.state_shardings(boxed, self.mesh, split_carry=self.replicas, rules=self.rules)
         step = self._make_step()
         if self.replicas:
             step = parallel.replicas(step, self.mesh, self.state_shardings)
         else:
-            step = parallel.under_rules(step, self.mesh)
+            step = parallel.under_rules(step, self.mesh, self.rules)
         options = xla_options.compiler_options(self.mesh)  # on a CPU: convolutions on every core
         self.train_step = jax.jit(
             step,
@@ -208,7 +212,7 @@ class Run:
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         self.eval_step = jax.jit(
-            parallel.under_rules(make_eval_step(self.model, self.task), self.mesh),
+            parallel.under_rules(make_eval_step(self.model, self.task), self.mesh, self.rules),
             compiler_options=options,
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
@@ -912,7 +916,8 @@ def evaluate(
     step = resolve_step(workdir, step)
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
-        state = ckpts.restore(run.abstract_state(), step=step)
+        # stdout is the result's: a note on the checkpoint (an older layout read) goes to stderr
+        state = ckpts.restore(run.abstract_state(), step=step, say=lambda line: print(line, file=sys.stderr))
     finally:
         ckpts.close()
     result = {"step": int(state.step), "split": split, **run.evaluate(state, split)}

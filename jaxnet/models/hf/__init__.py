@@ -1,0 +1,228 @@
+"""Hugging Face checkpoints in and out of jaxnet's Transformer: the one place that reads or writes
+their tensors.
+
+A checkpoint is a directory as ``transformers``' ``save_pretrained`` writes it: ``config.json``
+and the weights in ``model.safetensors``, several files named by ``model.safetensors.index.json``,
+or ``pytorch_model.bin`` (which needs PyTorch). jaxnet never downloads one. ``hf:PATH`` names one
+wherever a run directory is accepted: ``train.init_from``, :func:`jaxnet.load`,
+:func:`jaxnet.load_params`, ``jaxnet sample --workdir``; ``jaxnet export --format hf`` writes one.
+
+The pieces: ``files.py`` reads tensors one at a time and writes shards; ``table.py`` is what an
+architecture table is, with the converter every table shares; one file per architecture holds its
+table (``gpt2.py``). This facade is what the rest of jaxnet calls::
+
+    checkpoint = hf.read("hf:checkpoints/gpt2")      # config.json read, its table found
+    checkpoint.model()                                 # TransformerConfig of its shape
+    for path, array in checkpoint.tensors():           # each parameter as it is read
+        ...                                            # ("block_0/attention/query/kernel", array)
+    hf.export("out/gpt2", params, run_model_config)    # a run written back as GPT-2
+
+**Adding an architecture** is one file: a :class:`~jaxnet.models.hf.table.Table` subclass (its
+``model_type``, the config both ways, the rules with templated names and layouts) registered in
+:data:`TABLES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnet.errors import UserError
+from jaxnet.models.hf import files
+from jaxnet.models.hf.gpt2 import GPT2
+from jaxnet.models.hf.table import Table, file_tensors, fill
+from jaxnet.models.transformer import TransformerConfig, TransformerLanguageModel, TransformerSpec
+
+PREFIX = "hf:"
+"""How ``train.init_from``, :func:`jaxnet.load` and :func:`jaxnet.load_params` name a checkpoint directory."""
+
+#: Every architecture jaxnet reads and writes, by ``config.json``'s ``model_type``.
+TABLES: dict[str, Table] = {table.model_type: table for table in (GPT2(),)}
+
+
+def is_hf(spec: Any) -> bool:
+    """Whether ``spec`` names a Hugging Face checkpoint directory (``hf:PATH``)."""
+    return isinstance(spec, str | os.PathLike) and str(spec).startswith(PREFIX)
+
+
+def hf_dir(spec: str | os.PathLike) -> Path:
+    """The directory of ``hf:PATH`` (a path without the prefix is taken as it is)."""
+    path = str(spec)[len(PREFIX) :] if is_hf(spec) else str(spec)
+    if not path:
+        raise UserError(f"{spec!r} names no directory; give hf:PATH, a directory that save_pretrained wrote")
+    return Path(path).expanduser()
+
+
+def _titles() -> str:
+    return " or ".join(t.title for t in TABLES.values())
+
+
+def read_config(directory: Path) -> tuple[Table, dict[str, Any]]:
+    """The table and the ``config.json`` of a checkpoint directory (one-line :class:`UserError` for a
+    directory that is not one, or of an architecture jaxnet does not read)."""
+    if not directory.is_dir():
+        what = "is a file" if directory.exists() else "does not exist"
+        raise UserError(f"hf:{directory} {what}; give a directory that transformers' save_pretrained wrote")
+    path = directory / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"hf:{directory} has no config.json; give a directory that save_pretrained wrote") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} is not a JSON object; give the config.json that save_pretrained wrote")
+    kind = config.get("model_type")
+    if kind not in TABLES:
+        names = ", ".join(f"{t.title} (model_type {t.model_type})" for t in TABLES.values())
+        raise UserError(
+            f"hf:{directory} holds a {kind or 'model of no model_type'}, not {_titles()} (config.json "
+            f"model_type={kind!r}); jaxnet reads {names} checkpoints only"
+        )
+    return TABLES[kind], config
+
+
+class Checkpoint:
+    """A Hugging Face checkpoint directory: its ``config.json`` read, its architecture's table found,
+    its tensors not read until :meth:`tensors` (see :func:`read`).
+
+    ``keys`` are the ``model.*`` keys of the Transformer that computes what it computes, ``vocab``
+    its vocabulary and ``context`` its positions.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.table, self.config = read_config(directory)
+        keys = self.table.keys(self.config)
+        self.vocab: int = keys.pop("vocab")
+        self.context: int = keys["context"]
+        self.keys: dict[str, Any] = keys
+
+    def model(self) -> TransformerConfig:
+        """The ``model.*`` config of this checkpoint's Transformer (its ids the ones it predicts)."""
+        return TransformerConfig(**self.keys, vocab_used=self.vocab)
+
+    def shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
+        """The parameter shapes (by path) of this checkpoint's Transformer with ``rows`` token ids,
+        from the model itself (``jax.eval_shape`` of its ``init``)."""
+        return dict(param_shapes(self.model().spec(rows, self.context)))
+
+    def tensors(self, rows: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
+        """Every parameter of this checkpoint's Transformer (path, float32 array), each read from
+        the files as it is handed out, all of them checked before the first is read (see
+        :func:`jaxnet.models.hf.table.fill`). ``rows`` (default the checkpoint's vocabulary) is
+        the model's vocabulary: the rows past the checkpoint's are zeros (padding, never
+        predicted: ``model.vocab_used``)."""
+        rows = self.vocab if rows is None else rows
+        if rows < self.vocab:
+            raise UserError(
+                f"the data's vocabulary has {rows} ids, fewer than this {self.table.title}'s {self.vocab}; tokenize "
+                "with the checkpoint's tokenizer (GPT-2's: data.tokenizer=gpt2)"
+            )
+        return fill(self.table, self.keys, files.Tensors(self.directory), self.shapes(rows), self.vocab)
+
+    def params(self, rows: int | None = None) -> dict[str, np.ndarray]:
+        """:meth:`tensors` gathered, by path (``block_0/attention/query/kernel``)."""
+        return dict(self.tensors(rows))
+
+
+@functools.cache
+def param_shapes(spec: TransformerSpec) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(path, shape) of every parameter of the Transformer of ``spec``, from ``jax.eval_shape`` of
+    its ``init`` (traced once per spec)."""
+    module = TransformerLanguageModel(spec)
+    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    variables = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
+    flat = jax.tree_util.tree_flatten_with_path(nn.unbox(variables)["params"])[0]
+    return tuple(("/".join(str(k.key) for k in path), tuple(leaf.shape)) for path, leaf in flat)
+
+
+def read(spec: str | os.PathLike) -> Checkpoint:
+    """The checkpoint ``hf:PATH`` (or a directory) names, its config read and checked, its tensors
+    not yet::
+
+        checkpoint = read("hf:checkpoints/gpt2")
+        params = nested(checkpoint.params())
+    """
+    return Checkpoint(hf_dir(spec))
+
+
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"a/b": x}`` as ``{"a": {"b": x}}``: the nesting Flax's parameters have."""
+    tree: dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+def table_for(model: Any) -> Table:
+    """The table a run's model (its ``model.*`` config) is written with: the first that can hold
+    it, or a one-line :class:`UserError` saying why none can."""
+    if not isinstance(model, TransformerConfig):
+        raise UserError(f"a Hugging Face {_titles()} checkpoint holds a Transformer; this run trained a {model.name}")
+    keys = _keys(model)
+    reasons = {}
+    for table in TABLES.values():
+        reasons[table.title] = table.refuse(keys)
+        if not reasons[table.title]:
+            return table
+    why = "; ".join(f"{'; '.join(r)}" for r in reasons.values())
+    raise UserError(f"{_titles()} cannot hold this model: {why}")
+
+
+def _keys(model: TransformerConfig) -> dict[str, Any]:
+    return {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+
+
+def convert(params: Any, model: TransformerConfig, context: int) -> tuple[dict[str, Any], Iterator]:
+    """The ``config.json`` and the file tensors (an iterator of (name, float32 array)) of a run's
+    Transformer parameters ``params`` (nested dicts, on the host or a device) and its ``model.*``
+    config ``model`` with ``context`` positions; the vocabulary's padding rows past
+    ``model.vocab_used`` are dropped. A model no table can hold is a one-line :class:`UserError`."""
+    table = table_for(model)
+    keys = _keys(model)
+    rows = np.shape(params["embed"]["embedding"])[0]
+    vocab = model.vocab_used if 0 < model.vocab_used < rows else rows
+
+    def get(path: str) -> np.ndarray:
+        node = params
+        for name in path.split("/"):
+            node = node[name]
+        return np.asarray(jax.device_get(node))
+
+    return table.config(keys, vocab, context), file_tensors(table, keys, get, vocab)
+
+
+def export(
+    directory: str | os.PathLike,
+    params: Any,
+    model: TransformerConfig,
+    context: int,
+    *,
+    max_shard_bytes: int = files.MAX_SHARD_BYTES,
+) -> Path:
+    """Write a run's Transformer (parameters ``params``, ``model.*`` config ``model``, ``context``
+    positions) as a Hugging Face checkpoint in ``directory`` (new or empty), in shards of at most
+    ``max_shard_bytes``, whole or not at all (see :func:`convert` and :func:`jaxnet.models.hf.files.write`)::
+
+        export("out/gpt2", trained.params, trained.config.model, context=1024)
+    """
+    config, tensors = convert(params, model, context)
+    return files.write(directory, config, tensors, max_shard_bytes=max_shard_bytes)
+
+
+__all__ = ["PREFIX", "TABLES", "Checkpoint", "convert", "export", "hf_dir", "is_hf", "nested", "read", "table_for"]

@@ -1,0 +1,225 @@
+"""What an architecture table is, and the one converter every table shares.
+
+A table (:class:`Table`) says, for one Hugging Face architecture, how its ``config.json`` becomes
+the Transformer's ``model.*`` keys and back, and which file tensor holds which of the model's
+parameters: :class:`Rule` s with per-layer names as templates (``h.{i}.attn.c_attn.weight`` ->
+``block_{i}/attention/query/kernel``, ...) and a :class:`Layout` that says how the model's arrays
+sit in the file's tensor (transposed, several concatenated, the vocabulary padded). Shapes come
+from the model itself (``jax.eval_shape`` of its ``init``), never from a table of their own, and
+the converter (:func:`fill`, :func:`file_tensors`) checks that every model tensor is filled and
+every file tensor used before it reads anything.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jaxnet.errors import UserError
+from jaxnet.models.hf.files import Tensors
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one or more of the model's arrays sit in one file tensor.
+
+    Each model array is seen as a matrix (``inputs`` leading axes by the rest; a vector when
+    ``inputs`` is 0); several are concatenated along the outputs; the file holds that matrix as it
+    is (``[inputs, outputs]``, GPT-2's ``Conv1D``) or ``transposed`` (``[outputs, inputs]``,
+    PyTorch's ``Linear``). ``vocab`` names the model's axis that is the vocabulary (``"rows"``:
+    the first, an embedding; ``"cols"``: the last, an output kernel), where the model may have
+    more ids than the file (padding: zeros in, dropped out).
+    """
+
+    inputs: int = 1
+    transposed: bool = False
+    vocab: str = ""
+
+    def _matrix(self, shape: tuple[int, ...], vocab: int | None) -> tuple[int, ...]:
+        shape = list(shape)
+        if self.vocab == "rows" and vocab is not None:
+            shape[0] = vocab
+        elif self.vocab == "cols" and vocab is not None:
+            shape[-1] = vocab
+        if self.inputs == 0:
+            return (math.prod(shape),)
+        return (math.prod(shape[: self.inputs]), math.prod(shape[self.inputs :]))
+
+    def file_shape(self, shapes: list[tuple[int, ...]], vocab: int | None) -> tuple[int, ...]:
+        """The file tensor's shape that holds arrays of ``shapes`` (the file's vocabulary ``vocab``)."""
+        views = [self._matrix(s, vocab) for s in shapes]
+        if len(views[0]) == 1:
+            return (sum(v[0] for v in views),)
+        matrix = (views[0][0], sum(v[1] for v in views))
+        return matrix[::-1] if self.transposed else matrix
+
+    def to_model(self, tensor: np.ndarray, shapes: list[tuple[int, ...]], vocab: int | None) -> list[np.ndarray]:
+        """The model's arrays (of ``shapes``) that file ``tensor`` holds."""
+        if self.transposed:
+            tensor = tensor.T
+        sizes = [self._matrix(s, vocab)[-1] for s in shapes]
+        parts = np.split(tensor, np.cumsum(sizes)[:-1], axis=-1) if len(shapes) > 1 else [tensor]
+        out = []
+        for part, shape in zip(parts, shapes, strict=True):
+            have = list(shape)
+            if self.vocab == "rows" and vocab is not None:
+                have[0] = vocab
+            elif self.vocab == "cols" and vocab is not None:
+                have[-1] = vocab
+            array = part.reshape(have)
+            if tuple(have) != tuple(shape):  # the model's vocabulary is larger: zero rows or columns
+                pad = [(0, want - got) for want, got in zip(shape, have, strict=True)]
+                array = np.pad(array, pad)
+            out.append(np.ascontiguousarray(array))
+        return out
+
+    def to_file(self, arrays: list[np.ndarray], vocab: int | None) -> np.ndarray:
+        """The file tensor that holds the model's ``arrays`` (padding past ``vocab`` dropped)."""
+        views = []
+        for a in arrays:
+            if self.vocab == "rows" and vocab is not None:
+                a = a[:vocab]
+            elif self.vocab == "cols" and vocab is not None:
+                a = a[..., :vocab]
+            views.append(a.reshape(self._matrix(a.shape, None)))
+        matrix = np.concatenate(views, axis=-1) if len(views) > 1 else views[0]
+        return np.ascontiguousarray(matrix.T if self.transposed else matrix)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """File tensor ``file`` holds the model's parameters ``model`` (paths) as ``layout`` says. A
+    ``{i}`` in the names stands for the block's number::
+
+        Rule("h.{i}.attn.c_attn.weight", ("block_{i}/attention/query/kernel", ...), Layout(inputs=1))
+    """
+
+    file: str
+    model: tuple[str, ...]
+    layout: Layout = Layout()
+
+    def expand(self, layers: int) -> list[Rule]:
+        """The rule for each block (or itself when it names none)."""
+        if "{i}" not in self.file:
+            return [self]
+        return [
+            Rule(self.file.format(i=i), tuple(m.format(i=i) for m in self.model), self.layout) for i in range(layers)
+        ]
+
+
+class Table:
+    """One Hugging Face architecture: its ``config.json`` both ways and its tensors.
+
+    A table defines ``model_type`` (``config.json``'s), ``title`` (for messages), ``prefix`` (put
+    before every file name but those in ``unprefixed``), ``ignored`` (a regex of file tensors that
+    are not weights: buffers), and the methods :meth:`keys` (config -> ``model.*`` keys, refusing
+    what the Transformer does not compute), :meth:`config` (back), :meth:`refuse` (why a run's
+    model cannot be written in this format) and :meth:`rules` (the tensors, for a model of these
+    keys). ``aliases`` are file tensors that must equal another (a tied output head saved anyway).
+    """
+
+    model_type: str = ""
+    title: str = ""
+    prefix: str = ""
+    unprefixed: tuple[str, ...] = ()
+    ignored: str = r"(?!)"
+    architectures: tuple[str, ...] = ()
+
+    def keys(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``model.*`` keys of the Transformer that computes what ``config`` describes, plus
+        ``vocab`` (the checkpoint's vocabulary) and ``context`` (its positions)."""
+        raise NotImplementedError
+
+    def config(self, keys: dict[str, Any], vocab: int, context: int) -> dict[str, Any]:
+        """The ``config.json`` of a model of ``model.*`` keys ``keys`` (a dict of them), ``vocab``
+        ids and ``context`` positions."""
+        raise NotImplementedError
+
+    def refuse(self, keys: dict[str, Any]) -> list[str]:
+        """Why a model of these ``model.*`` keys cannot be written as this architecture (none: it can)."""
+        raise NotImplementedError
+
+    def rules(self, keys: dict[str, Any]) -> list[Rule]:
+        """Every rule of a model of these keys, per-layer templates included."""
+        raise NotImplementedError
+
+    def aliases(self, keys: dict[str, Any]) -> dict[str, str]:
+        """File tensors that, present, must equal another (name -> the other's name)."""
+        return {}
+
+    def file_name(self, name: str) -> str:
+        """The name a tensor is saved under (with ``prefix``)."""
+        return name if name in self.unprefixed else self.prefix + name
+
+
+def _expanded(table: Table, keys: dict[str, Any]) -> list[Rule]:
+    return [r for rule in table.rules(keys) for r in rule.expand(keys["layers"])]
+
+
+def fill(
+    table: Table, keys: dict[str, Any], tensors: Tensors, shapes: dict[str, tuple[int, ...]], vocab: int
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Every model parameter (path, float32 array) from the file ``tensors``, one file tensor read
+    at a time. ``shapes`` are the model's parameter shapes by path (from ``jax.eval_shape`` of its
+    init), ``vocab`` the file's vocabulary. Everything is checked before the first read: a file
+    tensor no rule places, a rule's tensor the file lacks, a model parameter no rule fills, a
+    tensor of another shape than the model makes it: a one-line :class:`UserError` naming the first.
+    """
+    names = {}
+    ignored = re.compile(table.ignored)
+    for name in tensors.names():
+        short = name[len(table.prefix) :] if table.prefix and name.startswith(table.prefix) else name
+        if not ignored.fullmatch(short):
+            names[short] = name
+    aliases = {a: b for a, b in table.aliases(keys).items() if a in names}
+    rules = _expanded(table, keys)
+    by_file = {r.file: r for r in rules}
+    unplaced = [n for n in names if n not in by_file and n not in aliases]
+    if unplaced:
+        first = unplaced[0]
+        raise UserError(
+            f"{table.title} tensor {first} {tensors.shape(names[first])} has no place in jaxnet's Transformer of "
+            f"{keys['layers']} blocks (config.json)" + (f" (and {len(unplaced) - 1} more)" if len(unplaced) > 1 else "")
+        )
+    missing = [r for r in rules if r.file not in names]
+    if missing:
+        raise UserError(
+            f"the checkpoint lacks {missing[0].file}, which jaxnet's {missing[0].model[0]} needs"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    filled = {p for r in rules for p in r.model}
+    unfilled = [p for p in shapes if p not in filled]
+    if unfilled:
+        raise UserError(f"no {table.title} tensor fills jaxnet's {unfilled[0]}; this checkpoint cannot start the model")
+    for rule in rules:
+        want = rule.layout.file_shape([shapes[p] for p in rule.model], vocab)
+        have = tensors.shape(names[rule.file])
+        if have != want:
+            raise UserError(
+                f"{table.title} tensor {rule.file} has shape {have}, but config.json makes it {want} "
+                f"(jaxnet's {', '.join(rule.model)})"
+            )
+    for alias, source in aliases.items():
+        if not np.array_equal(tensors.read(names[alias]), tensors.read(names[source])):
+            raise UserError(
+                f"{alias} differs from {names[source]} although config.json has tie_word_embeddings=true; set it "
+                "to false in config.json, or save the model again"
+            )
+    for rule in rules:
+        arrays = rule.layout.to_model(tensors.read(names[rule.file]), [shapes[p] for p in rule.model], vocab)
+        yield from zip(rule.model, arrays, strict=True)
+
+
+def file_tensors(
+    table: Table, keys: dict[str, Any], get: Callable[[str], np.ndarray], vocab: int
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Every file tensor (saved name, float32 array) of a model of ``keys`` whose parameters ``get``
+    gives by path, with ``vocab`` ids (padding rows past it dropped), one at a time."""
+    for rule in _expanded(table, keys):
+        arrays = [np.asarray(get(p), np.float32) for p in rule.model]
+        yield table.file_name(rule.file), rule.layout.to_file(arrays, vocab)

@@ -1,0 +1,208 @@
+"""Self-attention: rotary positions, the one attention function (:func:`attend`) and the module
+with its key/value cache.
+
+:func:`attend` is softmax(Q K^T / sqrt(d)) V for training, evaluation and decoding alike, on
+every kernel: XLA's (``jax.nn.dot_product_attention``), cuDNN's fused flash attention (the same
+call) and the head-major form XLA runs fastest on a CPU (:func:`head_major_attention`). Keys and
+values may have fewer heads than queries (grouped-query attention: each key/value head serves
+``heads // kv_heads`` query heads), and an optional boolean ``mask`` says which keys each query
+sees (the decoding cache's filled positions; examples packed into one row).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxnet.models.common import Projection, project
+from jaxnet.models.transformer.spec import TransformerSpec
+
+#: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
+DECODE_KERNEL = None
+
+
+def rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:
+    """Rotary position embedding of ``x`` (batch, time, heads, head_dim) at ``positions`` (time,),
+    or (batch, time) when each row has its own.
+
+    The two halves of the head dimension are rotated as pairs by angles ``position * base**(-2i/d)``,
+    so the product of a rotated query and key depends only on their distance (the half-split
+    convention of transformers' Llama, so its q/k weights need no permutation).
+    """
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[..., None] * freqs
+    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # (..., time, 1, half)
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+def head_major_attention(
+    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, is_causal: bool = True, mask: jnp.ndarray | None = None
+) -> jnp.ndarray:
+    """``jax.nn.dot_product_attention``'s XLA softmax(QK^T / sqrt(d))V on (batch, time, heads,
+    head_dim) queries and (batch, time, kv_heads, head_dim) keys and values, with the heads moved
+    ahead of time first, equal to it up to float rounding. ``mask`` (broadcastable to (batch,
+    heads, time, time)) is True where a query may see a key.
+
+    On a CPU, XLA runs this form's products and softmax (forward and backward) in about half the
+    time of ``jax.nn.dot_product_attention``'s (scripts/profile_cpu.py).
+    """
+    logits_dtype = jnp.promote_types(q.dtype, jnp.float32)
+    batch, length, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # (batch, kv_heads, time, head_dim)
+    if kv_heads == heads:
+        q = jnp.swapaxes(q, 1, 2)
+        logits = jnp.einsum("bnth,bnsh->bnts", q, k, preferred_element_type=logits_dtype)
+    else:  # each key/value head serves a group of query heads
+        q = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim).transpose(0, 2, 3, 1, 4)
+        logits = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=logits_dtype)
+        logits = logits.reshape(batch, heads, length, -1)
+    logits *= jnp.array(1.0 / math.sqrt(head_dim), logits.dtype)
+    visible = jnp.tril(jnp.ones(logits.shape[-2:], bool)) if is_causal else None
+    if mask is not None:
+        visible = mask if visible is None else visible & mask
+    if visible is not None:
+        logits = jnp.where(visible, logits, jnp.asarray(0.7 * jnp.finfo(logits.dtype).min, logits.dtype))
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(k.dtype)
+    if kv_heads == heads:
+        return jnp.swapaxes(jnp.einsum("bnts,bnsh->bnth", probs, v), 1, 2)
+    probs = probs.reshape(batch, kv_heads, heads // kv_heads, length, -1)
+    out = jnp.einsum("bkgts,bksh->btkgh", probs, v)
+    return out.reshape(batch, length, heads, head_dim)
+
+
+def attention_fn(kernel: str | None) -> Any:
+    """The attention function of ``kernel`` (``model.attention`` resolved for the backend the model
+    is built for): :func:`head_major_attention` for ``"xla_head_major"``, else
+    ``jax.nn.dot_product_attention`` with ``kernel`` as its ``implementation`` (None: JAX's choice)."""
+    if kernel == "xla_head_major":
+        return head_major_attention
+    return functools.partial(jax.nn.dot_product_attention, implementation=kernel)
+
+
+def attend(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    *,
+    causal: bool,
+    kernel: str | None,
+    mask: jnp.ndarray | None = None,
+) -> jnp.ndarray:
+    """softmax(Q K^T / sqrt(head_dim)) V: queries (batch, time, heads, head_dim), keys and values
+    (batch, time', kv_heads, head_dim) with ``kv_heads`` dividing ``heads`` -> (batch, time,
+    heads, head_dim). ``causal`` hides later keys; ``mask`` (True where a query sees a key,
+    broadcastable to (batch, heads, time, time')) hides others. ``kernel`` picks the computation
+    (:func:`attention_fn`); every caller (training, evaluation, decoding) comes through here::
+
+        out = attend(q, k, v, causal=True, kernel="xla")
+    """
+    return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask)
+
+
+def _packed_draw(key: jax.Array, spec: TransformerSpec, index: int, std: float = 0.02) -> Any:
+    """Kernel initialiser of part ``index`` (0 queries, 1 keys, 2 values) of one N(0, std) draw of
+    shape (width, 3, heads, head_dim) from ``key``: the weights a run started from when the three
+    were one packed kernel, so a fresh run starts where it always did."""
+
+    def init(_: jax.Array, shape: tuple, dtype: Any) -> jnp.ndarray:
+        packed = jax.random.normal(key, (spec.width, 3, spec.heads, spec.head_dim), dtype) * jnp.array(std, dtype)
+        return packed[:, index].reshape(shape)
+
+    return init
+
+
+class _PackedKey(nn.Module):
+    """The random key the packed ``qkv`` kernel was drawn from (its scope's first ``params`` key)."""
+
+    @nn.compact
+    def __call__(self) -> jax.Array:
+        return self.make_rng("params")
+
+
+class SelfAttention(nn.Module):
+    """Self-attention of a :class:`TransformerSpec`: queries, keys and values (each a
+    :class:`~jaxnet.models.common.Projection`: ``query``, ``key``, ``value``; keys and values of
+    ``spec.kv_heads`` heads), rotary positions if the spec says so, :func:`attend`, and the output
+    projection ``out``. With ``decode=True`` (a causal model) the keys and values of each call are
+    appended to a cache of ``spec.context`` positions of ``kv_heads`` heads (the ``cache``
+    collection) and the queries attend to every position filled so far.
+
+    ``positions`` are the positions of ``x``'s tokens: (time,), or (batch, time) for rows that
+    restart them. ``mask`` (True where a query may see a key, broadcastable to (batch, heads,
+    time, time)) is added to the causal rule: examples packed into one row that must not see
+    each other.
+    """
+
+    spec: TransformerSpec
+
+    @nn.compact
+    def __call__(
+        self, x: jnp.ndarray, positions: jnp.ndarray, decode: bool = False, mask: jnp.ndarray | None = None
+    ) -> jnp.ndarray:
+        s = self.spec
+        batch = x.shape[0]
+        packed = None
+        if s.kv_heads == s.heads and self.is_initializing():
+            packed = _PackedKey(name="qkv")()
+
+        def projection(name: str, heads: int, axis: str, index: int) -> Projection:
+            init = None if packed is None else _packed_draw(packed, s, index)
+            return Projection(
+                (heads, s.head_dim),
+                ("embed", axis, "kv"),
+                dtype=s.dtype,
+                param_dtype=s.param_dtype,
+                kernel_init=init,
+                name=name,
+            )
+
+        projections = [
+            projection("query", s.heads, "heads", 0),
+            projection("key", s.kv_heads, "kv_heads", 1),
+            projection("value", s.kv_heads, "kv_heads", 2),
+        ]
+        if s.kv_heads == s.heads:
+            # One product over the three kernels stacked (width, 3, heads, head_dim), split by head
+            # like each: the numbers of the packed kernel of before, and a third of the products.
+            weights = [p.weights((s.width,)) for p in projections]
+            kernel = jnp.stack([k for k, _ in weights], axis=1)
+            bias = jnp.stack([b for _, b in weights])
+            qkv = nn.with_logical_constraint(project(x, kernel, bias, 1, s.dtype), ("batch", None, None, "heads", None))
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        else:
+            q, k, v = (p(x) for p in projections)
+            q = nn.with_logical_constraint(q, ("batch", None, "heads", None))
+            k, v = (nn.with_logical_constraint(a, ("batch", None, "kv_heads", None)) for a in (k, v))
+        if s.position == "rotary":
+            q, k = rotary(q, positions), rotary(k, positions)
+        if decode:
+            if not s.causal:
+                raise ValueError("decoding with a key/value cache needs a causal model (causal=True)")
+            shape = (batch, s.context, s.kv_heads, s.head_dim)
+            cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+            cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
+            start = positions[0]
+            cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, start, 0, 0))
+            cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, start, 0, 0))
+            filled = jnp.arange(s.context)[None, :] <= positions[:, None]  # (query, key)
+            visible = filled[None, None] if mask is None else filled[None, None] & mask
+            out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible)
+        else:
+            out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask)
+        return Projection(
+            (s.width,),
+            ("heads", "kv", "embed"),
+            contract=2,
+            std=s.out_std,
+            dtype=s.dtype,
+            param_dtype=s.param_dtype,
+            name="out",
+        )(out)

@@ -1,0 +1,165 @@
+"""The Transformer language model: blocks of attention and MLP on a :class:`TransformerSpec`.
+
+token embedding (+ learned position embedding, or rotary positions inside attention) ->
+dropout -> ``layers`` pre-LayerNorm blocks -> LayerNorm = the *features*; the *unembedding*
+turns features into float32 logits (the transposed token embedding, or an ``output`` projection),
+the padding ids past ``vocab_used`` masked. A block is::
+
+    x = x + dropout(attention(layernorm(x)))      # self-attention (causal by default)
+    x = x + dropout(mlp(layernorm(x)))            # width -> mlp_hidden -> width, GELU
+
+Every linear layer is a :class:`~jaxnet.models.common.Projection`. Parameters, by path (the
+names the checkpoints, ``train.init_from``, ``optim.freeze`` and the Hugging Face tables use)::
+
+    embed/embedding                 (vocab, width)
+    position                        (context, width)              learned positions only
+    block_N/norm_1/{scale,bias}     (width,)                      norm_2 likewise, before the MLP
+    block_N/attention/query/kernel  (width, heads, head_dim)      bias (heads, head_dim)
+    block_N/attention/key/kernel    (width, kv_heads, head_dim)   value likewise
+    block_N/attention/out/kernel    (heads, head_dim, width)      bias (width,)
+    block_N/mlp_in/kernel           (width, mlp_hidden)           bias (mlp_hidden,)
+    block_N/mlp_out/kernel          (mlp_hidden, width)           bias (width,)
+    norm_out/{scale,bias}           (width,)
+    output/kernel                   (width, vocab)                untied embeddings only
+
+Weights start from N(0, 0.02), the output projections of each residual branch from
+N(0, 0.02 / sqrt(2 * layers)) (GPT-2). Every parameter carries logical axis names (``vocab``,
+``embed``, ``heads``, ``kv_heads``, ``kv``, ``mlp``) for the parallelism rules, and activations
+are marked where tensor parallelism splits them (Megatron: queries, keys and values by head, the
+MLP's hidden units, the logits by vocabulary; the residual stream whole on every tensor device).
+Without axis rules the marks do nothing.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxnet.models.common import Projection, lookup, normal
+from jaxnet.models.transformer.attention import SelfAttention
+from jaxnet.models.transformer.spec import TransformerSpec
+
+
+def norm(spec: TransformerSpec, name: str) -> nn.Module:
+    """The normalisation before each residual branch and before the unembedding: LayerNorm of
+    epsilon ``spec.norm_eps``, its scale and bias named along ``embed``."""
+    return nn.LayerNorm(
+        epsilon=spec.norm_eps,
+        dtype=spec.dtype,
+        param_dtype=spec.param_dtype,
+        name=name,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+    )
+
+
+def mask_unused_vocab(logits: jnp.ndarray, used: int) -> jnp.ndarray:
+    """``logits`` (..., vocab) with the ids at or above ``used`` (the padding of a vocabulary padded
+    to a round size) at the dtype's lowest number, so they are never predicted and their rows get
+    no gradient; ``logits`` itself when ``used`` is 0 or the whole vocabulary."""
+    vocab = logits.shape[-1]
+    if not 0 < used < vocab:
+        return logits
+    return jnp.where(jnp.arange(vocab) < used, logits, jnp.finfo(logits.dtype).min)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm Transformer block: attention and MLP, each a residual branch with dropout."""
+
+    spec: TransformerSpec
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool) -> jnp.ndarray:
+        s = self.spec
+        drop = nn.Dropout(s.dropout, deterministic=not train)
+        x = x + drop(SelfAttention(s, name="attention")(norm(s, "norm_1")(x), positions, decode))
+        kw = dict(dtype=s.dtype, param_dtype=s.param_dtype)
+        y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(norm(s, "norm_2")(x))
+        y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
+        y = nn.gelu(y, approximate=s.gelu == "tanh")
+        y = Projection((s.width,), ("mlp", "embed"), std=s.out_std, name="mlp_out", **kw)(y)
+        return nn.with_logical_constraint(x + drop(y), ("batch", None, None))
+
+
+class _DecodePositions(nn.Module):
+    """The positions of a decoding call's tokens: the count of tokens decoded so far (in the
+    ``cache`` collection), then that many more."""
+
+    @nn.compact
+    def __call__(self, length: int) -> jnp.ndarray:
+        index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+        positions = index.value + jnp.arange(length)
+        if not self.is_initializing():
+            index.value = index.value + length
+        return positions
+
+
+class TransformerLanguageModel(nn.Module):
+    """Token ids (batch, time) -> logits (batch, time, ``spec.vocab``), float32: next-token logits
+    when ``spec.causal``, per-position logits of a bidirectional encoder otherwise.
+
+    The logits are ``unembed(features(tokens))``: :meth:`features` are the final hidden states
+    (batch, time, width), in the compute dtype, and :meth:`unembed` maps any of them to logits, so
+    a loss can take the features and unembed them in pieces::
+
+        h = model.apply(variables, tokens, method="features")          # (batch, time, width)
+        logits = model.apply(variables, h[:, :16], method="unembed")   # (batch, 16, vocab)
+
+    **Decoding.** ``decode=True`` keeps a key/value cache of ``spec.context`` positions in the
+    ``cache`` collection: each call appends its tokens' keys and values and attends to everything
+    cached so far, so generating token ``t`` costs one position, not ``t``. Positions past the
+    context do not exist; :mod:`jaxnet.sample` slides the window. Only a causal model decodes.
+    ``spec.remat`` recomputes each block's activations in the backward pass instead of keeping
+    them: less memory for long contexts, about a third more compute.
+    """
+
+    spec: TransformerSpec
+
+    @property
+    def context(self) -> int:
+        """The positions the model has (the longest sequence, the decoding cache's size)."""
+        return self.spec.context
+
+    def setup(self) -> None:
+        s = self.spec
+        self.embed = nn.Embed(
+            s.vocab, s.width, dtype=s.dtype, param_dtype=s.param_dtype, embedding_init=normal(0.02, ("vocab", "embed"))
+        )
+        if s.position == "learned":
+            self.position = self.param("position", normal(0.02, (None, "embed")), (s.context, s.width), s.param_dtype)
+        self.drop = nn.Dropout(s.dropout, name="Dropout_0")
+        # train and decode pick the code path: static arguments of the rematerialised call
+        block = nn.remat(Block, static_argnums=(3, 4)) if s.remat else Block
+        self.blocks = [block(s, name=f"block_{i}") for i in range(s.layers)]
+        self.norm_out = norm(s, "norm_out")
+        if not s.tie_embeddings:
+            self.output = Projection(
+                (s.vocab,), ("embed", "vocab"), use_bias=False, dtype=s.dtype, param_dtype=s.param_dtype
+            )
+        self.decode_positions = _DecodePositions()
+
+    def features(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
+        """The final hidden states (batch, time, width) of token ids (batch, time), after the last
+        normalisation, in the compute dtype."""
+        s = self.spec
+        positions = self.decode_positions(tokens.shape[1]) if decode else jnp.arange(tokens.shape[1])
+        x = lookup(self.embed, tokens, s.dtype)
+        if s.position == "learned":
+            x = x + jnp.take(self.position, positions, axis=0).astype(s.dtype)[None]
+        x = self.drop(x, deterministic=not train)
+        for block in self.blocks:
+            x = block(x, positions, train, decode)
+        return self.norm_out(x)
+
+    def unembed(self, features: jnp.ndarray) -> jnp.ndarray:
+        """Logits (..., vocab), float32 (or the compute dtype if wider), of final hidden states
+        (..., width): the transposed token embedding, or the ``output`` projection when untied,
+        with the unused ids masked (:func:`mask_unused_vocab`)."""
+        s = self.spec
+        logits = self.embed.attend(features) if s.tie_embeddings else self.output(features)
+        logits = nn.with_logical_constraint(logits, ("batch", None, "vocab"))
+        logits = logits.astype(jnp.promote_types(s.dtype, jnp.float32))
+        return mask_unused_vocab(logits, s.vocab_used)
+
+    def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
+        return self.unembed(self.features(tokens, train, decode))

@@ -25,7 +25,10 @@ fixed-shape batches, a batch at a time.
 
 from __future__ import annotations
 
+import os
 import pickle
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,6 +204,12 @@ def load(cfg: Any) -> TokenDataset:
     if not cfg.path:
         raise UserError("data.name=tokens needs data.path=DIR, a directory made by jaxnet prepare (or nanoGPT, llm.c)")
     path = Path(cfg.path)
+    if not path.exists():
+        where = "" if path.is_absolute() else f" (relative to {os.getcwd()})"
+        raise UserError(
+            f"data.path={cfg.path} does not exist{where}; prepare a corpus there first "
+            f"(jaxnet prepare SOURCE --out {cfg.path}) or give the directory of one"
+        )
     if not path.is_dir():
         raise UserError(f"data.path={cfg.path} is not a directory; give the --out DIR of jaxnet prepare")
     fmt = cfg.format or detect_format(path)
@@ -263,14 +272,48 @@ def _nanogpt_meta(path: Path) -> tuple[list[str], str]:
     return vocab, "char"
 
 
-def load_or_prepare(cfg: Any, source: str, tokenizer: str = "gpt2", say: Any = print) -> TokenDataset:
-    """:func:`load` the corpus at ``cfg.path``; if that directory does not exist yet, first
-    ``jaxnet prepare`` ``source`` into it (an experiment's default corpus, ready on first use).
+def default_corpus(source: str, tokenizer: str) -> str:
+    """Where an experiment keeps ``source`` prepared with ``tokenizer`` unless told otherwise.
+
+    >>> default_corpus("shakespeare", "gpt2")
+    'corpora/shakespeare-gpt2'
+    """
+    return f"corpora/{source}-{tokenizer}"
+
+
+WAIT_POLL_S = 1.0  # how often a process other than 0 looks for the corpus process 0 prepares
+
+
+def _process() -> tuple[int, int]:
+    """This process's index and the number of processes of the run (0, 1 before JAX is loaded)."""
+    if "jax" not in sys.modules:
+        return 0, 1
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def load_or_prepare(
+    cfg: Any, source: str, tokenizer: str = "gpt2", say: Any = print, default: str | None = None
+) -> TokenDataset:
+    """:func:`load` the corpus at ``cfg.path``. Only the experiment's own default corpus
+    (``default``, :func:`default_corpus` of ``source`` and ``tokenizer`` unless given) is prepared
+    on first use, from ``source``, by process 0 alone while the others wait for its
+    ``corpus.json``; any other ``data.path`` must already be a corpus, or it is a one-line error
+    and nothing is written.
 
     >>> ds = load_or_prepare(cfg.data, "shakespeare")    # doctest: +SKIP
     """
+    default = default_corpus(source, tokenizer) if default is None else default
     path = Path(cfg.path)
-    if cfg.path and not path.exists() or sorted(path.glob("prepare-progress*.json")):
-        say(f"preparing {source} with the {tokenizer} tokenizer into {path} (once)")
-        prepare_lib.prepare(source, tokenizer, path, workers=1, progress=False, say=say)
+    ours = bool(cfg.path) and os.path.normpath(cfg.path) == os.path.normpath(default) and cfg.format in ("", "jaxnet")
+    if ours and not (path / "corpus.json").is_file():
+        index, _ = _process()
+        if index == 0:
+            say(f"preparing {source} with the {tokenizer} tokenizer into {path} (once: the experiment's default corpus)")
+            prepare_lib.prepare(source, tokenizer, path, workers=1, progress=False, say=say)
+        else:  # the directory is on a filesystem every process sees, as a run directory is
+            say(f"waiting for process 0 to prepare {source} into {path}")
+            while not (path / "corpus.json").is_file():
+                time.sleep(WAIT_POLL_S)
     return load(cfg)

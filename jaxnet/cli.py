@@ -19,7 +19,7 @@
                  [--workdir DIR] [key=value ...]
     jaxnet plan EXPERIMENT[:VARIANT] [key=value ...] --target h100|h200|a100 [--gpus N] [--max-batch] [--out FILE]
                 [--tokens N | --epochs E] [--price USD_PER_GPU_HOUR] [--calibrate FILE]
-    jaxnet prepare SOURCE --tokenizer gpt2|byte|char --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
+    jaxnet prepare SOURCE --tokenizer gpt2|byte|char|hf:DIR --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
                    [--val-fraction F] [--test-fraction F] [--text-field NAME];  jaxnet prepare --merge --out DIR
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
     jaxnet list
@@ -38,6 +38,7 @@ import sys
 import traceback
 from typing import Any
 
+from jaxnet import tokenizers
 from jaxnet.errors import UserError
 
 METHODS = ("runner", "handwritten", "pipeline", "resident", "torch")  # jaxnet.bench.METHODS, without importing JAX
@@ -218,7 +219,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     prep.add_argument("source", nargs="?", help="shakespeare, ptb, a file, a glob pattern or a directory; or images")
     prep.add_argument("folder", nargs="?", help="with SOURCE images: the image folder to pack")
-    prep.add_argument("--tokenizer", default="gpt2", choices=("gpt2", "byte", "char"), help="default: gpt2")
+    prep.add_argument(
+        "--tokenizer",
+        default="gpt2",
+        help=f"{', '.join(tokenizers.PREPARE_CHOICES)} (hf:DIR: a Hugging Face checkpoint's tokenizer.json); "
+        "default: gpt2",
+    )
     prep.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and corpus.json")
     prep.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: one per core)")
     prep.add_argument("--shard", default=None, metavar="I/N", help="prepare only the I-th of N slices of the files")

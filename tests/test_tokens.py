@@ -246,13 +246,14 @@ def test_only_the_experiments_own_default_corpus_is_prepared_on_first_use_and_it
     said = []
     cfg = DataConfig(name="tokens", path="corpora/mine")
     ds = tokens.load_or_prepare(cfg, str(src), "byte", say=said.append, default="corpora/mine")
-    assert said[0] == f"preparing {src} with the byte tokenizer into corpora/mine (once: the experiment's default corpus)"
+    assert said[0] == f"preparing {src} with the byte tokenizer into corpora/mine (once: the experiment's default)"
     assert (tmp_path / "corpora/mine/corpus.json").is_file() and len(ds.train) > 100
     said.clear()
     tokens.load_or_prepare(cfg, str(src), "byte", say=said.append, default="corpora/mine")
     assert said == []  # ready: loaded as it is
     with pytest.raises(UserError, match="does not exist"):
-        tokens.load_or_prepare(DataConfig(name="tokens", path="corpora/other"), str(src), "byte", default="corpora/mine")
+        other = DataConfig(name="tokens", path="corpora/other")
+        tokens.load_or_prepare(other, str(src), "byte", default="corpora/mine")
     assert not (tmp_path / "corpora/other").exists()
 
 

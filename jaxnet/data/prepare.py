@@ -37,15 +37,15 @@ from typing import Any
 
 import numpy as np
 
+from jaxnet import tokenizers
 from jaxnet.data import shards as shards_lib
-from jaxnet.data import tokenizers
 from jaxnet.errors import UserError
 
 FORMAT = "jaxnet-corpus/1"
 SPLITS = ("train", "val", "test")
 SPLIT_SEED = 20240601
 SHARD_TOKENS = 100_000_000
-TOKENIZERS = ("gpt2", "byte", "char")
+TOKENIZERS = tokenizers.PREPARE_CHOICES
 PROGRESS = "prepare-progress{part}.json"
 
 
@@ -155,53 +155,34 @@ def find_files(source: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Tokenizing (in worker processes)
 
-_CHAR_INDEX: dict[str, int] = {}
+_TOKENIZER: tokenizers.Tokenizer | None = None  # a worker's, rebuilt from the manifest's record
 
 
-def _init_worker(char_vocab: list[str] | None) -> None:
+def _init_worker(record: dict[str, Any]) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a worker never takes an accelerator
-    global _CHAR_INDEX
-    _CHAR_INDEX = {c: i for i, c in enumerate(char_vocab or [])}
+    global _TOKENIZER
+    _TOKENIZER = tokenizers.from_record(record)
 
 
-def encode_document(job: tuple[str, str | bytes, int, str]) -> np.ndarray:
-    """``<|endoftext|>`` (``eot``) followed by the ids of one whole document, in ``dtype``."""
-    tokenizer, text, eot, dtype = job
-    if tokenizer == "gpt2":
-        ids = tokenizers.encode(text)
-    elif tokenizer == "byte":
-        data = text if isinstance(text, bytes) else text.encode("utf-8")
-        ids = np.frombuffer(data, np.uint8)
-    else:
-        ids = [_CHAR_INDEX[c] for c in text]
-    out = np.empty(len(ids) + 1, dtype)
-    out[0] = eot
-    out[1:] = ids
-    return out
+def encode_document(job: tuple[str | bytes, str]) -> np.ndarray:
+    """The ids of one whole document in ``dtype`` with the tokenizer's separators around them
+    (``<|endoftext|>`` before it for gpt2, byte and char)."""
+    text, dtype = job
+    assert _TOKENIZER is not None, "_init_worker first"
+    ids = _TOKENIZER.encode_batch([text], dtype)[0]
+    return np.concatenate([np.asarray(_TOKENIZER.before, dtype), ids, np.asarray(_TOKENIZER.after, dtype)])
 
 
 def tokenizer_record(tokenizer: str, source: Source) -> dict[str, Any]:
     """The manifest's description of the tokenizer (for char: its vocabulary, from every file)."""
-    if tokenizer == "gpt2":
-        return tokenizers.describe()
-    if tokenizer == "byte":
-        return {"name": "byte", "vocab_size": 257, "eot_id": 256}
-    chars: set[str] = set()
-    for i in range(len(source.files)):
-        for t in source.texts(i):
-            chars.update(t)
-    vocab = sorted(chars) + [tokenizers.EOT]
-    return {"name": "char", "vocab_size": len(vocab), "eot_id": len(vocab) - 1, "vocab": vocab}
+    tok = tokenizers.get(tokenizer, "--tokenizer")
+    tok.check_separates()
+    return tok.fit(t for i in range(len(source.files)) for t in source.texts(i)).record()
 
 
 def corpus_vocab(record: dict[str, Any]) -> list[str]:
-    """The token strings of a manifest's tokenizer by id (see :mod:`jaxnet.data.text`'s vocabularies)."""
-    name = record["name"]
-    if name == "gpt2":
-        return list(tokenizers.gpt2_vocab())
-    if name == "byte":
-        return [chr(b) for b in range(256)] + [tokenizers.EOT]
-    return list(record["vocab"])
+    """The token strings of a manifest's tokenizer by id."""
+    return tokenizers.vocabulary_of(record)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,8 +235,8 @@ def prepare(
     ``workers`` processes tokenize (0 = one per core). Running it again after a kill continues;
     after it finished, returns the manifest it wrote.
     """
-    if tokenizer not in TOKENIZERS:
-        raise UserError(f"--tokenizer {tokenizer}: choose one of {', '.join(TOKENIZERS)}")
+    tokenizers.kind_of(tokenizer, "--tokenizer", TOKENIZERS)
+    tokenizer = tokenizers.get(tokenizer, "--tokenizer").name  # hf:DIR with DIR absolute
     if shard_tokens < 1:
         raise UserError(f"--shard-tokens {shard_tokens}: give a positive number")
     for name, f in (("--val-fraction", val_fraction), ("--test-fraction", test_fraction)):
@@ -318,7 +299,8 @@ def prepare(
             if i not in files:
                 g += src.counts[i]
                 continue
-            texts = src.texts(i, encoding=None if tokenizer == "byte" and not is_jsonl(src.files[i]) else "utf-8")
+            raw = tokenizers.kind_of(tokenizer).reads_bytes and not is_jsonl(src.files[i])
+            texts = src.texts(i, encoding=None if raw else "utf-8")
             for text in texts:
                 split = split_of[g]
                 g += 1
@@ -326,7 +308,7 @@ def prepare(
                 position[split] += 1
                 if k < state["splits"][split]["docs_done"]:
                     continue
-                yield split, k, (tokenizer, text, tok["eot_id"], dtype.str)
+                yield split, k, (text, dtype.str)
 
     buffers: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
     lengths: dict[str, list[int]] = {s: [] for s in SPLITS}  # full token count of each buffered document
@@ -355,7 +337,6 @@ def prepare(
             write_json(progress_path, state)
 
     workers = workers or os.cpu_count() or 1
-    char_vocab = tok.get("vocab")
     bar = _progress_bar(progress)
     started = time.perf_counter()
     total = 0
@@ -364,10 +345,10 @@ def prepare(
         job_list = jobs()
         if workers > 1:
             ctx = multiprocessing.get_context("spawn")  # children import no accelerator state of ours
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(char_vocab,))
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok,))
             results = _bounded_imap(pool, job_list, 64 * workers)
         else:
-            _init_worker(char_vocab)
+            _init_worker(tok)
             results = map(_encode_job, job_list)
         for split, k, ids in results:
             st = state["splits"][split]

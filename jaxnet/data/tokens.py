@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from jaxnet import tokenizers
 from jaxnet.config import batching
 from jaxnet.data import prepare as prepare_lib
 from jaxnet.data import shards as shards_lib
 from jaxnet.data import text as text_lib
-from jaxnet.data import tokenizers
 from jaxnet.errors import UserError
 
 SPLITS = ("train", "val", "test")
@@ -243,7 +243,7 @@ def load(cfg: Any) -> TokenDataset:
         if meta.is_file():
             vocab, tokenizer = _nanogpt_meta(meta)
         else:
-            vocab, tokenizer = list(tokenizers.gpt2_vocab()), "gpt2"
+            vocab, tokenizer = tokenizers.get("gpt2").corpus_vocab(), "gpt2"
         vocab = _padded(vocab, cfg.vocab_size, name)
         return TokenDataset(splits, vocab, tokenizer, name, notes="; no test split (nanoGPT has none)")
     if fmt == "llmc":
@@ -254,7 +254,7 @@ def load(cfg: Any) -> TokenDataset:
                 raise UserError(f"{path} has no llm.c {s} shards (*_{s}_*.bin)")
             splits[s] = shards_lib.ShardedTokens([shards_lib.open_shard(f) for f in files])
         splits["test"] = shards_lib.ShardedTokens([])
-        vocab = _padded(list(tokenizers.gpt2_vocab()), cfg.vocab_size, name)
+        vocab = _padded(tokenizers.get("gpt2").corpus_vocab(), cfg.vocab_size, name)
         return TokenDataset(splits, vocab, "gpt2", name, notes="; no test split (llm.c shards have none)")
     raise UserError(f"data.format={fmt}: choose jaxnet, nanogpt or llmc")
 
@@ -310,7 +310,7 @@ def load_or_prepare(
     if ours and not (path / "corpus.json").is_file():
         index, _ = _process()
         if index == 0:
-            say(f"preparing {source} with the {tokenizer} tokenizer into {path} (once: the experiment's default corpus)")
+            say(f"preparing {source} with the {tokenizer} tokenizer into {path} (once: the experiment's default)")
             prepare_lib.prepare(source, tokenizer, path, workers=1, progress=False, say=say)
         else:  # the directory is on a filesystem every process sees, as a run directory is
             say(f"waiting for process 0 to prepare {source} into {path}")

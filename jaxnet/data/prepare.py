@@ -40,6 +40,7 @@ import numpy as np
 from jaxnet import tokenizers
 from jaxnet.data import shards as shards_lib
 from jaxnet.errors import UserError
+from jaxnet.tokenizers.base import Tokenizer
 
 FORMAT = "jaxnet-corpus/1"
 SPLITS = ("train", "val", "test")
@@ -155,7 +156,7 @@ def find_files(source: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Tokenizing (in worker processes)
 
-_TOKENIZER: tokenizers.Tokenizer | None = None  # a worker's, rebuilt from the manifest's record
+_TOKENIZER: Tokenizer | None = None  # a worker's, rebuilt from the manifest's record
 
 
 def _init_worker(record: dict[str, Any]) -> None:

@@ -47,6 +47,7 @@ import numpy as np
 from jaxnet import tasks, tokenizers
 from jaxnet.config import batching
 from jaxnet.errors import UserError
+from jaxnet.tokenizers.base import Tokenizer
 from jaxnet.tokenizers.simple import EOS, UNK, frequency_vocab, words  # noqa: F401 - the word tokenizer's
 
 SPLIT_FRACTIONS = (0.90, 0.05, 0.05)
@@ -61,7 +62,7 @@ def package_dir(package: str, install_hint: str) -> Path:
 
 
 def tokenize(text: str | bytes, tokenizer: str) -> list[str]:
-    """``text`` as the token strings of ``tokenizer`` (see :meth:`jaxnet.tokenizers.Tokenizer.pieces`)."""
+    """``text`` as the token strings of ``tokenizer`` (see :meth:`jaxnet.tokenizers.base.Tokenizer.pieces`)."""
     return tokenizers.get(tokenizer).pieces(text)
 
 
@@ -97,7 +98,7 @@ class TextDataset:
             raise UserError(f"the {self.name} training split has {len(self.train)} tokens; a language model needs more")
 
     @property
-    def codec(self) -> tokenizers.Tokenizer:
+    def codec(self) -> Tokenizer:
         """The tokenizer object :attr:`tokenizer` names (:mod:`jaxnet.tokenizers`)."""
         return tokenizers.get(self.tokenizer)
 
@@ -172,7 +173,7 @@ class TextDataset:
 
     def extra_metrics(self, loss: float) -> dict[str, float]:
         """Perplexity for word, GPT-2 and ``hf`` models, bits per token (bits per character) for char
-        and byte models: the tokenizer's :attr:`~jaxnet.tokenizers.Tokenizer.metric`."""
+        and byte models: the tokenizer's :attr:`~jaxnet.tokenizers.base.Tokenizer.metric`."""
         metric = self.codec.metric
         return {metric: tokenizers.metric_value(metric, loss)}
 

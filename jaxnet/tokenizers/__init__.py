@@ -20,36 +20,44 @@ A corpus keeps its tokenizer's :meth:`~jaxnet.tokenizers.base.Tokenizer.record` 
 directory's ``tokenizer.json`` is still the one it was prepared with) and :func:`check_fits`
 refuses a model or checkpoint whose vocabulary the corpus's ids do not fit.
 
-This package imports no JAX and nothing of jaxnet but its errors, so the config schema and
-``jaxnet prepare``'s workers can use it.
+Importing this package reads no file and imports nothing but jaxnet's errors (the classes and
+numpy load when a tokenizer is first asked for), so the config schema and the command line's
+``--help`` can read the choices.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from jaxnet.errors import UserError
-from jaxnet.tokenizers.base import EOT, Tokenizer, metric_value
-from jaxnet.tokenizers.gpt2 import GPT2
-from jaxnet.tokenizers.hf import HF
-from jaxnet.tokenizers.simple import Byte, Char, Word
 
-#: The registry: each kind's class.
-KINDS: dict[str, type[Tokenizer]] = {cls.kind: cls for cls in (Char, Word, Byte, GPT2, HF)}
-#: A kind whose name takes an argument, as ``hf:DIR``: its spelling in the choices.
-ARGUMENT = {"hf": "DIR"}
+#: The end-of-text token's string, as GPT-2 (and llm.c's shards) spell it.
+EOT = "<|endoftext|>"
+
+#: The registry: kind -> (module, class, the argument its name takes, whether ``jaxnet prepare``
+#: writes corpora with it: words are a vocabulary learned from a training split, in memory only).
+REGISTRY: dict[str, tuple[str, str, str, bool]] = {
+    "char": ("jaxnet.tokenizers.simple", "Char", "", True),
+    "word": ("jaxnet.tokenizers.simple", "Word", "", False),
+    "byte": ("jaxnet.tokenizers.simple", "Byte", "", True),
+    "gpt2": ("jaxnet.tokenizers.gpt2", "GPT2", "", True),
+    "hf": ("jaxnet.tokenizers.hf", "HF", "DIR", True),
+}
 #: What ``data.tokenizer`` accepts.
-CHOICES: tuple[str, ...] = tuple(f"{k}:{ARGUMENT[k]}" if k in ARGUMENT else k for k in KINDS)
+CHOICES: tuple[str, ...] = tuple(f"{k}:{arg}" if arg else k for k, (_, _, arg, _) in REGISTRY.items())
 #: What ``jaxnet prepare --tokenizer`` accepts.
-PREPARE_CHOICES: tuple[str, ...] = tuple(c for c in CHOICES if KINDS[c.partition(":")[0]].preparable)
+PREPARE_CHOICES: tuple[str, ...] = tuple(c for c in CHOICES if REGISTRY[c.partition(":")[0]][3])
 
 
-def kind_of(name: str, what: str = "data.tokenizer", choices: tuple[str, ...] = CHOICES) -> type[Tokenizer]:
-    """The class a tokenizer name stands for, without building it (no files read); a one-line
+def kind_of(name: str, what: str = "data.tokenizer", choices: tuple[str, ...] = CHOICES) -> Any:
+    """The class (a :class:`~jaxnet.tokenizers.base.Tokenizer`) a tokenizer name stands for, without
+    building it (no files read); a one-line
     error naming ``what`` and the ``choices`` for any other name.
 
     >>> kind_of("hf:checkpoints/x").metric, kind_of("char").metric
@@ -57,62 +65,53 @@ def kind_of(name: str, what: str = "data.tokenizer", choices: tuple[str, ...] = 
     """
     kind, colon, argument = name.partition(":")
     allowed = {c.partition(":")[0] for c in choices}
-    if kind not in KINDS or kind not in allowed or bool(colon) != (kind in ARGUMENT) or (colon and not argument):
+    takes = bool(REGISTRY[kind][2]) if kind in REGISTRY else False
+    if kind not in allowed or bool(colon) != takes or (colon and not argument):
         raise UserError(f"{what}={name!r} is not one of: {', '.join(choices)}")
-    return KINDS[kind]
+    module, cls, _, _ = REGISTRY[kind]
+    return getattr(importlib.import_module(module), cls)
 
 
-def get(name: str, what: str = "data.tokenizer") -> Tokenizer:
-    """The tokenizer ``name`` names (``hf:DIR`` reads ``DIR``'s files; each is built once).
+def get(name: str, what: str = "data.tokenizer") -> Any:
+    """The tokenizer ``name`` names, built once (``hf:DIR`` reads ``DIR``'s files, again when
+    its ``tokenizer.json`` changes).
 
     >>> get("byte").vocab_size
     257
     """
     cls = kind_of(name, what)
-    if cls is HF:
-        directory = os.path.abspath(os.path.expanduser(name.partition(":")[2]))
-        file = Path(directory) / "tokenizer.json"
-        stamp = (file.stat().st_mtime_ns, file.stat().st_size) if file.is_file() else None
-        return _hf(directory, stamp) if stamp else HF(directory)
-    return _plain(name)
+    kind, _, argument = name.partition(":")
+    if not argument:
+        return _built(kind, "", None)
+    directory = os.path.abspath(os.path.expanduser(argument))
+    file = Path(directory) / "tokenizer.json"
+    stamp = (file.stat().st_mtime_ns, file.stat().st_size) if file.is_file() else None
+    return _built(kind, directory, stamp) if stamp else cls(directory)
 
 
 @functools.cache
-def _plain(name: str) -> Tokenizer:
-    return KINDS[name]()
+def _built(kind: str, argument: str, stamp: tuple[int, int] | None) -> Any:
+    cls = kind_of(kind + (f":{argument}" if argument else ""))
+    return cls(argument) if argument else cls()
 
 
-@functools.cache
-def _hf(directory: str, stamp: tuple[int, int]) -> HF:
-    return HF(directory)
-
-
-def from_record(record: Mapping[str, Any]) -> Tokenizer:
-    """The tokenizer a corpus was prepared with, from ``corpus.json``'s ``tokenizer`` record; an
-    ``hf`` tokenizer only if its ``tokenizer.json`` is still the file the corpus was made with.
+def from_record(record: Mapping[str, Any]) -> Any:
+    """The tokenizer a corpus was prepared with, from ``corpus.json``'s ``tokenizer`` record (a
+    learned vocabulary from the record itself; an ``hf`` tokenizer only if its ``tokenizer.json``
+    is still the file the corpus was made with).
 
     >>> from_record({"name": "char", "vocab": ["a", "b", EOT]}).encode_batch(["ba"])[0].tolist()
     [1, 0]
     """
-    name = str(record.get("name", ""))
-    cls = kind_of(name, "corpus.json's tokenizer")
-    if cls is Char:
-        vocab = list(record["vocab"])
-        return Char(vocab[:-1] if vocab and vocab[-1] == EOT else vocab)
-    tok = get(name, "corpus.json's tokenizer")
-    want = (record.get("files") or {}).get("tokenizer.json")
-    if isinstance(tok, HF) and want and want != tok.sha256:
-        raise UserError(
-            f"{tok.directory / 'tokenizer.json'} has changed since the corpus was prepared with it (sha256 "
-            f"{tok.sha256[:12]}..., not {want[:12]}...); prepare the corpus again"
-        )
-    return tok
+    return kind_of(str(record.get("name", "")), "corpus.json's tokenizer").from_record(record)
 
 
 def vocabulary_of(record: Mapping[str, Any]) -> list[str]:
-    """The token strings of a tokenizer record's ids, by id (a learned vocabulary: the record's own)."""
-    if "vocab" in record:
-        return list(record["vocab"])
+    """The token strings of a tokenizer record's ids, by id.
+
+    >>> vocabulary_of({"name": "char", "vocab": ["a", "b", EOT]})
+    ['a', 'b', '<|endoftext|>']
+    """
     return from_record(record).corpus_vocab()
 
 
@@ -128,9 +127,10 @@ def check_fits(record: Mapping[str, Any], vocab_size: int, checkpoint: str | os.
     >>> check_fits(get("gpt2").record(), 50304)
     >>> check_fits(get("gpt2").record(), 32000)
     Traceback (most recent call last):
-    jaxnet.errors.UserError: the corpus's tokenizer (gpt2) has 50,257 ids, more than the model's 32,000 ...
+    jaxnet.errors.UserError: the corpus's tokenizer (gpt2) has 50,257 ids, more than the model's 32,000; ...
     """
-    name, size = str(record.get("name", "?")), int(record.get("vocab_size") or len(record.get("vocab", ())))
+    name = str(record.get("name", "?"))
+    size = int(record.get("vocab_size") or len(record.get("vocab", ())))
     if size > vocab_size:
         raise UserError(
             f"the corpus's tokenizer ({name}) has {size:,} ids, more than the model's {vocab_size:,}; prepare the "
@@ -138,10 +138,10 @@ def check_fits(record: Mapping[str, Any], vocab_size: int, checkpoint: str | os.
         )
     if checkpoint is None or not (Path(checkpoint) / "tokenizer.json").is_file():
         return
-    theirs = HF(checkpoint)
-    if (record.get("files") or {}).get("tokenizer.json") == theirs.sha256:
+    theirs = get(f"hf:{checkpoint}")
+    if (record.get("files") or {}).get("tokenizer.json") == getattr(theirs, "sha256", None):
         return
-    ours, strings = vocabulary_of(record), theirs.strings()
+    ours, strings = vocabulary_of(record), theirs.corpus_vocab()
     for i, token in enumerate(ours):
         if i >= len(strings) or strings[i] != token:
             there = repr(strings[i]) if i < len(strings) else "no token"
@@ -151,17 +151,34 @@ def check_fits(record: Mapping[str, Any], vocab_size: int, checkpoint: str | os.
             )
 
 
+def metric_value(metric: str, loss: float) -> float:
+    """``metric`` (a tokenizer's :attr:`~jaxnet.tokenizers.base.Tokenizer.metric`) of a mean loss
+    in nats per token.
+
+    >>> round(metric_value("bpc", math.log(2)), 6), round(metric_value("perplexity", 0.0), 6)
+    (1.0, 1.0)
+    """
+    if metric == "perplexity":
+        return math.exp(min(loss, 700.0))
+    return loss / math.log(2)
+
+
+_CLASSES = {cls: (module, cls) for module, cls, _, _ in REGISTRY.values()}
+
+
+def __getattr__(name: str) -> Any:
+    """The tokenizer classes (``Char``, ``Word``, ``Byte``, ``GPT2``, ``HF``), imported on first use."""
+    if name not in _CLASSES:
+        raise AttributeError(f"module 'jaxnet.tokenizers' has no attribute {name!r}")
+    module, cls = _CLASSES[name]
+    return getattr(importlib.import_module(module), cls)
+
+
 __all__ = [
     "CHOICES",
     "EOT",
-    "KINDS",
     "PREPARE_CHOICES",
-    "Byte",
-    "Char",
-    "GPT2",
-    "HF",
-    "Tokenizer",
-    "Word",
+    "REGISTRY",
     "check_fits",
     "from_record",
     "get",

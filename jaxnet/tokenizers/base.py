@@ -20,16 +20,13 @@ This module imports no JAX: ``jaxnet prepare``'s workers and the config schema u
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from jaxnet.errors import UserError
-
-#: The end-of-text token's string, as GPT-2 (and llm.c's shards) spell it.
-EOT = "<|endoftext|>"
+from jaxnet.tokenizers import EOT as EOT
 
 
 class Tokenizer:
@@ -50,8 +47,6 @@ class Tokenizer:
     metric: ClassVar[str] = "perplexity"
     #: Whether files are read as raw bytes (any file, UTF-8 or not) rather than as UTF-8 text.
     reads_bytes: ClassVar[bool] = False
-    #: Whether ``jaxnet prepare`` can write a corpus with it.
-    preparable: ClassVar[bool] = True
     #: Whether its threads run at once in :meth:`encode_batch` (the work is outside Python's lock).
     threads_scale: ClassVar[bool] = True
 
@@ -99,6 +94,13 @@ class Tokenizer:
         return index.get("\n", 0)
 
     # ---- the on-disk road
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Tokenizer:
+        """The tokenizer a ``corpus.json`` record describes (see :func:`jaxnet.tokenizers.from_record`)."""
+        from jaxnet import tokenizers
+
+        return tokenizers.get(str(record["name"]), "corpus.json's tokenizer")
 
     def fit(self, texts: Any) -> Tokenizer:
         """This tokenizer ready for ``texts`` (an iterable of documents): a fixed vocabulary
@@ -153,14 +155,3 @@ def text_only(text: str | bytes, name: str) -> str:
     if isinstance(text, bytes):
         raise UserError(f"data.tokenizer={name} needs text; raw bytes need data.tokenizer=byte")
     return text
-
-
-def metric_value(metric: str, loss: float) -> float:
-    """``metric`` (:attr:`Tokenizer.metric`) of a mean loss in nats per token.
-
-    >>> round(metric_value("bpc", math.log(2)), 6), round(metric_value("perplexity", 0.0), 6)
-    (1.0, 1.0)
-    """
-    if metric == "perplexity":
-        return math.exp(min(loss, 700.0))
-    return loss / math.log(2)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,18 @@ class HF(Tokenizer):
     def bos_prepended(self) -> bool:
         """Whether each document of a prepared corpus starts with the BOS id."""
         return self.bos_id is not None and self.bos_id in self.before
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> HF:
+        tok = super().from_record(record)
+        assert isinstance(tok, HF)
+        want = (record.get("files") or {}).get("tokenizer.json")
+        if want and want != tok.sha256:
+            raise UserError(
+                f"{tok.directory / 'tokenizer.json'} has changed since the corpus was prepared with it (sha256 "
+                f"{tok.sha256[:12]}..., not {want[:12]}...); prepare the corpus again"
+            )
+        return tok
 
     # ---- the in-memory road: the token strings of the fixed vocabulary
 

@@ -46,6 +46,11 @@ class Char(Tokenizer):
     def vocabulary(self, splits: Sequence[Sequence[str]]) -> list[str]:
         return sorted(set().union(*splits))
 
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Char:
+        vocab = list(record["vocab"])
+        return Char(vocab[:-1] if vocab and vocab[-1] == EOT else vocab)
+
     def fit(self, texts: Iterable[str]) -> Char:
         chars: set[str] = set()
         for t in texts:
@@ -95,7 +100,6 @@ class Word(Tokenizer):
 
     kind = "word"
     metric = "perplexity"
-    preparable = False
 
     def __init__(self) -> None:
         self.name = "word"

@@ -146,7 +146,7 @@ def test_bad_corpora_are_one_line_with_exit_2_and_nothing_written(tmp_path, caps
     }  # fmt: skip
     (cut / "corpus.json").write_text(json.dumps(manifest))
     cases = {
-        "beyond the vocabulary": [f"data.path={small}", "data.vocab_size=0"],
+        "beyond the 20 ids of its tokenizer": [f"data.path={small}", "data.vocab_size=0"],
         "corpus.json says 90": [f"data.path={cut}"],
         "smaller than the vocabulary": [f"data.path={d}", "data.vocab_size=1000"],
         "no corpus.json": [f"data.path={tmp_path}"],
@@ -278,3 +278,25 @@ def test_with_several_processes_process_0_alone_prepares_and_the_others_wait_for
     later.join()
     assert prepared == [] and len(ds.train) > 100
     assert said == [f"waiting for process 0 to prepare {src} into {out}"]
+
+
+def test_ids_beyond_the_tokenizers_vocabulary_are_a_damaged_file_even_within_a_padded_vocabulary(tmp_path, capsys):
+    for i, largest in enumerate((50300, 60000)):  # GPT-2 ids (no meta.pkl) padded to 50,304, and beyond that
+        d = tmp_path / f"nano{i}"
+        d.mkdir()
+        np.asarray([*range(100), largest], np.uint16).tofile(d / "train.bin")
+        np.arange(50, dtype=np.uint16).tofile(d / "val.bin")
+        with pytest.raises(UserError) as e:
+            tokens.load(cfg_for(d, vocab_size=50304).data)
+        assert str(e.value) == (
+            f"the train split of nano{i} holds token id {largest}, beyond the 50,257 ids of its tokenizer (gpt2): "
+            f"{d / 'train.bin'} is damaged or was written with another tokenizer"
+        )
+    chars = tmp_path / "chars"
+    chars.mkdir()
+    np.asarray([0, 1, 2, 25], np.uint16).tofile(chars / "train.bin")
+    np.arange(3, dtype=np.uint16).tofile(chars / "val.bin")
+    with open(chars / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 20, "itos": {i: chr(65 + i) for i in range(20)}}, f)
+    with pytest.raises(UserError, match="holds token id 25, beyond the 20 ids of its tokenizer"):
+        tokens.load(cfg_for(chars, vocab_size=32).data)

@@ -103,6 +103,12 @@ class TextDataset:
         return tokenizers.get(self.tokenizer)
 
     @property
+    def tokenizer_record(self) -> dict[str, Any]:
+        """The tokenizer and this dataset's vocabulary, as ``corpus.json`` records a corpus's
+        (:func:`jaxnet.tokenizers.check_fits` reads it)."""
+        return {**self.codec.record(), "vocab_size": len(self.vocab), "vocab": list(self.vocab)}
+
+    @property
     def num_classes(self) -> int:
         """Vocabulary size (the model's number of outputs)."""
         return len(self.vocab)

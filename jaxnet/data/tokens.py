@@ -60,9 +60,11 @@ class TokenDataset(text_lib.TextDataset):
         name: str,
         max_ids: dict[str, int | None] | None = None,
         notes: str = "",
+        record: dict[str, Any] | None = None,
     ):
         self.train, self.val, self.test = (splits[s] for s in SPLITS)
         self.vocab, self.tokenizer, self.name, self.notes = vocab, tokenizer, name, notes
+        self.record = dict(record) if record is not None else {"name": tokenizer, "vocab_size": len(vocab)}
         if len(set(vocab)) != len(vocab):
             raise UserError(f"the vocabulary of {name} has repeated tokens")
         self.index = {t: i for i, t in enumerate(vocab)}
@@ -72,11 +74,20 @@ class TokenDataset(text_lib.TextDataset):
             known = (max_ids or {}).get(split)
             tokens = getattr(self, split)
             largest = known if known is not None or not len(tokens) else tokens.max_id()
-            if largest is not None and largest >= len(vocab):
+            ids = int(self.record.get("vocab_size") or len(vocab))
+            if largest is not None and largest >= ids:  # padding ids (data.vocab_size) are never in the data
+                files = tokens.shards
+                where = files[0].path if len(files) == 1 else f"a {split} shard of {name}"
                 raise UserError(
-                    f"the {split} split of {name} holds token id {largest}, beyond the vocabulary of {len(vocab):,}; "
-                    "set data.vocab_size to at least the corpus's vocabulary"
+                    f"the {split} split of {name} holds token id {largest}, beyond the {ids:,} ids of its tokenizer "
+                    f"({self.record.get('name', tokenizer)}): {where} is damaged or was written with another tokenizer"
                 )
+
+    @property
+    def tokenizer_record(self) -> dict[str, Any]:
+        """The corpus's tokenizer as ``corpus.json`` records it (unpadded: the ids the data can
+        hold), for :func:`jaxnet.tokenizers.check_fits`."""
+        return dict(self.record)
 
     def describe(self) -> str:
         """One line for the run's first message."""
@@ -231,7 +242,7 @@ def load(cfg: Any) -> TokenDataset:
             max_ids[s] = entry["max_id"]
         tok = manifest["tokenizer"]
         vocab = _padded(prepare_lib.corpus_vocab(tok), cfg.vocab_size, name)
-        return TokenDataset(splits, vocab, tok["name"], name, max_ids)
+        return TokenDataset(splits, vocab, tok["name"], name, max_ids, record=tok)
     if fmt == "nanogpt":
         files = {s: path / f"{s}.bin" for s in ("train", "val")}
         for f in files.values():
@@ -242,10 +253,12 @@ def load(cfg: Any) -> TokenDataset:
         meta = path / "meta.pkl"
         if meta.is_file():
             vocab, tokenizer = _nanogpt_meta(meta)
+            record = {"name": tokenizer, "vocab_size": len(vocab), "vocab": vocab}
         else:
+            record = tokenizers.get("gpt2").record()
             vocab, tokenizer = tokenizers.get("gpt2").corpus_vocab(), "gpt2"
         vocab = _padded(vocab, cfg.vocab_size, name)
-        return TokenDataset(splits, vocab, tokenizer, name, notes="; no test split (nanoGPT has none)")
+        return TokenDataset(splits, vocab, tokenizer, name, notes="; no test split (nanoGPT has none)", record=record)
     if fmt == "llmc":
         splits = {}
         for s in ("train", "val"):
@@ -254,8 +267,10 @@ def load(cfg: Any) -> TokenDataset:
                 raise UserError(f"{path} has no llm.c {s} shards (*_{s}_*.bin)")
             splits[s] = shards_lib.ShardedTokens([shards_lib.open_shard(f) for f in files])
         splits["test"] = shards_lib.ShardedTokens([])
-        vocab = _padded(tokenizers.get("gpt2").corpus_vocab(), cfg.vocab_size, name)
-        return TokenDataset(splits, vocab, "gpt2", name, notes="; no test split (llm.c shards have none)")
+        gpt2 = tokenizers.get("gpt2")
+        vocab = _padded(gpt2.corpus_vocab(), cfg.vocab_size, name)
+        notes = "; no test split (llm.c shards have none)"
+        return TokenDataset(splits, vocab, "gpt2", name, notes=notes, record=gpt2.record())
     raise UserError(f"data.format={fmt}: choose jaxnet, nanogpt or llmc")
 
 

@@ -107,11 +107,14 @@ def from_record(record: Mapping[str, Any]) -> Any:
 
 
 def vocabulary_of(record: Mapping[str, Any]) -> list[str]:
-    """The token strings of a tokenizer record's ids, by id.
+    """The token strings of a tokenizer record's ids, by id: its own ``vocab`` where it keeps one
+    (a learned vocabulary), else the tokenizer's.
 
     >>> vocabulary_of({"name": "char", "vocab": ["a", "b", EOT]})
     ['a', 'b', '<|endoftext|>']
     """
+    if "vocab" in record:
+        return list(record["vocab"])
     return from_record(record).corpus_vocab()
 
 

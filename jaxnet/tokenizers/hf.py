@@ -9,9 +9,10 @@ from the files beside it:
   3's instruct models list several), each id once, in that order; the first is :attr:`HF.eot_id`.
 - **beginning-of-text id** (:attr:`HF.bos_id`): ``tokenizer_config.json``'s ``bos_token``, else
   ``config.json``'s ``bos_token_id``.
-- **what a text gets around it**: what transformers adds with ``add_special_tokens=True`` (the
-  tokenizer's post-processor, e.g. Llama's BOS; ``add_bos_token``/``add_eos_token`` in
-  ``tokenizer_config.json`` where set). A prepared corpus writes each document as those ids
+- **what a text gets around it**: what transformers (5.x) adds with ``add_special_tokens=True``:
+  the ids the post-processor of ``tokenizer.json`` puts around a text (e.g. Llama's BOS; as
+  transformers 5, ``add_bos_token`` in ``tokenizer_config.json`` is not read). A prepared corpus
+  writes each document as those ids
   before it (:attr:`HF.before`), its own ids, and the end-of-text id after it (:attr:`HF.after`),
   so documents are always separated; ``corpus.json`` says which (``bos_prepended``, ``before``,
   ``after``) with the sha256 of ``tokenizer.json``.
@@ -104,10 +105,6 @@ class HF(Tokenizer):
         bos = [self._token_id(tc.get("bos_token")), *_ids(cc.get("bos_token_id")), *_ids(gc.get("bos_token_id"))]
         self.bos_id = next((i for i in bos if i is not None and 0 <= i < self.vocab_size), None)
         prefix, suffix = self._added_around()
-        if isinstance(tc.get("add_bos_token"), bool) and self.bos_id is not None:
-            prefix = ((self.bos_id,) if tc["add_bos_token"] else ()) + tuple(i for i in prefix if i != self.bos_id)
-        if isinstance(tc.get("add_eos_token"), bool) and self.eot_id is not None:
-            suffix = tuple(i for i in suffix if i != self.eot_id) + ((self.eot_id,) if tc["add_eos_token"] else ())
         self.added = (prefix, suffix)  # what transformers puts around a text by default
         self.before = prefix
         ends_doc = self.eot_id is not None and self.eot_id not in suffix

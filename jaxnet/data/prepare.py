@@ -177,7 +177,6 @@ def encode_document(job: tuple[str | bytes, str]) -> np.ndarray:
 def tokenizer_record(tokenizer: str, source: Source) -> dict[str, Any]:
     """The manifest's description of the tokenizer (for char: its vocabulary, from every file)."""
     tok = tokenizers.get(tokenizer, "--tokenizer")
-    tok.check_separates()
     return tok.fit(t for i in range(len(source.files)) for t in source.texts(i)).record()
 
 
@@ -237,7 +236,9 @@ def prepare(
     after it finished, returns the manifest it wrote.
     """
     tokenizers.kind_of(tokenizer, "--tokenizer", TOKENIZERS)
-    tokenizer = tokenizers.get(tokenizer, "--tokenizer").name  # hf:DIR with DIR absolute
+    chosen = tokenizers.get(tokenizer, "--tokenizer")
+    chosen.check_separates()
+    tokenizer = chosen.name  # hf:DIR with DIR absolute
     if shard_tokens < 1:
         raise UserError(f"--shard-tokens {shard_tokens}: give a positive number")
     for name, f in (("--val-fraction", val_fraction), ("--test-fraction", test_fraction)):

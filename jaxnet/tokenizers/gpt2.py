@@ -167,7 +167,7 @@ class GPT2(Tokenizer):
                 ids = enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
             except UnicodeEncodeError:  # a lone surrogate (from a JSON escape): tiktoken's own repair
                 ids = np.asarray(enc.encode_ordinary(text), np.uint32)
-            out.append(ids.astype(dtype, copy=False))
+            out.append(ids.astype(dtype, copy=False))  # a view when dtype is tiktoken's own uint32
         return out
 
     def record(self) -> dict[str, Any]:

@@ -27,7 +27,6 @@ class Char(Tokenizer):
 
     kind = "char"
     metric = "bpc"
-    threads_scale = False  # numpy's lookups hold Python's lock for much of their time
 
     def __init__(self, chars: Sequence[str] | None = None):
         self.name = "char"
@@ -56,6 +55,9 @@ class Char(Tokenizer):
         for t in texts:
             chars.update(t)
         return Char(sorted(chars))
+
+    def check_separates(self) -> None:
+        pass  # its end-of-text id, after the characters fit() learns, starts each document
 
     def encode_batch(self, texts: Sequence[str | bytes], dtype: Any = np.uint32) -> list[np.ndarray]:
         if self.chars is None:

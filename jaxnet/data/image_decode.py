@@ -31,8 +31,16 @@ CROP_SCALE = (0.08, 1.0)  # random resized crop: fraction of the image's area, a
 CROP_RATIO = (3 / 4, 4 / 3)
 
 
+SKIP_ADVICE = "replace or remove it, or set data.skip_corrupt=true to skip unreadable images"
+
+
 class CorruptImage(UserError):
-    """An image file that cannot be read or decoded (skipped, counted, with ``data.skip_corrupt``)."""
+    """An image file that cannot be read or decoded (skipped, counted, with ``data.skip_corrupt``):
+    ``what`` says which and why, the message adds what a training run can do about it."""
+
+    def __init__(self, what: str, advice: str = SKIP_ADVICE):
+        super().__init__(f"{what}; {advice}")
+        self.what = what
 
 
 def decode(data: bytes, name: str, channels: int) -> np.ndarray:
@@ -59,10 +67,7 @@ def decode(data: bytes, name: str, channels: int) -> np.ndarray:
     except UserError:
         raise
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, DecompressionBombError ...
-        raise CorruptImage(
-            f"{name} is not a readable image ({type(e).__name__}: {str(e)[:120]}); replace or remove it, or set "
-            "data.skip_corrupt=true to skip unreadable images"
-        ) from None
+        raise CorruptImage(f"{name} is not a readable image ({type(e).__name__}: {str(e)[:120]})") from None
     array = np.asarray(converted, np.uint8)
     return array[..., None] if array.ndim == 2 else array
 
@@ -147,7 +152,10 @@ def read_image_files(paths: Sequence[str | os.PathLike], size: int, channels: in
             data = Path(p).read_bytes()
         except OSError as e:
             raise UserError(f"cannot read {p}: {e.strerror}") from None
-        image = decode(data, str(p), channels)
+        try:
+            image = decode(data, str(p), channels)
+        except CorruptImage as e:  # predict reads every file it is given: no option to skip one
+            raise UserError(f"{e.what}; replace it, or remove it from --input") from None
         check_size(image, size, str(p), upscale)
         out[j] = center(image, size)
     return out

@@ -62,7 +62,8 @@ class BatchWork:
     evaluation transform. Evaluation: rows ``rows`` of examples ``k*batch .. (k+1)*batch`` in order,
     the last batch padded with zeros, ``mask`` 0. With ``skip_corrupt`` an unreadable training image is replaced by
     the next readable example of the source (a pure function of the data, so the batch is still
-    the same on every process count) and an evaluation one masked out; ``skipped`` counts them.
+    the same on every process count) and an evaluation one masked out; ``skipped`` names them, once per
+    time met.
     """
 
     def __init__(
@@ -90,8 +91,12 @@ class BatchWork:
         _reading(name)
         try:
             image = decode(self.source.read(i), name, self.channels)
+        except CorruptImage as e:
+            if isinstance(self.source, RecordSource):  # name the image the record holds; still skippable
+                raise CorruptImage(e.what.replace(name, self.source.name(i), 1)) from None
+            raise
         except UserError as e:
-            if isinstance(self.source, RecordSource):  # name the image the record holds
+            if isinstance(self.source, RecordSource):
                 raise UserError(str(e).replace(name, self.source.name(i), 1)) from None
             raise
         if rng is not None:
@@ -117,7 +122,7 @@ class BatchWork:
             mask[len(idx) :] = 0
         images = np.zeros((len(mask), size, size, c), np.uint8)
         labels = np.zeros(len(mask), np.int32)
-        skipped = 0
+        skipped: list[str] = []
         for j, (i, row) in enumerate(zip(idx, positions, strict=True)):
             i = int(i)
             for tries in range(n):
@@ -133,13 +138,14 @@ class BatchWork:
                 except CorruptImage:
                     if not self.skip_corrupt or tries == n - 1:
                         raise
-                    skipped += 1
+                    skipped.append(self.source.name(i))
                     if not self.train:
                         mask[j] = 0
                         break
                     i = (i + 1) % n  # the next example stands in for the unreadable one
         _reading("")
-        return {"image": images, "label": labels, "mask": mask, "skipped": np.asarray(skipped, np.int32)}
+        names = np.asarray(skipped, dtype=str) if skipped else np.zeros(0, "<U1")  # fixed-width text: no objects
+        return {"image": images, "label": labels, "mask": mask, "skipped": names}
 
 
 def default_workers() -> int:
@@ -170,11 +176,14 @@ def run_batches(work: Any, count: int, workers: int, buffer: int = 2) -> Iterato
         for k in range(count):
             yield work(k)
         return
+    import atexit
     import functools
 
     import grain
 
     _parse_flags()
+    atexit.unregister(_release_shared_memory)
+    atexit.register(_release_shared_memory)
     status = tempfile.mkdtemp(prefix="jaxnet-loader-")
     ds = grain.MapDataset.range(count).map(work)
     ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
@@ -183,6 +192,7 @@ def run_batches(work: Any, count: int, workers: int, buffer: int = 2) -> Iterato
         worker_init_fn=functools.partial(_worker_init, status),
     )
     it = iter(ds)
+    batch = None
     try:
         while True:
             try:
@@ -198,7 +208,7 @@ def run_batches(work: Any, count: int, workers: int, buffer: int = 2) -> Iterato
         close = getattr(it, "close", None)
         if close is not None:
             close()
-        del it, ds
+        del it, ds, batch  # the last batch too: an error's traceback keeps this frame alive
         import gc
 
         gc.collect()  # grain's shared memory of batches still in flight, freed now rather than at exit
@@ -208,6 +218,24 @@ def run_batches(work: Any, count: int, workers: int, buffer: int = 2) -> Iterato
             os.rmdir(status)
         except OSError:
             pass
+
+
+def _release_shared_memory() -> None:
+    """At exit: unlink the shared memory of batches that grain's workers had sent when a loader
+    stopped early (an error, the end of training). grain's prefetch threads still hold the last
+    of them and never end, so their arrays are never deleted, and Python's resource tracker would
+    print "There appear to be N leaked shared_memory objects" after jaxnet's own last line."""
+    import gc
+
+    from grain.multiprocessing import SharedMemoryArray
+
+    for obj in gc.get_objects():
+        if type(obj) is SharedMemoryArray and obj._unlink_on_del and obj.shm is not None:  # type(): no __class__ hooks
+            obj._unlink_on_del = False  # its own deletion, if it ever comes, only closes it
+            try:
+                obj.shm.unlink()  # which also tells the resource tracker it is gone
+            except FileNotFoundError:
+                pass
 
 
 def _dead_worker_message(status: str, error: str) -> str:

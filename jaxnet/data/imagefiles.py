@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import glob as glob_lib
 import io
-import warnings
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,8 @@ class ImageFiles:
         self.classes, self.num_classes, self.name, self.origin = classes, len(classes), name, origin
         self.workers = default_workers() if cfg.workers < 0 else cfg.workers
         self.skip_corrupt, self.upscale = cfg.skip_corrupt, cfg.upscale
-        self.skipped = 0
+        self.skipped = 0  # times an unreadable image was met
+        self.skipped_files: set[str] = set()
         sample = _sample(len(self.train))
         self.channels, shape = self._probe(sample)
         if cfg.image_size:
@@ -219,12 +220,17 @@ class ImageFiles:
         )
 
     def _finish(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        skipped = int(batch.pop("skipped"))
-        if skipped:
-            self.skipped += skipped
-            warnings.warn(
-                f"skipped {skipped} unreadable image(s) (data.skip_corrupt=true), {self.skipped} so far", stacklevel=2
-            )
+        for name in batch.pop("skipped").tolist():
+            self.skipped += 1
+            if name not in self.skipped_files:  # each file once, however often a batch meets it
+                self.skipped_files.add(name)
+                count = len(self.skipped_files)
+                print(
+                    f"jaxnet: warning: skipping {name}: not a readable image (data.skip_corrupt=true); "
+                    f"{count} file{'s' * (count != 1)} so far",
+                    file=sys.stderr,
+                    flush=True,
+                )
         batch["image"] = pipeline.normalize(batch["image"], self.mean, self.std)
         return batch
 

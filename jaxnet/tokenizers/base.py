@@ -171,3 +171,28 @@ def text_only(text: str | bytes, name: str) -> str:
         raise UserError(f"data.tokenizer={name} needs text; raw bytes need data.tokenizer=byte")
     return text
 
+
+# A worker process of jaxnet prepare: the corpus's tokenizer rebuilt from its record once, then
+# batches of documents encoded. (Threads sharing one process encoded more slowly with two than with
+# one here, tiktoken's included: benchmarks/results/prepare-cpu-*.json.)
+_WORKER: Tokenizer | None = None
+
+
+def worker_init(record: Mapping[str, Any]) -> None:
+    """Start a worker process: never an accelerator, no threads of the tokenizer's own (the
+    processes are the parallelism), and the corpus's tokenizer."""
+    import os
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    from jaxnet import tokenizers
+
+    global _WORKER
+    _WORKER = tokenizers.from_record(record)
+
+
+def worker_encode(texts: Sequence[str | bytes], dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`Tokenizer.encode_documents` in a worker process started by :func:`worker_init`."""
+    assert _WORKER is not None, "worker_init first"
+    return _WORKER.encode_documents(texts, dtype)

@@ -15,8 +15,9 @@ short
     42 works (one line a document): about 10 MB, a few dozen characters a document.
 
 For each corpus and each round, in alternation (the machine is shared and noisy): ``jaxnet
-prepare`` with each worker count (GPT-2's tokenizer, into a fresh directory), and tiktoken's
-``encode_ordinary_batch`` on the same documents in memory with as many threads. Each
+prepare`` with each worker count (GPT-2's tokenizer, into a fresh directory; its workers are
+processes, started within the call and counted in it), and tiktoken's ``encode_ordinary_batch``
+on the same documents in memory with as many threads (its encoding loaded beforehand). Each
 measurement records tokens/s (prepare's own figure, which counts tokenizing and writing the
 shards, and tokens over the whole call, which also counts scanning the source), the process's
 CPU seconds, and the load average before and after. The results file keeps every sample and the

@@ -14,6 +14,13 @@ short
     Penn Treebank (one sentence a document, its three splits) and every non-empty line of the
     42 works (one line a document): about 10 MB, a few dozen characters a document.
 
+Besides the wall-clock rates, each prepare records the CPU seconds of this process (reading the
+source and writing the shards; with one worker also the encoding) and of its worker processes:
+on a machine whose cores are busy with other work the wall-clock speed-up from a second worker
+says little, and the CPU seconds give the speed-up idle cores would allow (this process and the
+workers running at once: 1-worker CPU time over the larger of this process's and the workers'
+per-worker CPU time; a bound labelled ``_cpu_bound``, not a measurement of idle cores).
+
 For each corpus and each round, in alternation (the machine is shared and noisy): ``jaxnet
 prepare`` with each worker count (GPT-2's tokenizer, into a fresh directory; its workers are
 processes, started within the call and counted in it), and tiktoken's ``encode_ordinary_batch``
@@ -51,8 +58,8 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
+def _cpu(who: int = resource.RUSAGE_SELF) -> float:
+    r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
 
 
@@ -95,9 +102,9 @@ def measure_prepare(path: str, workers: int, tmp: Path) -> dict:
     from jaxnet.data import prepare
 
     out = tmp / f"out-{workers}"
-    load, cpu, t = _load(), _cpu(), time.perf_counter()
+    load, cpu, kids, t = _load(), _cpu(), _cpu(resource.RUSAGE_CHILDREN), time.perf_counter()
     m = prepare.prepare(path, "gpt2", out, workers=workers, progress=False, say=lambda _: None)
-    wall, cpu = time.perf_counter() - t, _cpu() - cpu
+    wall, cpu, kids = time.perf_counter() - t, _cpu() - cpu, _cpu(resource.RUSAGE_CHILDREN) - kids
     tokens = sum(m["splits"][s]["tokens"] for s in ("train", "val", "test"))
     shutil.rmtree(out)
     return {
@@ -105,7 +112,8 @@ def measure_prepare(path: str, workers: int, tmp: Path) -> dict:
         "tokens_per_s": round(m["tokens_per_s"]),
         "tokens_per_s_whole_call": round(tokens / wall),
         "wall_s": round(wall, 3),
-        "cpu_s": round(cpu, 3),
+        "cpu_s": round(cpu, 3),  # this process: reading the source, writing the shards (and encoding, with 1 worker)
+        "worker_cpu_s": round(kids, 3),  # the worker processes (reaped when prepare ends)
         "load_before": load,
         "load_after": _load(),
     }
@@ -177,6 +185,17 @@ def main() -> None:
             med[f"tiktoken_speedup_1_to_{w}"] = round(med[f"tiktoken_{w}"] / med[f"tiktoken_{counts[0]}"], 3)
         for w in counts:
             med[f"tiktoken_over_prepare_{w}"] = round(med[f"tiktoken_{w}"] / med[f"prepare_{w}"], 3)
+            runs_w = runs[f"prepare_{w}"]
+            med[f"prepare_{w}_cpu_s_per_M_tokens"] = round(
+                statistics.median((x["cpu_s"] + x["worker_cpu_s"]) / x["tokens"] * 1e6 for x in runs_w), 4
+            )
+            med[f"prepare_{w}_main_cpu_s_per_M_tokens"] = round(
+                statistics.median(x["cpu_s"] / x["tokens"] * 1e6 for x in runs_w), 4
+            )
+        for w in counts[1:]:  # what the CPU time allows on idle cores: the main process and the workers in parallel
+            one = med[f"prepare_{counts[0]}_cpu_s_per_M_tokens"]
+            main_w, all_w = med[f"prepare_{w}_main_cpu_s_per_M_tokens"], med[f"prepare_{w}_cpu_s_per_M_tokens"]
+            med[f"prepare_speedup_1_to_{w}_cpu_bound"] = round(one / max(main_w, (all_w - main_w) / w), 3)
         medians[name] = med
         print(name, json.dumps(med), flush=True)
     record = {

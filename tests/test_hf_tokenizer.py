@@ -243,3 +243,16 @@ def test_bad_tokenizer_directories_are_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and err.startswith("jaxnet: error:") and err.count("\n") == 1, err
         assert not out.exists()
+
+
+def test_two_worker_processes_write_the_shards_one_writes(tmp_path, monkeypatch, llama3_dir):
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i}: " + STRINGS[i % 6] * 3}) + "\n" for i in range(40)))
+    monkeypatch.setattr(prep, "TASK_DOCS", 4)  # ten batches, over two processes
+    kw = {"val_fraction": 0.1, "test_fraction": 0.1, "progress": False, "say": lambda _: None}
+    prep.prepare(str(src), f"hf:{llama3_dir}", tmp_path / "one", workers=1, **kw)
+    prep.prepare(str(src), f"hf:{llama3_dir}", tmp_path / "two", workers=2, **kw)
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name

@@ -261,11 +261,12 @@ def prepare(
     bar = _progress_bar(progress)
     started = time.perf_counter()
     total = 0
+    encoder = tokenizers.from_record(tok)
     pool = None
     if workers > 1:  # spawned: the children import the tokenizer, nothing of an accelerator
         ctx = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=tokenizer_base.worker_init, initargs=(tok,))
-    encoder = tokenizers.from_record(tok)
+        init = tokenizer_base.worker_init
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=init, initargs=(encoder,))
     try:
         for batch, (block, sizes) in _in_order(pool, encoder, tasks(), dtype, 2 * workers):
             touched = set()

@@ -172,13 +172,14 @@ def text_only(text: str | bytes, name: str) -> str:
     return text
 
 
-# A worker process of jaxnet prepare: the corpus's tokenizer rebuilt from its record once, then
-# batches of documents encoded. (Threads sharing one process encoded more slowly with two than with
-# one here, tiktoken's included: benchmarks/results/prepare-cpu-*.json.)
+# A worker process of jaxnet prepare: the tokenizer object itself, pickled (a GPT-2 tokenizer with
+# its encoding, so that a worker starts in a fraction of a second), then batches of documents.
+# (Threads sharing one process encoded more slowly with two than with one here, tiktoken's own
+# included: benchmarks/results/prepare-cpu-*.json.)
 _WORKER: Tokenizer | None = None
 
 
-def worker_init(record: Mapping[str, Any]) -> None:
+def worker_init(tokenizer: Tokenizer) -> None:
     """Start a worker process: never an accelerator, no threads of the tokenizer's own (the
     processes are the parallelism), and the corpus's tokenizer."""
     import os
@@ -186,10 +187,8 @@ def worker_init(record: Mapping[str, Any]) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
-    from jaxnet import tokenizers
-
     global _WORKER
-    _WORKER = tokenizers.from_record(record)
+    _WORKER = tokenizer
 
 
 def worker_encode(texts: Sequence[str | bytes], dtype: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -127,6 +127,9 @@ class HF(Tokenizer):
                 return tuple(full[:k]), tuple(full[k + len(plain) :])
         return (), ()
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_strings": None}  # a worker process encodes; it needs no token strings
+
     @property
     def bos_prepended(self) -> bool:
         """Whether each document of a prepared corpus starts with the BOS id."""

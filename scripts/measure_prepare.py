@@ -17,9 +17,11 @@ short
 Besides the wall-clock rates, each prepare records the CPU seconds of this process (reading the
 source and writing the shards; with one worker also the encoding) and of its worker processes:
 on a machine whose cores are busy with other work the wall-clock speed-up from a second worker
-says little, and the CPU seconds give the speed-up idle cores would allow (this process and the
-workers running at once: 1-worker CPU time over the larger of this process's and the workers'
-per-worker CPU time; a bound labelled ``_cpu_bound``, not a measurement of idle cores).
+says little, and the CPU seconds give the speed-up idle cores would allow: the 1-worker CPU time
+over the larger of this process's CPU time and the CPU time of all (``_cpu_bound_N_cores`` with
+N = workers: every process shares those cores) or of the workers alone divided among them
+(N = workers + 1: a core of its own for this process). Bounds computed from CPU seconds, labelled
+so, not measurements of idle cores.
 
 For each corpus and each round, in alternation (the machine is shared and noisy): ``jaxnet
 prepare`` with each worker count (GPT-2's tokenizer, into a fresh directory; its workers are
@@ -192,10 +194,13 @@ def main() -> None:
             med[f"prepare_{w}_main_cpu_s_per_M_tokens"] = round(
                 statistics.median(x["cpu_s"] / x["tokens"] * 1e6 for x in runs_w), 4
             )
-        for w in counts[1:]:  # what the CPU time allows on idle cores: the main process and the workers in parallel
+        for w in counts[1:]:  # what the CPU time allows on idle cores (bounds from the CPU seconds, not measured)
             one = med[f"prepare_{counts[0]}_cpu_s_per_M_tokens"]
             main_w, all_w = med[f"prepare_{w}_main_cpu_s_per_M_tokens"], med[f"prepare_{w}_cpu_s_per_M_tokens"]
-            med[f"prepare_speedup_1_to_{w}_cpu_bound"] = round(one / max(main_w, (all_w - main_w) / w), 3)
+            # w idle cores for everything: no faster than the main process, nor than all the CPU time over w cores
+            med[f"prepare_speedup_1_to_{w}_cpu_bound_{w}_cores"] = round(one / max(main_w, all_w / w), 3)
+            # one more core for the main process: no faster than it, nor than the workers' time over w
+            med[f"prepare_speedup_1_to_{w}_cpu_bound_{w + 1}_cores"] = round(one / max(main_w, (all_w - main_w) / w), 3)
         medians[name] = med
         print(name, json.dumps(med), flush=True)
     record = {

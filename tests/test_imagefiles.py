@@ -276,9 +276,9 @@ def test_corrupt_image_small_image_and_skip_corrupt(tmp_path):
         list(ds.eval_batches(cfg, "train", 8))  # every training image once
     cfg.data.skip_corrupt = True
     ds = load(cfg.data)
-    with pytest.warns(UserWarning, match="skipped 1 unreadable image"):
-        masks = [b["mask"] for b in ds.eval_batches(cfg, "train", 8)]
+    masks = [b["mask"] for b in ds.eval_batches(cfg, "train", 8)]
     assert sum(m.sum() for m in masks) == len(ds.train) - 1 and ds.skipped == 1
+    assert ds.skipped_files == {str(root / "bee" / "3.jpg")}
     assert len(take(ds, cfg, 0, 6)) == 6  # training: the next image stands in for it
     cfg = cfg_for(root, image_size=16)  # larger than the 12x12 images
     cfg.data.skip_corrupt = True
@@ -349,3 +349,91 @@ def test_predict_on_image_files_is_load_predict_and_reproduces_the_test_accuracy
     assert len(test) == 1 and test[0]["step"] == 10
     assert test[0]["accuracy"] == pytest.approx(np.mean(argmax == labels), abs=1e-6)
     assert test[0]["accuracy"] > 0.5  # it learnt something: the check is not one of chance guesses (1/3)
+
+
+def test_a_skipped_image_is_named_once_however_often_it_comes_up(tmp_path, capsys):
+    root = write_splits(tmp_path / "images", sizes={"train": 4, "val": 2, "test": 2})
+    bad = root / "train" / "left" / "1.png"
+    bad.write_bytes(bad.read_bytes()[:60])  # its header reads, its pixels do not
+    run = ["train", *FOLDER_RUN, f"data.path={root}", "data.skip_corrupt=true", "train.batch_size=4",
+           "train.steps=6", "train.eval_every=3", "train.eval_batch_size=4", "optim.warmup_steps=1"]  # fmt: skip
+    assert cli.main([*run, "--workdir", str(tmp_path / "run")]) == 0  # met in the statistics and in training
+    out, err = capsys.readouterr()
+    lines = [line for line in (out + err).splitlines() if "1.png" in line]
+    assert lines == [f"jaxnet: warning: skipping {bad}: not a readable image (data.skip_corrupt=true); 1 file so far"]
+    assert "UserWarning" not in err
+
+
+def test_workers_stopped_by_an_error_leave_no_shared_memory_behind(tmp_path):
+    """A loader of 2 grain workers stopped by an error in one: the process ends with the error
+    alone, no "leaked shared_memory objects" from Python's resource tracker (which grain's
+    in-flight batches used to leave it to clean up and report)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stops.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+import numpy as np
+from jaxnet.data import image_workers
+from jaxnet.errors import UserError
+
+class Work:
+    def __call__(self, k):
+        if k == 5:
+            raise UserError("an unreadable image in batch 5")
+        return {{"image": np.full((64, 32, 32, 3), k, np.uint8), "label": np.arange(64, dtype=np.int32)}}
+
+if __name__ == "__main__":
+    try:
+        for batch in image_workers.run_batches(Work(), 40, workers=2):
+            pass
+    except UserError as e:
+        print("stopped:", e)
+""")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout == "stopped: an unreadable image in batch 5\n", result.stderr
+    assert "leaked" not in result.stderr and "resource_tracker" not in result.stderr, result.stderr
+
+
+def test_predict_on_an_unreadable_image_gives_advice_predict_can_take(folder_run, tmp_path, capsys):
+    run, root = folder_run
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("a.png", "b.png"):
+        (photos / name).write_bytes((root / "test" / "left" / "0.png").read_bytes())
+    (photos / "b.png").write_bytes((photos / "b.png").read_bytes()[:60])
+    assert cli.main(["predict", "--workdir", str(run), "--input", str(photos), "--out", str(tmp_path / "o.npy")]) == 2
+    err = capsys.readouterr().err
+    assert f"{photos / 'b.png'} is not a readable image" in err and err.count("\n") == 1, err
+    assert "skip_corrupt" not in err and "remove it from --input" in err and not (tmp_path / "o.npy").exists()
+
+
+def test_skip_corrupt_skips_an_unreadable_record_of_arrayrecord_shards(tmp_path):
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    root = write_folder(tmp_path / "f", per_class=2)
+    files = sorted(root.rglob("*.png"))
+    shard = tmp_path / "train-00000-of-00001.arrayrecord"
+    writer = ArrayRecordWriter(str(shard), "group_size:1")
+    for k, f in enumerate(files):
+        data = f.read_bytes()
+        writer.write(imagefiles.pack_record(k % 3, f"{f.parent.name}/{f.name}", data[:60] if k == 2 else data))
+    writer.close()
+    source = imagefiles.RecordSource([str(shard)], np.arange(len(files)) % 3)
+    work = imagefiles.BatchWork(source, size=12, channels=1, batch_size=8, rows=slice(None), train=False,
+                                skip_corrupt=True)  # fmt: skip
+    batch = work(0)
+    assert batch["mask"].tolist() == [1, 1, 0, 1, 1, 1, 0, 0]  # six records, the third unreadable, two of padding
+    (name,) = batch["skipped"].tolist()
+    assert name.startswith(f"{files[2].parent.name}/{files[2].name} (record 2 of")
+
+
+def test_a_folder_smaller_than_val_size_says_what_val_size_would_fit(tmp_path, capsys):
+    root = write_folder(tmp_path / "small", per_class=8)  # 24 images, no val/: the default holds out 5,000
+    err = _error(tmp_path, capsys, "data.name=folder", f"data.path={root}")
+    assert err == (
+        "jaxnet: error: data.val_size=5000 leaves no training images (the folder has 24 and no val/ directory); "
+        "hold out fewer, e.g. data.val_size=2 (a tenth), or give a val/ directory"
+    )

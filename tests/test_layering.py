@@ -15,10 +15,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jaxnet"
 
 #: From the bottom up: a module may import its own layer and the layers below it. The model
 #: families stand on jaxnet.models.base alone; the config schema stands on the model registry;
-#: the trainer on everything below it. A module named nowhere here counts as an application
-#: (the top layer but for the command line), like sample, sweep and bench.
+#: the trainer on everything below it. The tokenizers stand on the errors alone, so the config
+#: schema reads their choices. A module named nowhere here counts as an application (the top
+#: layer but for the command line), like sample, sweep and bench.
 LAYERS = [
-    ("jaxnet.errors", "jaxnet._startup", "jaxnet.catalog"),
+    ("jaxnet.errors", "jaxnet._startup", "jaxnet.catalog", "jaxnet.tokenizers"),
     ("jaxnet.models",),
     ("jaxnet.config",),
     (

@@ -321,6 +321,13 @@ def test_language_model_bad_input_is_one_line_exit_2_and_harms_nothing(
     assert tree(tmp_path) == before_all  # no run directory either
 
 
+def test_the_language_models_page_shows_every_experiment_on_text():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "language-models.md").read_text()
+    on_text = [n for n in config.list_experiments() if config.load_experiment(n).data.name in config.TEXT_DATA]
+    assert len(on_text) >= 8
+    assert [n for n in on_text if f"jaxnet train {n} " not in page and f"jaxnet train {n}\n" not in page] == []
+
+
 def test_lm_experiments_are_listed():
     names = config.list_experiments()
     for name in ("lstm_ptb_small", "lstm_ptb_medium", "lstm_shakespeare", "transformer_shakespeare"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,11 +83,13 @@ def test_prepare_writes_llmc_shards_of_each_whole_document_held_out_by_document(
     assert not list(out.glob("*.partial")) and not list(out.glob("prepare-progress*"))
 
 
-def test_prepare_with_two_workers_writes_the_same_bytes(tmp_path):
+@pytest.mark.parametrize("tokenizer", ["gpt2", "char", "byte"])
+def test_prepare_with_two_workers_writes_the_same_bytes(tmp_path, monkeypatch, tokenizer):
     src = corpus_dir(tmp_path)
+    monkeypatch.setattr(prep, "TASK_DOCS", 2)  # many tasks, finishing out of order
     kw = dict(shard_tokens=50, progress=False, say=lambda _: None, val_fraction=0.1, test_fraction=0.1)
-    prep.prepare(str(src), "gpt2", tmp_path / "one", workers=1, **kw)
-    prep.prepare(str(src), "gpt2", tmp_path / "two", workers=2, **kw)
+    prep.prepare(str(src), tokenizer, tmp_path / "one", workers=1, **kw)
+    prep.prepare(str(src), tokenizer, tmp_path / "two", workers=2, **kw)
     files = sorted(p.name for p in (tmp_path / "one").iterdir())
     assert files == sorted(p.name for p in (tmp_path / "two").iterdir())
     for f in files:
@@ -185,3 +188,196 @@ def test_prepare_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("jaxnet: error:") and "\n" not in err, err
     assert not (tmp_path / "o2" / "corpus.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# One text file: cut at paragraph ends
+
+
+def reference_pieces(data: bytes, size: int) -> list[bytes]:
+    """The cutting rule written over the whole file at once: a piece ends after the first blank
+    line at or after ``size`` bytes, else after the first line end, else at ``2 * size`` bytes
+    moved back to the start of a UTF-8 character."""
+    pieces, pos = [], 0
+    while pos < len(data):
+        rest = data[pos:]
+        if len(rest) <= size:
+            end = len(rest)
+        else:
+            blank, line = rest.find(b"\n\n", size - 2), rest.find(b"\n", size - 1)
+            if blank != -1 and blank + 2 <= 2 * size:
+                end = blank + 2
+            elif line != -1 and line + 1 <= 2 * size:
+                end = line + 1
+            elif len(rest) <= 2 * size:
+                end = len(rest)
+            else:
+                end = 2 * size
+                while rest[end] & 0xC0 == 0x80:
+                    end -= 1
+        pieces.append(rest[:end])
+        pos += end
+    return pieces
+
+
+def input_txt(tmp_path, chars=200_000):
+    """nanoGPT's input.txt road: one file of the shipped Shakespeare, paragraphs between speeches."""
+    from jaxnet.data import text
+
+    body = "".join(t for _, t in text.shakespeare_works())[:chars] + "Ünïcödé end 東京.\n"
+    path = tmp_path / "input.txt"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", "byte"])
+def test_one_text_file_is_cut_at_paragraph_ends_and_each_piece_keeps_the_ids_it_has_alone(
+    tmp_path, monkeypatch, tokenizer
+):
+    path = input_txt(tmp_path)
+    from jaxnet.data import sources
+
+    monkeypatch.setattr(sources, "READ_BLOCK", 5000)  # cuts found across the blocks the file is read in
+    kw = dict(cut_bytes=8192, shard_tokens=20_000, progress=False, say=lambda _: None, val_fraction=0.05)
+    m = prep.prepare(str(path), tokenizer, tmp_path / "one", workers=1, **kw)
+    pieces = reference_pieces(path.read_bytes(), 8192)
+    assert b"".join(pieces) == path.read_bytes() and all(p.endswith(b"\n\n") for p in pieces[:-1])
+    assert m["settings"]["cut"]["bytes"] == 8192 and m["settings"]["documents"] == len(pieces) > 20
+    split_of = prep.assign_splits(len(pieces), 0.05, 0.01)
+    for split in ("train", "val", "test"):
+        want = []
+        for s, piece in zip(split_of, pieces, strict=True):
+            if s == split:  # each piece alone: the end-of-text id, then its ids
+                ids = tokenizers.encode(piece.decode()) if tokenizer == "gpt2" else list(piece)
+                want += [m["eot_id"], *ids]
+        np.testing.assert_array_equal(split_stream(tmp_path / "one", split), want)
+        assert m["splits"][split]["documents"] == split_of.count(split)
+    prep.prepare(str(path), tokenizer, tmp_path / "two", workers=2, **kw)  # the pieces spread over workers
+    for f in sorted(p.name for p in (tmp_path / "one").iterdir()):
+        assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
+
+
+def test_a_file_without_line_ends_is_cut_between_characters(tmp_path):
+    from jaxnet.data import sources
+
+    body = ("東京 🙂 é" * 3000).encode()  # multi-byte characters, no line end at all
+    (tmp_path / "long.txt").write_bytes(body)
+    offsets = sources.cut_offsets(tmp_path / "long.txt", 1000)
+    pieces = [body[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    assert pieces == reference_pieces(body, 1000) and b"".join(pieces) == body
+    assert all(len(p) <= 2000 for p in pieces) and "".join(p.decode() for p in pieces) == body.decode()
+
+
+def test_too_little_text_to_cut_is_one_line_naming_the_pieces(tmp_path, capsys):
+    (tmp_path / "small.txt").write_text("a paragraph.\n\nanother one.\n\nand a third.\n")
+    assert cli.main(["prepare", str(tmp_path / "small.txt"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "1 document(s), and cut at paragraph ends into pieces of about 65,536 bytes it gives 1" in err
+    assert err.count("\n") == 1 and not (tmp_path / "o").exists()
+    assert cli.main(["prepare", str(tmp_path / "small.txt"), "--out", str(tmp_path / "o"), "--cut-bytes", "8"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parquet
+
+
+def write_parquet(path, texts, row_group_size=2, compression="snappy", **columns):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": list(range(len(texts))), "text": texts, **columns})
+    pq.write_table(table, path, row_group_size=row_group_size, compression=compression)
+
+
+def test_parquet_files_are_read_row_by_row_in_their_text_column(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    a = [f"row {i}: " + "words and more words. " * (i + 1) for i in range(7)]
+    b = ["Ünïcödé parquet row", "last row"]
+    write_parquet(src / "a.parquet", a, row_group_size=3)
+    write_parquet(src / "b.parquet", b, body=["other column", "x"])
+    with gzip.open(src / "c.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "from jsonl"}) + "\n")
+    out = tmp_path / "out"
+    m = prep.prepare(str(src), "gpt2", out, val_fraction=0.1, test_fraction=0.1, progress=False, say=lambda _: None)
+    texts = [*a, *b, "from jsonl"]
+    assert m["settings"]["documents"] == len(texts) and "cut" not in m["settings"]
+    split_of = prep.assign_splits(len(texts), 0.1, 0.1)
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(split_stream(out, split), expected(split_of, texts, split))
+    write_parquet(src / "b.parquet", ["a", "b", "c"], body=["first body", "second", "third"])
+    m2 = prep.prepare(str(src / "b.parquet"), "byte", tmp_path / "body", text_field="body", progress=False,
+                      say=lambda _: None, val_fraction=0.25, test_fraction=0.25)  # fmt: skip
+    got = np.concatenate([split_stream(tmp_path / "body", s) for s in ("train", "val", "test")])
+    assert sorted(bytes(got[got != 256].astype(np.uint8)).decode()) == sorted("first bodysecondthird")
+    assert m2["settings"]["text_field"] == "body" and (got == 256).sum() == 3
+
+
+def test_bad_parquet_is_one_line_and_exit_2(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write_parquet(tmp_path / "ok.parquet", ["a", "b", "c", "d"])
+    pq.write_table(pa.table({"text": [1, 2, 3, 4]}), tmp_path / "numbers.parquet")
+    pq.write_table(pa.table({"text": ["a", None, "c", "d"]}), tmp_path / "holes.parquet")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    cases = {
+        (str(tmp_path / "ok.parquet"), "--text-field", "body"): "has no column 'body' (its columns: id, text)",
+        (str(tmp_path / "numbers.parquet"),): "column 'text' holds int64, not text",
+        (str(tmp_path / "holes.parquet"),): "row group 0 has 1 row(s) with no text in column 'text'",
+        (str(tmp_path / "junk.parquet"),): "cannot read",
+    }
+    for i, (args, message) in enumerate(cases.items()):
+        out = tmp_path / f"o{i}"
+        assert cli.main(["prepare", *args, "--out", str(out), "--val-fraction", "0.25", "--test-fraction", "0.25"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.startswith("jaxnet: error:") and err.count("\n") == 1, err
+        assert not (out / "corpus.json").exists()
+
+
+def test_reading_parquet_holds_a_row_group_not_the_file(tmp_path):
+    """Arrow's memory pool in a fresh process that reads every row of a file of 40 row groups,
+    then of one 4 times as long: its peak does not grow with the file."""
+    import subprocess
+    import sys
+
+    texts = [f"row {i} " + "x" * 20_000 for i in range(400)]
+    write_parquet(tmp_path / "one.parquet", texts, row_group_size=10, compression="none")
+    write_parquet(tmp_path / "four.parquet", texts * 4, row_group_size=10, compression="none")
+    script = f"""
+import os, pyarrow as pa
+from jaxnet.data.sources import Source
+for name in ("one", "four"):
+    n = sum(len(t) for t in Source("{tmp_path}/" + name + ".parquet").texts(0))
+    print(n, os.path.getsize("{tmp_path}/" + name + ".parquet"), pa.default_memory_pool().max_memory())
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (chars1, size1, peak1), (chars4, size4, peak4) = (map(int, line.split()) for line in result.stdout.splitlines())
+    assert chars1 == sum(map(len, texts)) and chars4 == 4 * chars1 and size1 > 8_000_000
+    assert peak4 <= 1.25 * peak1 and peak1 < size1 / 4, (peak1, peak4, size1)
+
+
+def test_a_script_without_a_main_guard_gets_one_line_about_the_spawned_workers(tmp_path):
+    """Spawned workers import the script that started them: without ``if __name__ == "__main__":``
+    each would start a prepare of its own, and Python stops them; the script gets one line."""
+    import subprocess
+    import sys
+
+    corpus_dir(tmp_path)
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from jaxnet.data import prepare
+from jaxnet.errors import UserError
+try:
+    prepare.prepare({str(tmp_path / 'src')!r}, "byte", {str(tmp_path / 'out')!r}, workers=2, progress=False,
+                    val_fraction=0.1, test_fraction=0.1)
+except UserError as e:
+    print("ERROR", e)
+""")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("ERROR a jaxnet prepare worker process died") and "__main__" in last, result.stdout
+    assert not (tmp_path / "out" / "corpus.json").exists()

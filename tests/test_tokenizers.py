@@ -1,5 +1,6 @@
-"""GPT-2's tokenizer (jaxnet.data.tokenizers) against a plain-Python byte-level BPE over the same
-vocab.bpe / encoder.json, and against token ids known from GPT-2's own release."""
+"""GPT-2's tokenizer (jaxnet.tokenizers.gpt2) against a plain-Python byte-level BPE over the same
+vocab.bpe / encoder.json, and against token ids known from GPT-2's own release; the one tokenizer
+interface and its registry (jaxnet.tokenizers) against plain Python and tiktoken."""
 
 import json
 
@@ -7,7 +8,9 @@ import numpy as np
 import pytest
 import regex
 
-from jaxnet.data import text, tokenizers
+from jaxnet.data import text
+from jaxnet.errors import UserError
+from jaxnet.tokenizers import gpt2 as tokenizers
 
 # GPT-2's pre-tokenization pattern as its release (encoder.py) writes it.
 PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
@@ -109,3 +112,77 @@ def test_data_tokenizer_gpt2_splits_a_text_file_and_decodes_it(tmp_path):
     assert ds.decode(ds.train[:9]) == "The quick brown fox jumps over the lazy dog"
     np.testing.assert_array_equal(ds.encode("Hello world"), [15496, 995])
     assert "perplexity" in ds.extra_metrics(1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The one interface
+
+
+def test_each_tokenizer_encodes_documents_as_plain_python_and_tiktoken_do():
+    import tiktoken  # noqa: F401 - the reference below is tiktoken's own batch encoder
+
+    from jaxnet import tokenizers as registry
+
+    docs = ["Hello world", "Ünïcödé café — 東京 🙂\n\nnext", "<|endoftext|> is text here", "", "a\ud800b"]
+    enc = tokenizers.gpt2_encoding()
+    ours = registry.get("gpt2").encode_batch(docs, np.uint16)
+    assert [a.tolist() for a in ours] == enc.encode_ordinary_batch(docs) and ours[0].dtype == np.uint16
+    char = registry.get("char").fit(docs[:3])
+    chars = sorted(set("".join(docs[:3])))
+    assert char.corpus_vocab() == [*chars, "<|endoftext|>"] and char.before == (len(chars),)
+    assert [a.tolist() for a in char.encode_batch(docs[:3])] == [[chars.index(c) for c in d] for d in docs[:3]]
+    byte = registry.get("byte")
+    assert [a.tolist() for a in byte.encode_batch(docs[:2])] == [list(d.encode()) for d in docs[:2]]
+    with pytest.raises(UserError, match="not in this"):
+        char.encode_batch(["z"])
+
+
+def test_the_choices_are_written_once_and_the_schema_and_the_command_line_read_them(capsys):
+    import dataclasses
+
+    from jaxnet import cli, config
+    from jaxnet import tokenizers as registry
+
+    assert registry.CHOICES == ("char", "word", "byte", "gpt2", "hf:DIR")
+    assert registry.PREPARE_CHOICES == ("char", "byte", "gpt2", "hf:DIR")  # words are learned in memory only
+    field = {f.name: f for f in dataclasses.fields(config.DataConfig)}["tokenizer"]
+    assert field.metadata["choices"] == ("", *registry.CHOICES)
+    for good in ("gpt2", "hf:checkpoints/llama", ""):
+        config.apply_overrides(config.load_experiment("transformer_shakespeare:smoke"), [f"data.tokenizer={good}"])
+    for bad in ("hf:", "hf", "sentencepiece", "gpt2:x"):
+        with pytest.raises(UserError, match="is not one of: , char, word, byte, gpt2, hf:DIR"):
+            smoke = config.load_experiment("transformer_shakespeare:smoke")
+            config.validate(config.apply_overrides(smoke, [f"data.tokenizer={bad}"]))
+    assert cli.main(["prepare", "shakespeare", "--tokenizer", "word", "--out", "/nonexistent/x"]) == 2
+    err = capsys.readouterr().err
+    assert "--tokenizer='word' is not one of: char, byte, gpt2, hf:DIR" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        cli.main(["prepare", "--help"])
+    assert "char, byte, gpt2, hf:DIR" in capsys.readouterr().out.replace("\n", " ").replace("  ", " ")
+
+
+def test_no_module_outside_the_tokenizers_tests_a_tokenizer_by_name():
+    """Tokenizer-specific behaviour lives in jaxnet/tokenizers: nowhere else is a tokenizer's name
+    compared (``x == "gpt2"``, ``x in ("word", ...)``) or used as a key of behaviour."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "jaxnet"
+    names = {"char", "word", "byte", "gpt2"}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "tokenizers" in path.relative_to(root).parts[:1]:
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                groups = [c for c in node.comparators if isinstance(c, ast.Tuple | ast.Set | ast.List)]
+                operands += [e for c in groups for e in c.elts]
+                named = any(isinstance(c, ast.Constant) and c.value in names for c in operands)
+                if named and "tokenizer" in (ast.get_source_segment(source, node) or ""):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+            keys = [k for k in getattr(node, "keys", ()) if isinstance(k, ast.Constant) and k.value in names]
+            if isinstance(node, ast.Dict) and len(keys) > 1:
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == []

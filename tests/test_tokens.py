@@ -146,7 +146,7 @@ def test_bad_corpora_are_one_line_with_exit_2_and_nothing_written(tmp_path, caps
     }  # fmt: skip
     (cut / "corpus.json").write_text(json.dumps(manifest))
     cases = {
-        "beyond the vocabulary": [f"data.path={small}", "data.vocab_size=0"],
+        "beyond the 20 ids of its tokenizer": [f"data.path={small}", "data.vocab_size=0"],
         "corpus.json says 90": [f"data.path={cut}"],
         "smaller than the vocabulary": [f"data.path={d}", "data.vocab_size=1000"],
         "no corpus.json": [f"data.path={tmp_path}"],
@@ -208,3 +208,95 @@ def test_windows_read_rows_across_shards_with_few_files_open(tmp_path, monkeypat
     assert len(t._fds) <= 2
     with pytest.raises(IndexError):
         t.windows(np.array([len(whole) - 5]), 6)
+
+
+def _tree(path):
+    """Every file under ``path`` with its size and modification time (what a refusal must not change)."""
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*"))} if path.exists() else None
+
+
+def test_a_given_data_path_that_is_not_a_corpus_is_one_line_exit_2_and_nothing_is_prepared(tmp_path, capsys):
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "prepare-progress.json").write_text(json.dumps({"settings": {"source": "other"}}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = {
+        "missing": ([f"data.path={tmp_path / 'no-such-corpus'}"], "does not exist"),
+        "missing, nanogpt": ([f"data.path={tmp_path / 'no-such-nanogpt'}", "data.format=nanogpt"], "does not exist"),
+        "not a corpus, nanogpt": ([f"data.path={empty}", "data.format=nanogpt"], "train.bin is missing"),
+        "unfinished": ([f"data.path={unfinished}"], "unfinished jaxnet prepare"),
+    }
+    for i, (overrides, message) in enumerate(cases.values()):
+        before = {p: _tree(p) for p in (tmp_path / "no-such-corpus", tmp_path / "no-such-nanogpt", empty, unfinished)}
+        work = tmp_path / f"run{i}"
+        assert cli.main(["train", "gpt2_shakespeare:smoke", *overrides, "--workdir", str(work)]) == 2
+        out, err = capsys.readouterr()
+        assert message in err and err.startswith("jaxnet: error:") and err.count("\n") == 1, err
+        assert "preparing" not in out + err
+        assert {p: _tree(p) for p in before} == before and not work.exists()
+
+
+def test_only_the_experiments_own_default_corpus_is_prepared_on_first_use_and_it_says_so(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        (src / f"doc{i}.txt").write_text(f"document {i}: " + "some words. " * 20)
+    monkeypatch.chdir(tmp_path)
+    said = []
+    cfg = DataConfig(name="tokens", path="corpora/mine")
+    ds = tokens.load_or_prepare(cfg, str(src), "byte", say=said.append, default="corpora/mine")
+    assert said[0] == f"preparing {src} with the byte tokenizer into corpora/mine (once: the experiment's default)"
+    assert (tmp_path / "corpora/mine/corpus.json").is_file() and len(ds.train) > 100
+    said.clear()
+    tokens.load_or_prepare(cfg, str(src), "byte", say=said.append, default="corpora/mine")
+    assert said == []  # ready: loaded as it is
+    with pytest.raises(UserError, match="does not exist"):
+        other = DataConfig(name="tokens", path="corpora/other")
+        tokens.load_or_prepare(other, str(src), "byte", default="corpora/mine")
+    assert not (tmp_path / "corpora/other").exists()
+
+
+def test_with_several_processes_process_0_alone_prepares_and_the_others_wait_for_its_corpus_json(tmp_path, monkeypatch):
+    import threading
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        (src / f"doc{i}.txt").write_text(f"document {i}: " + "some words. " * 20)
+    out = tmp_path / "corpora/mine"
+    prepared = []
+    real_prepare = tokens.prepare_lib.prepare
+    monkeypatch.setattr(tokens.prepare_lib, "prepare", lambda *a, **k: prepared.append(a) or real_prepare(*a, **k))
+    monkeypatch.setattr(tokens, "_process", lambda: (1, 2))
+    monkeypatch.setattr(tokens, "WAIT_POLL_S", 0.01)
+    said = []
+    later = threading.Timer(0.3, lambda: real_prepare(str(src), "byte", out, workers=1, progress=False, say=print))
+    later.start()  # process 0, elsewhere
+    cfg = DataConfig(name="tokens", path=str(out))
+    ds = tokens.load_or_prepare(cfg, str(src), "byte", say=said.append, default=str(out))
+    later.join()
+    assert prepared == [] and len(ds.train) > 100
+    assert said == [f"waiting for process 0 to prepare {src} into {out}"]
+
+
+def test_ids_beyond_the_tokenizers_vocabulary_are_a_damaged_file_even_within_a_padded_vocabulary(tmp_path, capsys):
+    for i, largest in enumerate((50300, 60000)):  # GPT-2 ids (no meta.pkl) padded to 50,304, and beyond that
+        d = tmp_path / f"nano{i}"
+        d.mkdir()
+        np.asarray([*range(100), largest], np.uint16).tofile(d / "train.bin")
+        np.arange(50, dtype=np.uint16).tofile(d / "val.bin")
+        with pytest.raises(UserError) as e:
+            tokens.load(cfg_for(d, vocab_size=50304).data)
+        assert str(e.value) == (
+            f"the train split of nano{i} holds token id {largest}, beyond the 50,257 ids of its tokenizer (gpt2): "
+            f"{d / 'train.bin'} is damaged or was written with another tokenizer"
+        )
+    chars = tmp_path / "chars"
+    chars.mkdir()
+    np.asarray([0, 1, 2, 25], np.uint16).tofile(chars / "train.bin")
+    np.arange(3, dtype=np.uint16).tofile(chars / "val.bin")
+    with open(chars / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 20, "itos": {i: chr(65 + i) for i in range(20)}}, f)
+    with pytest.raises(UserError, match="holds token id 25, beyond the 20 ids of its tokenizer"):
+        tokens.load(cfg_for(chars, vocab_size=32).data)

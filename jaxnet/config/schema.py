@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from jaxnet import tokenizers
 from jaxnet.errors import UserError
 from jaxnet.models import base as model_base
 from jaxnet.models.base import Checked, ModelConfig, field, leaves, model_config, model_keys
@@ -71,8 +72,8 @@ class DataConfig(Checked):
     tokenizer: str = field(
         "",
         "text tokenizer ('' = the dataset's own: word for ptb, char for shakespeare and text; gpt2 = GPT-2's "
-        "byte-level BPE, 50,257 tokens)",
-        choices=("", "char", "word", "byte", "gpt2"),
+        "byte-level BPE, 50,257 tokens; hf:DIR = the tokenizer.json of a Hugging Face checkpoint directory)",
+        choices=("", *tokenizers.CHOICES),
     )
     seq_len: int = field(0, "language models: tokens per sequence (BPTT length or context)", low=0)
     batching: str = field(
@@ -368,7 +369,7 @@ def settings_in_effect(
     if not cfg.task and cfg.data.name in TEXT_DATA + IMAGE_DATA:
         out["task"] = "lm" if text else "classification"
     if text and not cfg.data.tokenizer and cfg.data.name != "tokens":  # a corpus says its own
-        out["data.tokenizer"] = "word" if cfg.data.name == "ptb" else "char"
+        out["data.tokenizer"] = default_tokenizer(cfg.data.name)
     if text and not cfg.data.batching:
         out["data.batching"] = batching(cfg)
     for axis, size in (mesh_sizes or {}).items():
@@ -387,7 +388,7 @@ def check_field(key: str, value: Any, f: dataclasses.Field) -> None:
         unknown = [v for v in value if v not in choices]
         if unknown:
             raise UserError(f"{key}={_show(value)}: {unknown[0]!r} is not one of: {', '.join(choices)}")
-    elif choices and value not in choices:
+    elif choices and value not in choices and not _takes_argument(value, choices):
         raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}")
     every = ": every entry " if isinstance(value, tuple) else " "
     for v in value if isinstance(value, tuple) else (value,):
@@ -397,6 +398,21 @@ def check_field(key: str, value: Any, f: dataclasses.Field) -> None:
             raise UserError(f"{key}={_show(value)}{every}must be >= {low}")
         if high is not None and v > high:
             raise UserError(f"{key}={_show(value)}{every}must be <= {high}")
+
+
+def _takes_argument(value: Any, choices: tuple) -> bool:
+    """Whether ``value`` is a choice spelled ``KIND:ARG`` in ``choices`` (``hf:DIR``) with its argument."""
+    kind, colon, argument = str(value).partition(":")
+    return bool(colon and argument) and any(str(c).startswith(f"{kind}:") for c in choices)
+
+
+def default_tokenizer(dataset: str) -> str:
+    """The tokenizer of a text dataset when ``data.tokenizer`` is left empty: ``word`` for PTB, else ``char``.
+
+    >>> default_tokenizer("ptb"), default_tokenizer("shakespeare")
+    ('word', 'char')
+    """
+    return "word" if dataset == "ptb" else "char"
 
 
 def _as_typed(value: Any) -> str:

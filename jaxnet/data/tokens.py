@@ -25,18 +25,21 @@ fixed-shape batches, a batch at a time.
 
 from __future__ import annotations
 
+import os
 import pickle
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxnet import tokenizers
 from jaxnet.config import batching
 from jaxnet.data import prepare as prepare_lib
 from jaxnet.data import shards as shards_lib
 from jaxnet.data import text as text_lib
-from jaxnet.data import tokenizers
 from jaxnet.errors import UserError
 
 SPLITS = ("train", "val", "test")
@@ -57,9 +60,11 @@ class TokenDataset(text_lib.TextDataset):
         name: str,
         max_ids: dict[str, int | None] | None = None,
         notes: str = "",
+        record: dict[str, Any] | None = None,
     ):
         self.train, self.val, self.test = (splits[s] for s in SPLITS)
         self.vocab, self.tokenizer, self.name, self.notes = vocab, tokenizer, name, notes
+        self.record = dict(record) if record is not None else {"name": tokenizer, "vocab_size": len(vocab)}
         if len(set(vocab)) != len(vocab):
             raise UserError(f"the vocabulary of {name} has repeated tokens")
         self.index = {t: i for i, t in enumerate(vocab)}
@@ -69,11 +74,20 @@ class TokenDataset(text_lib.TextDataset):
             known = (max_ids or {}).get(split)
             tokens = getattr(self, split)
             largest = known if known is not None or not len(tokens) else tokens.max_id()
-            if largest is not None and largest >= len(vocab):
+            ids = int(self.record.get("vocab_size") or len(vocab))
+            if largest is not None and largest >= ids:  # padding ids (data.vocab_size) are never in the data
+                files = tokens.shards
+                where = files[0].path if len(files) == 1 else f"a {split} shard of {name}"
                 raise UserError(
-                    f"the {split} split of {name} holds token id {largest}, beyond the vocabulary of {len(vocab):,}; "
-                    "set data.vocab_size to at least the corpus's vocabulary"
+                    f"the {split} split of {name} holds token id {largest}, beyond the {ids:,} ids of its tokenizer "
+                    f"({self.record.get('name', tokenizer)}): {where} is damaged or was written with another tokenizer"
                 )
+
+    @property
+    def tokenizer_record(self) -> dict[str, Any]:
+        """The corpus's tokenizer as ``corpus.json`` records it (unpadded: the ids the data can
+        hold), for :func:`jaxnet.tokenizers.check_fits`."""
+        return dict(self.record)
 
     def describe(self) -> str:
         """One line for the run's first message."""
@@ -201,6 +215,12 @@ def load(cfg: Any) -> TokenDataset:
     if not cfg.path:
         raise UserError("data.name=tokens needs data.path=DIR, a directory made by jaxnet prepare (or nanoGPT, llm.c)")
     path = Path(cfg.path)
+    if not path.exists():
+        where = "" if path.is_absolute() else f" (relative to {os.getcwd()})"
+        raise UserError(
+            f"data.path={cfg.path} does not exist{where}; prepare a corpus there first "
+            f"(jaxnet prepare SOURCE --out {cfg.path}) or give the directory of one"
+        )
     if not path.is_dir():
         raise UserError(f"data.path={cfg.path} is not a directory; give the --out DIR of jaxnet prepare")
     fmt = cfg.format or detect_format(path)
@@ -222,7 +242,7 @@ def load(cfg: Any) -> TokenDataset:
             max_ids[s] = entry["max_id"]
         tok = manifest["tokenizer"]
         vocab = _padded(prepare_lib.corpus_vocab(tok), cfg.vocab_size, name)
-        return TokenDataset(splits, vocab, tok["name"], name, max_ids)
+        return TokenDataset(splits, vocab, tok["name"], name, max_ids, record=tok)
     if fmt == "nanogpt":
         files = {s: path / f"{s}.bin" for s in ("train", "val")}
         for f in files.values():
@@ -233,10 +253,12 @@ def load(cfg: Any) -> TokenDataset:
         meta = path / "meta.pkl"
         if meta.is_file():
             vocab, tokenizer = _nanogpt_meta(meta)
+            record = {"name": tokenizer, "vocab_size": len(vocab), "vocab": vocab}
         else:
-            vocab, tokenizer = list(tokenizers.gpt2_vocab()), "gpt2"
+            record = tokenizers.get("gpt2").record()
+            vocab, tokenizer = tokenizers.get("gpt2").corpus_vocab(), "gpt2"
         vocab = _padded(vocab, cfg.vocab_size, name)
-        return TokenDataset(splits, vocab, tokenizer, name, notes="; no test split (nanoGPT has none)")
+        return TokenDataset(splits, vocab, tokenizer, name, notes="; no test split (nanoGPT has none)", record=record)
     if fmt == "llmc":
         splits = {}
         for s in ("train", "val"):
@@ -245,8 +267,10 @@ def load(cfg: Any) -> TokenDataset:
                 raise UserError(f"{path} has no llm.c {s} shards (*_{s}_*.bin)")
             splits[s] = shards_lib.ShardedTokens([shards_lib.open_shard(f) for f in files])
         splits["test"] = shards_lib.ShardedTokens([])
-        vocab = _padded(list(tokenizers.gpt2_vocab()), cfg.vocab_size, name)
-        return TokenDataset(splits, vocab, "gpt2", name, notes="; no test split (llm.c shards have none)")
+        gpt2 = tokenizers.get("gpt2")
+        vocab = _padded(gpt2.corpus_vocab(), cfg.vocab_size, name)
+        notes = "; no test split (llm.c shards have none)"
+        return TokenDataset(splits, vocab, "gpt2", name, notes=notes, record=gpt2.record())
     raise UserError(f"data.format={fmt}: choose jaxnet, nanogpt or llmc")
 
 
@@ -263,14 +287,48 @@ def _nanogpt_meta(path: Path) -> tuple[list[str], str]:
     return vocab, "char"
 
 
-def load_or_prepare(cfg: Any, source: str, tokenizer: str = "gpt2", say: Any = print) -> TokenDataset:
-    """:func:`load` the corpus at ``cfg.path``; if that directory does not exist yet, first
-    ``jaxnet prepare`` ``source`` into it (an experiment's default corpus, ready on first use).
+def default_corpus(source: str, tokenizer: str) -> str:
+    """Where an experiment keeps ``source`` prepared with ``tokenizer`` unless told otherwise.
+
+    >>> default_corpus("shakespeare", "gpt2")
+    'corpora/shakespeare-gpt2'
+    """
+    return f"corpora/{source}-{tokenizer}"
+
+
+WAIT_POLL_S = 1.0  # how often a process other than 0 looks for the corpus process 0 prepares
+
+
+def _process() -> tuple[int, int]:
+    """This process's index and the number of processes of the run (0, 1 before JAX is loaded)."""
+    if "jax" not in sys.modules:
+        return 0, 1
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def load_or_prepare(
+    cfg: Any, source: str, tokenizer: str = "gpt2", say: Any = print, default: str | None = None
+) -> TokenDataset:
+    """:func:`load` the corpus at ``cfg.path``. Only the experiment's own default corpus
+    (``default``, :func:`default_corpus` of ``source`` and ``tokenizer`` unless given) is prepared
+    on first use, from ``source``, by process 0 alone while the others wait for its
+    ``corpus.json``; any other ``data.path`` must already be a corpus, or it is a one-line error
+    and nothing is written.
 
     >>> ds = load_or_prepare(cfg.data, "shakespeare")    # doctest: +SKIP
     """
+    default = default_corpus(source, tokenizer) if default is None else default
     path = Path(cfg.path)
-    if cfg.path and not path.exists() or sorted(path.glob("prepare-progress*.json")):
-        say(f"preparing {source} with the {tokenizer} tokenizer into {path} (once)")
-        prepare_lib.prepare(source, tokenizer, path, workers=1, progress=False, say=say)
+    ours = bool(cfg.path) and os.path.normpath(cfg.path) == os.path.normpath(default) and cfg.format in ("", "jaxnet")
+    if ours and not (path / "corpus.json").is_file():
+        index, _ = _process()
+        if index == 0:
+            say(f"preparing {source} with the {tokenizer} tokenizer into {path} (once: the experiment's default)")
+            prepare_lib.prepare(source, tokenizer, path, workers=1, progress=False, say=say)
+        else:  # the directory is on a filesystem every process sees, as a run directory is
+            say(f"waiting for process 0 to prepare {source} into {path}")
+            while not (path / "corpus.json").is_file():
+                time.sleep(WAIT_POLL_S)
     return load(cfg)

@@ -79,8 +79,9 @@ def headline_metric(cfg: config_lib.Config) -> str:
     text), ``bpc`` (characters), ``bits_per_byte`` (bytes) or ``accuracy`` (images)."""
     if cfg.data.name not in ("ptb", "shakespeare", "text"):
         return "accuracy"
-    tokenizer = cfg.data.tokenizer or ("word" if cfg.data.name == "ptb" else "char")
-    return {"word": "perplexity", "gpt2": "perplexity", "byte": "bits_per_byte"}.get(tokenizer, "bpc")
+    from jaxnet import tokenizers
+
+    return tokenizers.kind_of(cfg.data.tokenizer or config_lib.default_tokenizer(cfg.data.name)).metric
 
 
 def higher_is_better(metric: str) -> bool:

@@ -13,29 +13,16 @@ import json
 
 import numpy as np
 import pytest
+from chat_corpora import CHATML, CHATML_PLAIN, CHATML_SPECIAL, bpe
 
 from jaxnet import tokenizers
 from jaxnet.errors import UserError
 from jaxnet.tokenizers import chat
 
 transformers = pytest.importorskip("transformers", reason="the reference extra (transformers) is not installed")
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
-TEXT = (
-    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and arrows "
-    "of outrageous fortune, or to take arms against a sea of troubles. Hello, how are you? I am fine, thank you. "
-    "What is the weather like today? It is sunny and warm. Grüße aus München, 東京 と 北京. "
-) * 20
-
-CHATML_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
-CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{{ '\\n' }}{% else %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 # Llama 3's own template (as its checkpoints ship it), and the same with the assistant's text marked.
 LLAMA3 = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
@@ -44,7 +31,8 @@ LLAMA3 = (
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
 LLAMA3_MARKED = (
-    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
     "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}"
     "{% endgeneration %}{% else %}{{ message['content'] | trim + '<|eot_id|>' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
@@ -77,17 +65,6 @@ CONVERSATIONS = [
 ]
 
 
-def bpe(special: list[str]) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator([TEXT], trainer)
-    return tok
-
-
 def save(directory, special: list[str], template: str | None, **tokens) -> None:
     """A checkpoint's tokenizer files as transformers writes them (chat_template.jinja for a template)."""
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe(special), chat_template=template, **tokens)
@@ -101,8 +78,7 @@ def dirs(tmp_path_factory):
     made = {}
     for name, special, template, tokens in (
         ("chatml", CHATML_SPECIAL, CHATML, {"eos_token": "<|im_end|>"}),
-        ("chatml_plain", CHATML_SPECIAL, CHATML.replace("{% generation %}", "").replace("{% endgeneration %}", ""), {
-            "eos_token": "<|im_end|>"}),
+        ("chatml_plain", CHATML_SPECIAL, CHATML_PLAIN, {"eos_token": "<|im_end|>"}),
         ("llama3", LLAMA_SPECIAL, LLAMA3_MARKED, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
         ("llama3_plain", LLAMA_SPECIAL, LLAMA3, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
         ("features", CHATML_SPECIAL, FEATURES, {"eos_token": "<|im_end|>"}),

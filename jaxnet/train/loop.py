@@ -239,6 +239,7 @@ class Run:
         the abstract train state with the parameters' logical-axis boxes on."""
         tasks.check_inputs(self.task, self.sample)
         inputs = self.task.model_inputs(self.sample)
+        keywords = self.task.model_keywords(self.sample)
         name = self.model.name
 
         def apply(state: state_lib.TrainState) -> Any:
@@ -247,7 +248,7 @@ class Run:
             # shard_map around it; its outputs have the same shapes in evaluation mode.
             train = not self.replicas
             rngs = {"dropout": jax.random.PRNGKey(0)}
-            return self.model.apply(variables, *inputs, train=train, rngs=rngs, mutable=True)[0]
+            return self.model.apply(variables, *inputs, **keywords, train=train, rngs=rngs, mutable=True)[0]
 
         try:
             boxed = jax.eval_shape(lambda: self._create_state(unbox=False))
@@ -257,9 +258,12 @@ class Run:
         except Exception as e:
             shapes = ", ".join(f"{k} {np.asarray(v).dtype}{list(np.shape(v))}" for k, v in self.sample.items())
             message = (str(e).strip().splitlines() or [""])[0]
+            named = "".join(f", {k}=" for k in keywords)
+            packed = " (rows of packed examples: the model is given their segments and positions)" if keywords else ""
             raise UserError(
-                f"model {name} failed on a batch of ({shapes}) fed as {', '.join(self.task.inputs)}: "
-                f"{type(e).__name__}: {message}; check the model's __call__(inputs, train=...) and the task's inputs"
+                f"model {name} failed on a batch of ({shapes}) fed as {', '.join(self.task.inputs)}{named}: "
+                f"{type(e).__name__}: {message}; check the model's __call__(inputs{named}, train=...) and the task's "
+                f"inputs{packed}"
             ) from None
         tasks.check(self.task, name, outputs, self.sample)
         tasks.check_labels(self.task, name, outputs, self.sample, self.dataset)
@@ -290,8 +294,11 @@ class Run:
 
     def _create_state(self, unbox: bool = True, seed: Any = None, init: dict | None = None) -> state_lib.TrainState:
         inputs = tuple(jnp.asarray(x) for x in self.task.model_inputs(self.sample))
+        keywords = {k: jnp.asarray(v) for k, v in self.task.model_keywords(self.sample).items()}
         seed = self.cfg.seed if seed is None else seed
-        return state_lib.create(self.model, self.tx, inputs, seed, unbox=unbox, init=init, **workers_of(self.cfg))
+        return state_lib.create(
+            self.model, self.tx, inputs, seed, unbox=unbox, init=init, keywords=keywords, **workers_of(self.cfg)
+        )
 
     def init_state(self, init: dict | None = None) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh; ``init`` (from

@@ -331,6 +331,7 @@ def prepare_chat(
                 "command again to finish it, or use a fresh --out"
             )
         say(f"continuing the prepare in {out}")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     dtype = shards_lib.token_dtype(tok.vocab_size)
 
@@ -424,6 +425,8 @@ def prepare_chat(
         for f in written:
             f.unlink(missing_ok=True)
         progress_path.unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
         raise UserError(
             f"{template.origin} marks no token of the training conversations as the assistant's: nothing would be "
             "trained; check that the conversations have the assistant's replies, or give a template with "

@@ -119,7 +119,8 @@ def test_a_packed_rows_loss_and_gradients_are_the_sum_of_each_example_alone(vari
     params = model.init(jax.random.PRNGKey(1), jnp.zeros((1, 24), jnp.int32))["params"]
 
     def packed(params):
-        logits = model.apply({"params": params}, batch["tokens"], segments=batch["segments"], positions=batch["positions"])
+        rows = {"segments": batch["segments"], "positions": batch["positions"]}
+        logits = model.apply({"params": params}, batch["tokens"], **rows)
         return summed_loss(logits, batch["targets"], batch["mask"])
 
     # each example alone: a row of its own from position 0, what follows it (causal) not counted
@@ -170,8 +171,13 @@ def test_the_lm_task_gives_a_packed_rows_segments_and_positions_to_the_model_by_
             assert segments is not None and positions is not None
             return jax.nn.one_hot(positions, 8) + 0 * self.param("w", nn.initializers.zeros, ())
 
-    batch = {"tokens": np.zeros((1, 4), np.int32), "segments": np.ones((1, 4), np.int32),
-             "positions": np.array([[0, 1, 0, 1]]), "targets": np.array([[0, 1, 0, 1]]), "mask": np.ones((1, 4))}  # fmt: skip
+    batch = {
+        "tokens": np.zeros((1, 4), np.int32),
+        "segments": np.ones((1, 4), np.int32),
+        "positions": np.array([[0, 1, 0, 1]]),
+        "targets": np.array([[0, 1, 0, 1]]),
+        "mask": np.ones((1, 4)),
+    }
     task = tasks.lm()
     assert task.model_keywords(batch).keys() == {"segments", "positions"}
     variables = Echo().init(jax.random.PRNGKey(0), *task.model_inputs(batch), **task.model_keywords(batch))

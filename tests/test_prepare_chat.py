@@ -33,8 +33,10 @@ def made(tmp_path_factory) -> dict[str, Path]:
         "test": write_jsonl(root / "test.jsonl", conversations(8, seed=2)),
     }
     paths["corpus"] = root / "corpus"
-    args = ["prepare", "chat", str(paths["train"]), "--tokenizer", f"hf:{paths['plain']}", "--out", str(paths["corpus"])]
-    assert cli.main([*args, "--val", str(paths["val"]), "--test", str(paths["test"]), "--quiet", "--seq-lens", "64,128"]) == 0
+    args = ["prepare", "chat", str(paths["train"]), "--tokenizer", f"hf:{paths['plain']}", "--out",
+            str(paths["corpus"]), "--val", str(paths["val"]), "--test", str(paths["test"]), "--quiet",
+            "--seq-lens", "64,128"]  # fmt: skip
+    assert cli.main(args) == 0
     return paths
 
 
@@ -46,7 +48,8 @@ def stored(corpus: Path, split: str) -> list[tuple[list[int], list[int]]]:
         ids = shards.ShardedTokens([shards.open_shard(corpus / x["file"])])[:]
         mask = np.fromfile(corpus / x["mask"]["file"], np.uint8)
         ends = np.cumsum(np.fromfile(corpus / x["lengths"]["file"], "<u4"))
-        out += [(a.tolist(), m.tolist()) for a, m in zip(np.split(ids, ends[:-1]), np.split(mask, ends[:-1]), strict=True)]
+        pairs = zip(np.split(ids, ends[:-1]), np.split(mask, ends[:-1]), strict=True)
+        out += [(a.tolist(), m.tolist()) for a, m in pairs]
     return out
 
 
@@ -136,8 +139,9 @@ def test_prompt_completion_rows_and_parquet_files(tmp_path, made):
     pq.write_table(table, tmp_path / "chats.parquet", row_group_size=4)
     write_jsonl(tmp_path / "pc.jsonl", rows)
     out = tmp_path / "out"
-    m = chat.prepare_chat([str(tmp_path / "chats.parquet"), str(tmp_path / "pc.jsonl")], f"hf:{made['plain']}", out,
-                          val=str(made["val"]), test=str(made["test"]), progress=False, say=lambda *_: None)  # fmt: skip
+    files = [str(tmp_path / "chats.parquet"), str(tmp_path / "pc.jsonl")]
+    quiet = dict(progress=False, say=lambda *_: None)
+    m = chat.prepare_chat(files, f"hf:{made['plain']}", out, val=str(made["val"]), test=str(made["test"]), **quiet)
     assert m["splits"]["train"]["documents"] == 10
     tmpl, tok = chat_template.load(made["plain"]), tokenizers.get(f"hf:{made['plain']}")
     expected = [tmpl.encode(c, tok) for c in [*conversations(6, seed=3), *(chat.messages_of(r, "") for r in rows)]]
@@ -176,7 +180,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, made, capsys
     plain = f"hf:{made['plain']}"
     cases = {
         "has no chat template": [good, "--tokenizer", f"hf:{bare}"],
-        "has no assistant turn in any of its 3 conversation": [str(tmp_path / "no_assistant.jsonl"), "--tokenizer", plain],
+        "has no assistant turn in any of its 3": [str(tmp_path / "no_assistant.jsonl"), "--tokenizer", plain],
         "unknown_role.jsonl:1: message 2 has role 'bot'": [str(tmp_path / "unknown_role.jsonl"), "--tokenizer", plain],
         "wrong_type.jsonl:1: messages must be a list": [str(tmp_path / "wrong_type.jsonl"), "--tokenizer", plain],
         "has neither messages nor prompt and completion": [str(tmp_path / "no_messages.jsonl"), "--tokenizer", plain],
@@ -234,9 +238,9 @@ def test_plain_corpora_pack_their_documents_on_request(tmp_path):
             assert b["tokens"][row][where][0] == 256  # each example is one document from its start
             assert b["positions"][row][where].tolist() == list(range(where.sum()))
     assert np.array_equal(b["mask"] > 0, b["segments"] > 0)
+    overrides = ["data.name=shakespeare", "data.batching=packed", "model.name=transformer", "data.seq_len=8"]
     with pytest.raises(UserError, match="data.batching=packed packs a prepared corpus"):
-        config.validate(config.apply_overrides(config.Config(), ["data.name=shakespeare", "data.batching=packed",
-                                                                 "model.name=transformer", "data.seq_len=8"]))  # fmt: skip
+        config.validate(config.apply_overrides(config.Config(), overrides))
 
 
 def test_the_plan_says_which_attention_kernel_packed_rows_compile_to(made, tmp_path):

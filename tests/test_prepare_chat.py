@@ -262,3 +262,37 @@ def test_the_plan_says_which_attention_kernel_packed_rows_compile_to(made, tmp_p
     windows = planner.plan(config.load_experiment("gpt2_shakespeare:smoke", [f"data.path={tmp_path / 'plain'}", *base]))
     assert windows["attention"]["cudnn_calls"] == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"]
     assert not windows["attention"]["bias"] and not windows["attention"]["packed"]
+
+
+def test_a_gpt2_checkpoint_evaluated_on_a_chat_corpus_gives_transformers_loss_over_the_assistants_tokens(tmp_path):
+    """A random GPT-2 saved by transformers with this tokenizer and a ChatML template beside it: one
+    step at learning rate 0 leaves it as it was, and the run's validation loss is transformers' mean
+    cross-entropy over the assistant's tokens of the validation conversations, each run alone."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_hf_gpt2 import save_gpt2
+
+    source = save_gpt2(tmp_path / "gpt2", n_layer=2, n_embd=32, n_head=4, n_positions=256, vocab_size=400)
+    checkpoint(source, CHATML)  # the tokenizer's files and the template, beside the weights
+    files = {s: write_jsonl(tmp_path / f"{s}.jsonl", conversations(n, seed=i)) for i, (s, n) in
+             enumerate((("train", 40), ("val", 6), ("test", 4)))}  # fmt: skip
+    corpus = tmp_path / "corpus"
+    quiet = dict(progress=False, say=lambda *_: None)
+    chat.prepare_chat([str(files["train"])], f"hf:{source}", corpus, val=str(files["val"]), test=str(files["test"]),
+                      **quiet)  # fmt: skip
+    run = tmp_path / "run"
+    argv = ["train", "gpt2_finetune:smoke", f"train.init_from=hf:{source}", "data.name=tokens", f"data.path={corpus}",
+            "data.tokenizer=", "data.seq_len=256", "optim.lr=0", "optim.warmup_steps=0", "train.steps=1",
+            "train.eval_every=1", "--workdir", str(run)]  # fmt: skip
+    assert cli.main(argv) == 0
+    val_loss = json.loads((run / "summary.json").read_text())["val"]["loss"]
+    model = transformers.GPT2LMHeadModel.from_pretrained(source).eval()
+    total, count = 0.0, 0
+    for ids, mask in stored(corpus, "val"):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1].double()
+        losses = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none").numpy()
+        total += float((losses * np.asarray(mask[1:])).sum())
+        count += int(np.sum(mask[1:]))
+    assert count > 100
+    assert val_loss == pytest.approx(total / count, rel=1e-5)

@@ -377,7 +377,7 @@ def settings_in_effect(
     if text and not cfg.data.tokenizer and cfg.data.name != "tokens":  # a corpus says its own
         out["data.tokenizer"] = default_tokenizer(cfg.data.name)
     if text and not cfg.data.batching:
-        out["data.batching"] = batching(cfg)
+        out["data.batching"] = batching(cfg) + (" (packed for a chat corpus)" if cfg.data.name == "tokens" else "")
     for axis, size in (mesh_sizes or {}).items():
         if getattr(cfg.mesh, axis) == -1:
             out[f"mesh.{axis}"] = str(size)

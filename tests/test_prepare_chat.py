@@ -132,6 +132,7 @@ def test_prompt_completion_rows_and_parquet_files(tmp_path, made):
     rows = [{"prompt": "hello how are you", "completion": "fine thank you"}] * 3
     rows.append({"prompt": [{"role": "user", "content": "weather today"}],
                  "completion": [{"role": "assistant", "content": "sunny"}]})  # fmt: skip
+    rows.append({"messages": [{"role": "user", "content": "a question nobody answers"}]})  # context only
     assert chat.messages_of(rows[0], "x") == [
         {"role": "user", "content": "hello how are you"}, {"role": "assistant", "content": "fine thank you"}
     ]  # fmt: skip
@@ -142,7 +143,7 @@ def test_prompt_completion_rows_and_parquet_files(tmp_path, made):
     files = [str(tmp_path / "chats.parquet"), str(tmp_path / "pc.jsonl")]
     quiet = dict(progress=False, say=lambda *_: None)
     m = chat.prepare_chat(files, f"hf:{made['plain']}", out, val=str(made["val"]), test=str(made["test"]), **quiet)
-    assert m["splits"]["train"]["documents"] == 10
+    assert m["splits"]["train"]["documents"] == 11 and m["splits"]["train"]["untrained_conversations"] == 1
     tmpl, tok = chat_template.load(made["plain"]), tokenizers.get(f"hf:{made['plain']}")
     expected = [tmpl.encode(c, tok) for c in [*conversations(6, seed=3), *(chat.messages_of(r, "") for r in rows)]]
     held = stored(out, "train")
@@ -296,3 +297,32 @@ def test_a_gpt2_checkpoint_evaluated_on_a_chat_corpus_gives_transformers_loss_ov
         count += int(np.sum(mask[1:]))
     assert count > 100
     assert val_loss == pytest.approx(total / count, rel=1e-5)
+
+
+def test_a_killed_prepare_continues_where_it_stopped(tmp_path, made, monkeypatch):
+    quiet = dict(progress=False, say=lambda *_: None, shard_tokens=1500)
+    chat.prepare_chat([str(made["train"])], f"hf:{made['plain']}", tmp_path / "whole", **quiet)
+    monkeypatch.setattr(chat, "TASK_CONVERSATIONS", 10)
+    real, calls = chat.encode, []
+
+    def dies(*args, **kw):
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(chat, "encode", dies)
+    with pytest.raises(KeyboardInterrupt):
+        chat.prepare_chat([str(made["train"])], f"hf:{made['plain']}", tmp_path / "killed", **quiet)
+    progress = json.loads((tmp_path / "killed" / chat.PROGRESS).read_text())
+    done = sum(progress["splits"][s]["done"] for s in ("train", "val", "test"))
+    assert 0 < done < 60 and not (tmp_path / "killed" / "corpus.json").exists()
+    monkeypatch.setattr(chat, "encode", real)
+    chat.prepare_chat([str(made["train"])], f"hf:{made['plain']}", tmp_path / "killed", **quiet)
+    whole = sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert whole == sorted(p.name for p in (tmp_path / "killed").iterdir())
+    for name in whole:
+        if name != "corpus.json":
+            assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "killed" / name).read_bytes(), name
+    a, b = (json.loads((tmp_path / d / "corpus.json").read_text()) for d in ("whole", "killed"))
+    assert a["splits"] == b["splits"]

@@ -485,7 +485,7 @@ def validate(cfg: Config) -> None:
         raise UserError("language models need data.seq_len >= 1 (tokens per training sequence)")
     if cfg.data.name == "text" and not cfg.data.path:
         raise UserError("data.name=text needs data.path=FILE, the text file to train on")
-    if cfg.data.batching == "packed" and cfg.data.name not in ("tokens", "arrays"):
+    if cfg.data.batching == "packed" and cfg.data.name != "tokens":
         raise UserError(
             f"data.batching=packed packs a prepared corpus's documents (data.name=tokens), not data.name="
             f"{cfg.data.name}; prepare it with jaxnet prepare and train with data.name=tokens data.path=DIR"

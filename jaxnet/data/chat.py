@@ -22,7 +22,8 @@ was written removed.
 seed (at least one each).
 
 **Layout** (beside the plain corpus's: the same ``corpus.json``, the same token shards). Each
-split is a series of shards of whole conversations, about ``shard_tokens`` tokens each:
+split is a series of shards of whole conversations, each ending at the first conversation
+boundary at or after ``shard_tokens`` tokens:
 ``{split}_{i:06d}.bin``, the token ids in llm.c's layout; ``{split}_{i:06d}.mask``, one byte per
 token, 1 where the token is the assistant's; ``{split}_{i:06d}.lengths``, each conversation's
 token count (uint32, little-endian). ``corpus.json`` has ``"kind": "chat"`` and a ``chat`` record:
@@ -364,24 +365,30 @@ def prepare_chat(
     written: list[Path] = []
 
     def flush(split: str, final: bool) -> None:
-        if not buffers[split] or (pending[split] < shard_tokens and not final):
-            return
-        st = state["splits"][split]
-        ids, mask, lengths = (np.concatenate(parts) for parts in zip(*buffers[split], strict=True))
-        stem = f"{split}_{len(st['shards']):06d}"
-        files = {"tokens": f"{stem}.bin", "mask": f"{stem}.mask", "lengths": f"{stem}.lengths"}
-        entry = {"file": files["tokens"], "tokens": int(len(ids)), "conversations": int(len(lengths))}
-        entry["sha256"] = shards_lib.write_shard(out / files["tokens"], ids)
-        for key, array in (("mask", mask), ("lengths", lengths.astype("<u4"))):
-            entry[key] = {"file": files[key], "sha256": _write_flat(out / files[key], array)}
-        written.extend(out / f for f in files.values())
-        st["shards"].append(entry)
-        st["done"] += int(len(lengths))
-        st["trained"] += int(mask.sum())
-        starts = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))])
-        st["untrained"] += int(np.sum(np.add.reduceat(mask, starts[:-1]) == 0)) if len(lengths) else 0
-        buffers[split], pending[split] = [], 0
-        write_json(progress_path, state)
+        """Write the shards the buffer fills: each ends at the first conversation boundary at or
+        after ``shard_tokens`` tokens (so the layout does not depend on how conversations were
+        batched), and with ``final`` the rest."""
+        while buffers[split] and (pending[split] >= shard_tokens or final):
+            st = state["splits"][split]
+            ids, mask, lengths = (np.concatenate(parts) for parts in zip(*buffers[split], strict=True))
+            ends = np.cumsum(lengths.astype(np.int64))
+            k = int(np.searchsorted(ends, shard_tokens)) + 1 if ends[-1] >= shard_tokens else len(lengths)
+            n = int(ends[k - 1])
+            stem = f"{split}_{len(st['shards']):06d}"
+            files = {"tokens": f"{stem}.bin", "mask": f"{stem}.mask", "lengths": f"{stem}.lengths"}
+            entry = {"file": files["tokens"], "tokens": n, "conversations": k}
+            entry["sha256"] = shards_lib.write_shard(out / files["tokens"], ids[:n])
+            for key, array in (("mask", mask[:n]), ("lengths", lengths[:k].astype("<u4"))):
+                entry[key] = {"file": files[key], "sha256": _write_flat(out / files[key], array)}
+            written.extend(out / f for f in files.values())
+            st["shards"].append(entry)
+            st["done"] += k
+            st["trained"] += int(mask[:n].sum())
+            trained = np.concatenate([[0], np.cumsum(mask[:n], dtype=np.int64)])
+            st["untrained"] += int(np.sum(trained[ends[:k]] == trained[np.concatenate([[0], ends[: k - 1]])]))
+            buffers[split] = [(ids[n:], mask[n:], lengths[k:])] if k < len(lengths) else []
+            pending[split] -= n
+            write_json(progress_path, state)
 
     if not workers:
         workers = max(1, min(os.cpu_count() or 1, sum(counts.values()) // CONVERSATIONS_PER_WORKER))

@@ -5,6 +5,7 @@
     jaxnet sweep EXPERIMENT[:VARIANT] key=v1,v2,... [key=value ...] [--workdir DIR] [--members-per-program N]
                  [--members-at-once K] [--max-members N] [--add]
     jaxnet eval --workdir DIR [--split test|val] [--step N|best] [key=value ...]
+    jaxnet eval --workdir hf:PATH data.path=CORPUS [--split test|val] [key=value ...]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
                    [--cast]
     jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,...] [--tokens N] [--temperature T] [--top-k K]
@@ -107,8 +108,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the workdir holds a sweep of another grid: train this grid's new members beside it (one table)",
     )
 
-    evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
-    evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
+    evaluate = commands.add_parser(
+        "eval", help="evaluate the newest checkpoint of a run, or a Hugging Face checkpoint (hf:PATH) on a corpus"
+    )
+    evaluate.add_argument(
+        "--workdir",
+        required=True,
+        help="run directory of a training run, or hf:PATH (a checkpoint before any training: give data.path=DIR)",
+    )
     evaluate.add_argument("--split", default="test", choices=("test", "val"))
     evaluate.add_argument(
         "--step", type=_checkpoint_step, default=None, help="checkpoint step N, or best (train.keep_best's)"
@@ -460,6 +467,13 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "eval":
         from jaxnet.train import evaluate
 
+        if args.workdir.startswith("hf:"):  # a published checkpoint before any training
+            from jaxnet.train.loop import evaluate_pretrained
+
+            if args.step is not None:
+                raise UserError(f"--step is for a run's checkpoints; {args.workdir} is one checkpoint")
+            print(json.dumps(evaluate_pretrained(args.workdir, args.split, args.overrides)))
+            return 0
         result = evaluate(args.workdir, args.split, args.overrides, step=args.step)
         print(json.dumps(result))
         return 0

@@ -265,10 +265,13 @@ def test_the_plan_says_which_attention_kernel_packed_rows_compile_to(made, tmp_p
     assert not windows["attention"]["bias"] and not windows["attention"]["packed"]
 
 
-def test_a_gpt2_checkpoint_evaluated_on_a_chat_corpus_gives_transformers_loss_over_the_assistants_tokens(tmp_path):
+def test_a_gpt2_checkpoint_evaluated_on_a_chat_corpus_gives_transformers_loss_over_the_assistants_tokens(
+    tmp_path, capsys
+):
     """A random GPT-2 saved by transformers with this tokenizer and a ChatML template beside it: one
     step at learning rate 0 leaves it as it was, and the run's validation loss is transformers' mean
-    cross-entropy over the assistant's tokens of the validation conversations, each run alone."""
+    cross-entropy over the assistant's tokens of the validation conversations, each run alone; so
+    is `jaxnet eval --workdir hf:PATH` of the checkpoint before any training."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from test_hf_gpt2 import save_gpt2
@@ -297,6 +300,15 @@ def test_a_gpt2_checkpoint_evaluated_on_a_chat_corpus_gives_transformers_loss_ov
         count += int(np.sum(mask[1:]))
     assert count > 100
     assert val_loss == pytest.approx(total / count, rel=1e-5)
+    # the checkpoint before any training, evaluated from the command line: the same number
+    capsys.readouterr()
+    evaluated = ["eval", "--workdir", f"hf:{source}", "--split", "val", f"data.path={corpus}", "data.seq_len=256"]
+    assert cli.main(evaluated) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (result["step"], result["split"]) == (0, "val")
+    assert result["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert cli.main(["eval", "--workdir", f"hf:{source}"]) == 2
+    assert "needs data.path=DIR" in capsys.readouterr().err
 
 
 def test_a_killed_prepare_continues_where_it_stopped(tmp_path, made, monkeypatch):

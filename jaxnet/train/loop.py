@@ -932,6 +932,34 @@ def evaluate(
     return result
 
 
+def evaluate_pretrained(spec: str, split: str = "test", overrides: list[str] | None = None) -> dict[str, Any]:
+    """A Hugging Face checkpoint (``hf:PATH``) evaluated before any training on ``split`` of the
+    corpus ``data.path=DIR`` names (prepared with the checkpoint's tokenizer; a chat corpus gives
+    the mean loss over the assistant's tokens): the baseline a fine-tune is compared with. The
+    model's shape is the checkpoint's, ``data.seq_len`` its context unless given, evaluation
+    batches of ``train.eval_batch_size`` rows (default 8)::
+
+        evaluate_pretrained("hf:checkpoints/gpt2", "val", ["data.path=corpora/chats", "data.seq_len=1024"])
+    """
+    from jaxnet.models import TransformerConfig, hf
+
+    if not any(o.startswith("data.path=") and o != "data.path=" for o in overrides or ()):
+        raise UserError(
+            f"jaxnet eval --workdir {spec} needs data.path=DIR, a corpus prepared with its tokenizer "
+            f"(jaxnet prepare SOURCE --tokenizer {spec}, or jaxnet prepare chat FILE... --tokenizer {spec})"
+        )
+    cfg = Config()
+    cfg.model = TransformerConfig()
+    cfg.data.name, cfg.data.seq_len, cfg.train.eval_batch_size = "tokens", hf.read(spec).context, 8
+    cfg.train.init_from = str(spec)
+    cfg = config_lib.apply_overrides(cfg, ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])])
+    cfg = init_from.with_hf_shape(cfg)
+    config_lib.validate(cfg)
+    run = Run(cfg)
+    state = run.init_state(init_from.load(cfg, run, Path(os.devnull)))
+    return {"step": 0, "checkpoint": str(spec), "split": split, **run.evaluate(state, split)}
+
+
 def check_rebuildable(workdir: Path, *, model: Any = None, dataset: Any = None, task: Any = None) -> None:
     """Refuse in one line a run trained from Python with a model, data or task that is not given
     again: jaxnet cannot rebuild them from the run directory. Says what to call instead."""

@@ -244,7 +244,8 @@ def test_plain_corpora_pack_their_documents_on_request(tmp_path):
         config.validate(config.apply_overrides(config.Config(), overrides))
 
 
-def test_the_plan_says_which_attention_kernel_packed_rows_compile_to(made, tmp_path):
+def test_the_plan_says_which_attention_kernel_packed_rows_compile_to(made):
+    """cuDNN's fused attention, the segment mask going in as a bias (unpacked rows: tests/test_plan.py)."""
     from jaxnet import planner
 
     if planner.plugin_missing() is not None:
@@ -255,14 +256,6 @@ def test_the_plan_says_which_attention_kernel_packed_rows_compile_to(made, tmp_p
     assert (a["kernel"], a["bias"], a["packed"], a["mask_type"]) == ("cudnn", True, True, ["CAUSAL"])
     assert a["cudnn_calls"] == ["__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmaxBackward"]
     assert "  attention: cuDNN's fused attention (fmhaScaleBiasSoftmax" in planner.describe(packed)
-    source = tmp_path / "docs.jsonl"
-    source.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(60)))
-    from jaxnet.data import prepare
-
-    prepare.prepare(str(source), "byte", tmp_path / "plain", workers=1, progress=False, say=lambda *_: None)
-    windows = planner.plan(config.load_experiment("gpt2_shakespeare:smoke", [f"data.path={tmp_path / 'plain'}", *base]))
-    assert windows["attention"]["cudnn_calls"] == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"]
-    assert not windows["attention"]["bias"] and not windows["attention"]["packed"]
 
 
 def test_a_gpt2_checkpoint_evaluated_on_a_chat_corpus_gives_transformers_loss_over_the_assistants_tokens(

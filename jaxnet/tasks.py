@@ -54,7 +54,10 @@ class Task:
     the devices (masked-LM corruption). ``extra_inputs``: input ids beyond the data's
     vocabulary the model must embed (masked-LM's mask token). ``labels``: the batch key of
     integer class labels that index the outputs' last axis; they are checked against the
-    model's number of outputs before the first step.
+    model's number of outputs before the first step. ``keyword_inputs``: batch keys given to the
+    model by name when a batch has them (``model(*inputs, segments=..., positions=...)``): the
+    language-model tasks name ``segments`` and ``positions``, which rows of packed examples carry
+    (:mod:`jaxnet.data.packing`), so any model that takes them keeps its examples apart.
     """
 
     inputs: str | tuple[str, ...]
@@ -67,6 +70,7 @@ class Task:
     transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]] | None = None
     extra_inputs: int = 0
     labels: str | None = None
+    keyword_inputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         keys = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs)
@@ -83,6 +87,14 @@ class Task:
     def model_inputs(self, batch: Batch) -> tuple[Any, ...]:
         """The arrays of ``batch`` the model is called on, in order."""
         return tuple(batch[k] for k in self.inputs)
+
+    def model_keywords(self, batch: Batch) -> dict[str, Any]:
+        """The arrays of ``batch`` the model is given by name: those of ``keyword_inputs`` it has.
+
+        >>> lm().model_keywords({"tokens": 1, "segments": 2})
+        {'segments': 2}
+        """
+        return {k: batch[k] for k in self.keyword_inputs if k in batch}
 
     def train_values(self, outputs: Any, batch: Batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
         """The training loss and the metrics of one batch."""
@@ -212,12 +224,17 @@ def classification(inputs: str = "image", target: str = "label", label_smoothing
     return _label_task("classification", inputs, target, label_smoothing)
 
 
+#: The batch keys of packed rows a language model is given by name (see :class:`Task`).
+PACKED_INPUTS = ("segments", "positions")
+
+
 def lm(label_smoothing: float = 0.0, per_token: Callable[[float], dict[str, float]] | None = None) -> Task:
     """Next-token language modelling: cross-entropy of ``targets`` given ``tokens`` at every
     position (``mask`` marks the positions that count); ``accuracy`` of the next token.
-    ``per_token(mean loss)`` adds metrics such as perplexity or bits per character."""
+    ``per_token(mean loss)`` adds metrics such as perplexity or bits per character. Packed rows'
+    ``segments`` and ``positions`` go to the model by name."""
     finalize = (lambda means: per_token(means["loss"])) if per_token is not None else None
-    return _label_task("lm", "tokens", "targets", label_smoothing, finalize=finalize)
+    return _label_task("lm", "tokens", "targets", label_smoothing, finalize=finalize, keyword_inputs=PACKED_INPUTS)
 
 
 def masked_lm(vocab_size: int, mask_rate: float = 0.15, label_smoothing: float = 0.0) -> Task:
@@ -241,7 +258,15 @@ def masked_lm(vocab_size: int, mask_rate: float = 0.15, label_smoothing: float =
         out = {k: v for k, v in batch.items() if k not in ("tokens", "targets", "mask", "reset")}
         return {**out, "tokens": corrupted, "targets": tokens, "mask": chosen.astype(np.float32)}
 
-    return _label_task("masked_lm", "tokens", "targets", label_smoothing, transform=corrupt, extra_inputs=1)
+    return _label_task(
+        "masked_lm",
+        "tokens",
+        "targets",
+        label_smoothing,
+        transform=corrupt,
+        extra_inputs=1,
+        keyword_inputs=PACKED_INPUTS,
+    )
 
 
 def regression(inputs: str = "x", target: str = "y") -> Task:

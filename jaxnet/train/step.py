@@ -99,6 +99,7 @@ def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
         outputs, new_model_state = model.apply(
             {"params": params, **model_state},
             *t.model_inputs(batch),
+            **t.model_keywords(batch),
             train=True,
             rngs={"dropout": rng},
             mutable=list(model_state),
@@ -431,10 +432,12 @@ def make_eval_step(
         t = task_of(task, batch)
         variables = {"params": state.params, **state.model_state, **carry}
         if carry:
-            outputs, carry = model.apply(variables, *t.model_inputs(batch), train=False, mutable=list(carry))
+            outputs, carry = model.apply(
+                variables, *t.model_inputs(batch), **t.model_keywords(batch), train=False, mutable=list(carry)
+            )
             carry = dict(carry)
         else:
-            outputs = model.apply(variables, *t.model_inputs(batch), train=False)
+            outputs = model.apply(variables, *t.model_inputs(batch), **t.model_keywords(batch), train=False)
         return t.eval_sums(outputs, batch), carry
 
     return eval_step

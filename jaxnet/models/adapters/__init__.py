@@ -5,7 +5,8 @@ inputs: ``{"params": trainable parameters, **model state}`` (model state such as
 ``batch_stats`` is carried by the trainer from step to step). ``apply(variables, *inputs,
 train, rngs=None, mutable=False)`` computes the outputs of a batch; ``rngs`` is
 ``{"dropout": key}`` in training, and with ``mutable`` (anything but False) it returns
-``(outputs, new model state)``. This is Flax Linen's own convention, so a Linen module passes
+``(outputs, new model state)``. Inputs a task gives by name (``keywords``: packed rows'
+``segments`` and ``positions``) pass to the model by name. This is Flax Linen's own convention, so a Linen module passes
 through unchanged; each other kind of model is one small adapter in this package:
 
 * a Flax Linen module (:mod:`~jaxnet.models.adapters.linen`),
@@ -35,10 +36,16 @@ class Adapted(Protocol):
 
     name: str
 
-    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False) -> dict[str, Any]: ...
+    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False, **keywords: Any) -> dict[str, Any]: ...
 
     def apply(
-        self, variables: dict[str, Any], *inputs: Any, train: bool, rngs: dict | None = None, mutable: Any = False
+        self,
+        variables: dict[str, Any],
+        *inputs: Any,
+        train: bool,
+        rngs: dict | None = None,
+        mutable: Any = False,
+        **keywords: Any,
     ) -> Any: ...
 
 

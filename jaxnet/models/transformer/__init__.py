@@ -33,7 +33,14 @@ from typing import Any
 from jaxnet.errors import UserError
 from jaxnet.models.base import ModelConfig, Unpacked, field, has_cudnn, register, register_migration
 from jaxnet.models.common import DTYPES, Projection
-from jaxnet.models.transformer.attention import SelfAttention, attend, attention_fn, head_major_attention, rotary
+from jaxnet.models.transformer.attention import (
+    SelfAttention,
+    attend,
+    attention_fn,
+    head_major_attention,
+    rotary,
+    segment_mask,
+)
 from jaxnet.models.transformer.model import Block, TransformerLanguageModel, mask_unused_vocab, norm
 from jaxnet.models.transformer.spec import PRESETS, TransformerSpec, preset
 
@@ -191,5 +198,6 @@ __all__ = [
     "norm",
     "preset",
     "rotary",
+    "segment_mask",
     "transformer_flops",
 ]

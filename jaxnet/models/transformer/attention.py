@@ -107,6 +107,17 @@ def attend(
     return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask)
 
 
+def segment_mask(segments: jnp.ndarray) -> jnp.ndarray:
+    """Which keys each query may see in rows of packed examples: ``segments`` (batch, time) numbers
+    the examples of a row (0 for padding) -> (batch, 1, time, time), True where query and key belong
+    to the same example (padding sees padding only, so no row of the softmax is empty); with the
+    causal rule, attention stays inside each example::
+
+        segment_mask(jnp.array([[1, 1, 2, 0]]))[0, 0].astype(int)   # [[1,1,0,0],[1,1,0,0],[0,0,1,0],[0,0,0,1]]
+    """
+    return segments[:, None, :, None] == segments[:, None, None, :]
+
+
 def _packed_draw(key: jax.Array, spec: TransformerSpec, index: int, std: float = 0.02) -> Any:
     """Kernel initialiser of part ``index`` (0 queries, 1 keys, 2 values) of one N(0, std) draw of
     shape (width, 3, heads, head_dim) from ``key``: the weights a run started from when the three

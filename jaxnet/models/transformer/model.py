@@ -36,7 +36,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxnet.models.common import Projection, lookup, normal
-from jaxnet.models.transformer.attention import SelfAttention
+from jaxnet.models.transformer.attention import SelfAttention, segment_mask
 from jaxnet.models.transformer.spec import TransformerSpec
 
 
@@ -69,10 +69,12 @@ class Block(nn.Module):
     spec: TransformerSpec
 
     @nn.compact
-    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool) -> jnp.ndarray:
+    def __call__(
+        self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool, mask: jnp.ndarray | None = None
+    ) -> jnp.ndarray:
         s = self.spec
         drop = nn.Dropout(s.dropout, deterministic=not train)
-        x = x + drop(SelfAttention(s, name="attention")(norm(s, "norm_1")(x), positions, decode))
+        x = x + drop(SelfAttention(s, name="attention")(norm(s, "norm_1")(x), positions, decode, mask))
         kw = dict(dtype=s.dtype, param_dtype=s.param_dtype)
         y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(norm(s, "norm_2")(x))
         y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
@@ -111,6 +113,11 @@ class TransformerLanguageModel(nn.Module):
     context do not exist; :mod:`jaxnet.sample` slides the window. Only a causal model decodes.
     ``spec.remat`` recomputes each block's activations in the backward pass instead of keeping
     them: less memory for long contexts, about a third more compute.
+
+    **Packed rows** (:mod:`jaxnet.data.packing`): ``segments`` (batch, time) numbers the examples
+    of each row (0 for padding) and ``positions`` (batch, time) restarts at each: a token attends
+    only to its own example's tokens and sits at its position in it (rotary or learned), so each
+    example computes what it computes alone.
     """
 
     spec: TransformerSpec
@@ -138,17 +145,28 @@ class TransformerLanguageModel(nn.Module):
             )
         self.decode_positions = _DecodePositions()
 
-    def features(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
+    def features(
+        self,
+        tokens: jnp.ndarray,
+        train: bool = False,
+        decode: bool = False,
+        segments: jnp.ndarray | None = None,
+        positions: jnp.ndarray | None = None,
+    ) -> jnp.ndarray:
         """The final hidden states (batch, time, width) of token ids (batch, time), after the last
-        normalisation, in the compute dtype."""
+        normalisation, in the compute dtype; ``segments`` and ``positions`` of packed rows keep
+        their examples apart."""
         s = self.spec
-        positions = self.decode_positions(tokens.shape[1]) if decode else jnp.arange(tokens.shape[1])
+        if positions is None:
+            positions = self.decode_positions(tokens.shape[1]) if decode else jnp.arange(tokens.shape[1])
+        mask = None if segments is None else segment_mask(segments)
         x = lookup(self.embed, tokens, s.dtype)
         if s.position == "learned":
-            x = x + jnp.take(self.position, positions, axis=0).astype(s.dtype)[None]
+            table = jnp.take(self.position, positions, axis=0).astype(s.dtype)
+            x = x + (table if table.ndim == 3 else table[None])
         x = self.drop(x, deterministic=not train)
         for block in self.blocks:
-            x = block(x, positions, train, decode)
+            x = block(x, positions, train, decode, mask)
         return self.norm_out(x)
 
     def unembed(self, features: jnp.ndarray) -> jnp.ndarray:
@@ -161,5 +179,12 @@ class TransformerLanguageModel(nn.Module):
         logits = logits.astype(jnp.promote_types(s.dtype, jnp.float32))
         return mask_unused_vocab(logits, s.vocab_used)
 
-    def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
-        return self.unembed(self.features(tokens, train, decode))
+    def __call__(
+        self,
+        tokens: jnp.ndarray,
+        train: bool = False,
+        decode: bool = False,
+        segments: jnp.ndarray | None = None,
+        positions: jnp.ndarray | None = None,
+    ) -> jnp.ndarray:
+        return self.unembed(self.features(tokens, train, decode, segments, positions))

@@ -216,10 +216,11 @@ def fill(
 
 
 def file_tensors(
-    table: Table, keys: dict[str, Any], get: Callable[[str], np.ndarray], vocab: int
+    table: Table, keys: dict[str, Any], get: Callable[[str], np.ndarray], vocab: int, dtype: Any = np.float32
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Every file tensor (saved name, float32 array) of a model of ``keys`` whose parameters ``get``
-    gives by path, with ``vocab`` ids (padding rows past it dropped), one at a time."""
+    """Every file tensor (saved name, array of ``dtype``: float32, or bfloat16) of a model of
+    ``keys`` whose parameters ``get`` gives by path, with ``vocab`` ids (padding rows past it
+    dropped), one at a time."""
     for rule in _expanded(table, keys):
-        arrays = [np.asarray(get(p), np.float32) for p in rule.model]
+        arrays = [np.asarray(get(p)).astype(dtype) for p in rule.model]
         yield table.file_name(rule.file), rule.layout.to_file(arrays, vocab)

@@ -61,6 +61,10 @@ def with_hf_shape(cfg: Config) -> Config:
             f"train.init_from={spec} is a Hugging Face checkpoint, a Transformer; set model.name=transformer"
         )
     pretrained = hf.read(spec)
+    try:
+        pretrained.check()  # its tensors' names and shapes, before the run loads its data
+    except UserError as e:
+        raise UserError(f"train.init_from={spec}: {e}") from None
     fields = {**pretrained.keys, "vocab_used": pretrained.vocab}
     defaults = TransformerConfig()
     taken, conflicts = {}, []

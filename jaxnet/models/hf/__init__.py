@@ -42,7 +42,7 @@ from jaxnet.errors import UserError
 from jaxnet.models.hf import files
 from jaxnet.models.hf.gpt2 import GPT2
 from jaxnet.models.hf.llama import Llama, Mistral, Qwen2
-from jaxnet.models.hf.table import Table, file_tensors, fill
+from jaxnet.models.hf.table import Table, check, file_tensors, fill
 from jaxnet.models.transformer import TransformerConfig, TransformerLanguageModel, TransformerSpec
 
 PREFIX = "hf:"
@@ -140,6 +140,12 @@ class Checkpoint:
                 "with the checkpoint's tokenizer (GPT-2's: data.tokenizer=gpt2)"
             )
         return fill(self.table, self.keys, files.Tensors(self.directory), self.shapes(rows), self.vocab)
+
+    def check(self) -> None:
+        """Every check :meth:`tensors` makes before reading (names, shapes; see
+        :func:`jaxnet.models.hf.table.check`), without reading any tensor: a bad checkpoint is
+        refused before a run loads its data."""
+        check(self.table, self.keys, files.Tensors(self.directory), self.shapes(self.vocab), self.vocab)
 
     def params(self, rows: int | None = None) -> dict[str, np.ndarray]:
         """:meth:`tensors` gathered, by path (``block_0/attention/query/kernel``)."""

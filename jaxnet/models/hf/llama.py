@@ -125,7 +125,7 @@ class Llama(Table):
             "layers": int(config.get("num_hidden_layers", 32)),
             "width": width,
             "heads": heads,
-            "kv_heads": kv_heads if kv_heads != heads else 0,
+            "kv_heads": kv_heads,
             "head_dim": head_dim if head_dim * heads != width else 0,
             "mlp_hidden": int(config.get("intermediate_size", 11008)),
             "norm_eps": float(config.get("rms_norm_eps", 1e-6)),

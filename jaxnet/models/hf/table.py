@@ -161,15 +161,14 @@ def _expanded(table: Table, keys: dict[str, Any]) -> list[Rule]:
     return [r for rule in table.rules(keys) for r in rule.expand(keys["layers"])]
 
 
-def fill(
+def check(
     table: Table, keys: dict[str, Any], tensors: Tensors, shapes: dict[str, tuple[int, ...]], vocab: int
-) -> Iterator[tuple[str, np.ndarray]]:
-    """Every model parameter (path, float32 array) from the file ``tensors``, one file tensor read
-    at a time. ``shapes`` are the model's parameter shapes by path (from ``jax.eval_shape`` of its
-    init), ``vocab`` the file's vocabulary. Everything is checked before the first read: a file
-    tensor no rule places, a rule's tensor the file lacks, a model parameter no rule fills, a
-    tensor of another shape than the model makes it: a one-line :class:`UserError` naming the first.
-    """
+) -> tuple[list[Rule], dict[str, str], dict[str, str]]:
+    """Check a checkpoint's tensors against the model without reading any: a file tensor no rule
+    places, a rule's tensor the file lacks, a model parameter no rule fills, a tensor of another
+    shape than the model makes it is a one-line :class:`UserError` naming the first. ``shapes``
+    are the model's parameter shapes by path (from ``jax.eval_shape`` of its init), ``vocab`` the
+    file's vocabulary. Returns the rules, the file's names (short -> saved) and the aliases."""
     names = {}
     ignored = re.compile(table.ignored)
     for name in tensors.names():
@@ -204,6 +203,15 @@ def fill(
                 f"{table.title} tensor {rule.file} has shape {have}, but config.json makes it {want} "
                 f"(jaxnet's {', '.join(rule.model)})"
             )
+    return rules, names, aliases
+
+
+def fill(
+    table: Table, keys: dict[str, Any], tensors: Tensors, shapes: dict[str, tuple[int, ...]], vocab: int
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Every model parameter (path, float32 array) from the file ``tensors``, one file tensor read
+    at a time, after :func:`check` (everything is checked before the first read)."""
+    rules, names, aliases = check(table, keys, tensors, shapes, vocab)
     for alias, source in aliases.items():
         if not np.array_equal(tensors.read(names[alias]), tensors.read(names[source])):
             raise UserError(

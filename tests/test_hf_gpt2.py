@@ -174,7 +174,7 @@ def test_tensors_are_checked_before_any_is_read_then_read_one_at_a_time(tmp_path
     source = write_gpt2(tmp_path / "gpt2", n_layer=2)
     reads = []
     original = files.Tensors.read
-    monkeypatch.setattr(files.Tensors, "read", lambda self, name: reads.append(name) or original(self, name))
+    monkeypatch.setattr(files.Tensors, "read", lambda self, name, *a: reads.append(name) or original(self, name, *a))
     tensors = hf.read(f"hf:{source}").tensors()
     assert reads == []  # nothing read until asked for
     path, first = next(tensors)

@@ -167,7 +167,8 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
         rows = None if embedding is None else embedding.shape[0]
         try:
             shapes = {f"params/{path}": shape for path, shape in pretrained.shapes(rows or pretrained.vocab).items()}
-            values = ((f"params/{path}", value) for path, value in pretrained.tensors(rows))
+            # as the file holds them (bfloat16, often): place() makes each the run's dtype
+            values = ((f"params/{path}", value) for path, value in pretrained.tensors(rows, dtype=None))
         except UserError as e:
             raise UserError(f"train.init_from={spec}: {e}") from None
         record = getattr(run.dataset, "tokenizer_record", None)

@@ -127,19 +127,19 @@ class Checkpoint:
         from the model itself (``jax.eval_shape`` of its ``init``)."""
         return dict(param_shapes(self.model().spec(rows, self.context)))
 
-    def tensors(self, rows: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
-        """Every parameter of this checkpoint's Transformer (path, float32 array), each read from
-        the files as it is handed out, all of them checked before the first is read (see
-        :func:`jaxnet.models.hf.table.fill`). ``rows`` (default the checkpoint's vocabulary) is
-        the model's vocabulary: the rows past the checkpoint's are zeros (padding, never
-        predicted: ``model.vocab_used``)."""
+    def tensors(self, rows: int | None = None, dtype: Any = np.float32) -> Iterator[tuple[str, np.ndarray]]:
+        """Every parameter of this checkpoint's Transformer (path, array of ``dtype``; None: as
+        the file holds it, e.g. bfloat16), each read from the files as it is handed out, all of
+        them checked before the first is read (see :func:`jaxnet.models.hf.table.fill`). ``rows``
+        (default the checkpoint's vocabulary) is the model's vocabulary: the rows past the
+        checkpoint's are zeros (padding, never predicted: ``model.vocab_used``)."""
         rows = self.vocab if rows is None else rows
         if rows < self.vocab:
             raise UserError(
                 f"the data's vocabulary has {rows} ids, fewer than this {self.table.title}'s {self.vocab}; tokenize "
                 "with the checkpoint's tokenizer (GPT-2's: data.tokenizer=gpt2)"
             )
-        return fill(self.table, self.keys, files.Tensors(self.directory), self.shapes(rows), self.vocab)
+        return fill(self.table, self.keys, files.Tensors(self.directory), self.shapes(rows), self.vocab, dtype)
 
     def check(self) -> None:
         """Every check :meth:`tensors` makes before reading (names, shapes; see

@@ -207,10 +207,16 @@ def check(
 
 
 def fill(
-    table: Table, keys: dict[str, Any], tensors: Tensors, shapes: dict[str, tuple[int, ...]], vocab: int
+    table: Table,
+    keys: dict[str, Any],
+    tensors: Tensors,
+    shapes: dict[str, tuple[int, ...]],
+    vocab: int,
+    dtype: Any = np.float32,
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Every model parameter (path, float32 array) from the file ``tensors``, one file tensor read
-    at a time, after :func:`check` (everything is checked before the first read)."""
+    """Every model parameter (path, array of ``dtype``; None: the file's) from the file
+    ``tensors``, one file tensor read at a time, after :func:`check` (everything is checked before
+    the first read)."""
     rules, names, aliases = check(table, keys, tensors, shapes, vocab)
     for alias, source in aliases.items():
         if not np.array_equal(tensors.read(names[alias]), tensors.read(names[source])):
@@ -219,7 +225,7 @@ def fill(
                 "to false in config.json, or save the model again"
             )
     for rule in rules:
-        arrays = rule.layout.to_model(tensors.read(names[rule.file]), [shapes[p] for p in rule.model], vocab)
+        arrays = rule.layout.to_model(tensors.read(names[rule.file], dtype), [shapes[p] for p in rule.model], vocab)
         yield from zip(rule.model, arrays, strict=True)
 
 

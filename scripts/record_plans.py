@@ -56,7 +56,8 @@ GPT2 = [
     ("gpt2_small", [], "h200", 1),
 ]
 # Llama 3 8B on a node of 8 H100s: the largest batch of 8,192-token sequences with and without
-# recomputing each block's activations, and the time and cost of 1 B tokens at $3 per GPU-hour.
+# recomputing each block's activations, and the time and cost of 1 B tokens at $3 per GPU-hour (at
+# one sequence a GPU, and at the largest batch that fits with remat).
 LLAMA = [
     ("llama3_8b", ["mesh.fsdp=8", "--max-batch", "--tokens", "1e9", "--price", "3"], "h100", 8),
     (
@@ -65,6 +66,14 @@ LLAMA = [
         "h100",
         8,
         "remat",
+    ),
+    # the largest batch the search above finds with remat (7 sequences a GPU): its step, time and cost
+    (
+        "llama3_8b",
+        ["mesh.fsdp=8", "model.remat=true", "train.batch_size=56", "--tokens", "1e9", "--price", "3"],
+        "h100",
+        8,
+        "remat-b56",
     ),
 ]
 # The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.

@@ -724,7 +724,7 @@ def render_open_models_result() -> str:
 
 def render_llama_plan() -> str:
     """llama3_8b's plans on 8 H100s (with and without model.remat) beside gpt2_small's on the same node."""
-    files = sorted((ROOT / "benchmarks" / "results").glob("plan-*.json"))
+    files = [f for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json")) if not f.name.startswith(PUB)]
     rows = []
     for f in files:
         r = json.loads(f.read_text())
@@ -757,9 +757,9 @@ def render_llama_plan() -> str:
         f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; "
         f"{rows[0]['date']}); the step, MFU, time and cost are **predictions** (the bound) and **estimates** (the "
         "expected step: the bound over the efficiency fitted on published runs, [Planning for GPUs](plan.md)), not "
-        "measurements; the cost is at $3 per GPU-hour. The time and cost are at the configured batch (8 sequences "
-        "of 8,192 tokens, one per GPU); the largest batch is a separate search over compiles. Memory is what XLA's "
-        "compiled program says (cuDNN workspaces not counted).",
+        "measurements; the cost is at $3 per GPU-hour, for the tokens a step of each row's batch (8 sequences of "
+        "8,192 tokens is one per GPU); the largest batch is a search over compiles (`--max-batch`). Memory is "
+        "what XLA's compiled program says (cuDNN workspaces not counted).",
     ]
     return "\n".join(lines)
 

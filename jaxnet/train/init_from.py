@@ -148,7 +148,7 @@ def variables(state: Any) -> dict[str, Any]:
     return {joined(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
+def load(cfg: Config, run: Any, workdir: Path) -> dict[str, jax.Array] | None:
     """The values this run starts from, by path (see the module's docstring), or None when
     ``train.init_from`` is unset or ``workdir`` already has checkpoints to resume from.
 

@@ -304,8 +304,9 @@ class Run:
         """A fresh train state, created directly in place on the mesh; ``init`` (from
         :func:`jaxnet.train.init_from.load`) replaces the variables it names."""
         # The output shardings place every leaf; the models' activation marks are not needed here.
-        if init:  # an argument, not a constant folded into the program
-            return jax.jit(lambda values: self._create_state(init=values), out_shardings=self.state_shardings)(init)
+        if init:  # an argument, not a constant folded into the program; donated: the state takes its buffers
+            create = lambda values: self._create_state(init=values)  # noqa: E731
+            return jax.jit(create, out_shardings=self.state_shardings, donate_argnums=0)(init)
         return jax.jit(self._create_state, out_shardings=self.state_shardings)()
 
     def abstract_state(self) -> Any:

@@ -356,6 +356,8 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
     variables = _variables(workdir, adapted, inputs, saved)
     params = variables.pop("params")
     if settings is not None:
+        if settings.base_dtype:  # the base as training held it
+            params = jax.tree.map(lambda x: np.asarray(x).astype(settings.base_dtype), params)
         params = jax.tree.map(np.asarray, lora.merge(params, adapter_params, settings.scale))
     trained = Trained(
         workdir=workdir,

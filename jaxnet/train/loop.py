@@ -181,7 +181,8 @@ class Run:
         self.model = adapters.adapt(model)
         self.lora = lora_lib.Settings.of(cfg.train)
         if self.lora is not None:  # adapters trained on a frozen base (jaxnet.models.adapters.lora)
-            self.model = lora_lib.Lora(self.model, self.lora)
+            inner = self.model.inner if isinstance(self.model, lora_lib.Lora) else self.model  # a run's, rebuilt
+            self.model = lora_lib.Lora(inner, self.lora)
             self.rules = lora_lib.RULES + tuple(self.rules)
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
@@ -643,9 +644,9 @@ def train(
             if ignored:
                 shown = ", ".join(f"{k}={getattr(cfg.optim, k.partition('.')[2])}" for k in ignored)
                 print(f"note: optimizer={custom['optimizer']} replaces the built-in optimizer; not used: {shown}")
-    start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
-    if run.lora is not None:  # what the adapters adapt, with its hash: checked again on resume and by jaxnet.load
+    if run.lora is not None and cfg.train.init_from:  # what the adapters adapt, with its hash: checked on resume
         environment[init_from.BASE_RECORD] = init_from.check_base(cfg, workdir)
+    start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
     previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it

@@ -120,7 +120,8 @@ def _copy(tree: Any) -> Any:
 
 def adapter_paths(adapters: Any) -> list[str]:
     """The kernel paths an adapters tree (``{... kernel: {"a": A, "b": B}}``) holds adapters for."""
-    return sorted({n.rpartition("/")[0] for n in (joined(p) for p, _ in jax.tree_util.tree_flatten_with_path(adapters)[0])})
+    names = (joined(p) for p, _ in jax.tree_util.tree_flatten_with_path(adapters)[0])
+    return sorted({n.rpartition("/")[0] for n in names})
 
 
 def merge(base: Any, adapters: Any, scale: float) -> dict:

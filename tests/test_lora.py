@@ -146,6 +146,9 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
     with torch.no_grad():
         theirs = model(torch.tensor(tokens)).logits.float().numpy()
     np.testing.assert_allclose(theirs, logits, rtol=RTOL, atol=ATOL)
+    capsys.readouterr()
+    assert cli.main(["sample", "--workdir", str(whole), "--prompt", "ROMEO:", "--tokens", "5", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO:")
     # the base changes under the run: a resume and jaxnet.load refuse it in one line, before reading it
     from safetensors.numpy import save_file
 

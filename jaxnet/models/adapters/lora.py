@@ -85,7 +85,11 @@ class Settings:
 
 def targets(params: Any, settings: Settings, model: str) -> list[str]:
     """The paths of the parameters ``settings`` adapts: those of 2 or more dimensions whose path
-    the targets' regex finds. None found is a one-line :class:`UserError` listing the kernels there are."""
+    the targets' regex finds. None found is a one-line :class:`UserError` listing the kernels there are::
+
+        targets(params, Settings(rank=8, targets="all"), "TransformerLanguageModel")
+        # ['block_0/attention/key/kernel', ..., 'block_1/mlp_out/kernel']
+    """
     flat = jax.tree_util.tree_flatten_with_path(nn.unbox(params))[0]
     pattern = re.compile(settings.pattern)
     found = [joined(p) for p, x in flat if len(getattr(x, "shape", ())) >= 2 and pattern.search(joined(p))]
@@ -239,7 +243,10 @@ class Lora:
 
 
 def without_base(state: Any) -> Any:
-    """A train state without its :data:`BASE` collection (what a LoRA checkpoint holds); other states as they are."""
+    """A train state without its :data:`BASE` collection (what a LoRA checkpoint holds); other states as they are::
+
+    checkpoints.save(step, without_base(state))
+    """
     model_state = getattr(state, "model_state", None)
     if not isinstance(model_state, dict) or BASE not in model_state:
         return state

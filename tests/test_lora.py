@@ -98,16 +98,16 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
 
     base = tmp_path / "base"
     shutil.copytree(bases["llama-tied"], base)
-    argv = ["train", "hf_finetune:smoke", f"train.init_from=hf:{base}", *ARGS, "train.steps=12",
-            "optim.lr=3e-2", "optim.warmup_steps=0", "train.eval_every=12", "train.checkpoint_every=6",
+    argv = ["train", "hf_finetune:smoke", f"train.init_from=hf:{base}", *ARGS, "train.steps=8",
+            "optim.lr=3e-2", "optim.warmup_steps=0", "train.eval_every=8", "train.checkpoint_every=4",
             "train.base_dtype=bfloat16"]  # fmt: skip
     whole = tmp_path / "whole"
     assert cli.main([*argv, "--workdir", str(whole)]) == 0
     losses = [r["loss"] for r in map(json.loads, (whole / "metrics.jsonl").open()) if r["split"] == "train"]
-    assert np.mean(losses[-4:]) < losses[0] - 0.05, losses  # the loss falls
-    # killed after step 6 (train.stop_after) and resumed: the same final loss
+    assert np.mean(losses[-3:]) < losses[0] - 0.05, losses  # the loss falls
+    # killed after step 4 (train.stop_after) and resumed: the same final loss
     parts = tmp_path / "parts"
-    assert cli.main([*argv, "train.stop_after=6", "--workdir", str(parts)]) == 0
+    assert cli.main([*argv, "train.stop_after=4", "--workdir", str(parts)]) == 0
     assert cli.main([*argv, "--workdir", str(parts)]) == 0
     again = [r["loss"] for r in map(json.loads, (parts / "metrics.jsonl").open()) if r["split"] == "train"]
     assert again[-1] == losses[-1]
@@ -157,7 +157,7 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
     name = next(iter(changed))
     changed[name] = changed[name] + 1
     save_file(changed, str(path), metadata={"format": "pt"})
-    err = fails([*argv[:3], *ARGS, "train.steps=14", "--workdir", str(whole)], capsys)
+    err = fails([*argv[:3], *ARGS, "train.steps=10", "--workdir", str(whole)], capsys)
     assert "were trained on" in err and "weights have changed since" in err, err
     with pytest.raises(jaxnet.UserError, match="weights have changed since"):
         jaxnet.load(whole)
@@ -210,7 +210,7 @@ def test_a_users_own_flax_model_takes_adapters_by_the_same_path_rule(tmp_path):
          f"train.init_from={tmp_path / 'full'}"],
     )  # fmt: skip
     summary = jaxnet.train(adapted, tmp_path / "lora", model=MLP(), dataset=data, task=task)
-    assert summary["param_count"] == 5 * 2 + 2 * 16  # A (5 x 2) and B (2 x 16) of Dense_0 only
+    assert summary["param_count"] == 16 * 2 + 2 * 3  # A (16 x 2) and B (2 x 3) of Dense_0 (Dense(3), made first)
     trained = jaxnet.load(tmp_path / "lora", model=MLP())
     full = jaxnet.load_params(tmp_path / "full")
     pair = trained.adapters["Dense_0"]["kernel"]

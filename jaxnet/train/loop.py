@@ -316,15 +316,23 @@ class Run:
         return jax.jit(self._create_state, out_shardings=self.state_shardings)()
 
     def restore(
-        self, ckpts: Checkpoints, step: int | None = None, *, say: Any = print, init: dict | None = None
+        self,
+        ckpts: Checkpoints,
+        step: int | None = None,
+        *,
+        say: Any = print,
+        init: dict | None = None,
+        base: Any = None,
     ) -> state_lib.TrainState:
         """The train state of checkpoint ``step`` (default the newest intact one). A LoRA run's
-        checkpoints hold no base: it is made again from ``init`` (:func:`jaxnet.train.init_from.load`)."""
+        checkpoints hold no base: it is ``base`` (a live state's), else made again from ``init``
+        (:func:`jaxnet.train.init_from.load`)."""
         target = self.abstract_state()
         if self.lora is None:
             return ckpts.restore(target, step=step, say=say)
         restored = ckpts.restore(lora_lib.without_base(target), step=step, say=say)
-        base = self.init_state(init).model_state[lora_lib.BASE]
+        if base is None:
+            base = self.init_state(init).model_state[lora_lib.BASE]
         return restored.replace(model_state={**restored.model_state, lora_lib.BASE: base})
 
     def abstract_state(self) -> Any:
@@ -950,7 +958,10 @@ def evaluate(
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
         # stdout is the result's: a note on the checkpoint (an older layout read) goes to stderr
-        init = init_from.load(cfg, run, workdir) if run.lora is not None else None  # the base of LoRA adapters
+        init = None
+        if run.lora is not None:  # the base of LoRA adapters, checked against the hash the run recorded
+            init_from.check_base(cfg, workdir)
+            init = init_from.load(cfg, run, workdir)
         state = run.restore(ckpts, step, say=lambda line: print(line, file=sys.stderr), init=init)
     finally:
         ckpts.close()

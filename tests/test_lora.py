@@ -171,21 +171,21 @@ def fails(argv: list[str], capsys) -> str:
     return err
 
 
-def test_bad_lora_input_is_one_line_exit_2(bases, tmp_path, capsys):
-    base = f"train.init_from=hf:{bases['llama-tied']}"
+def test_bad_lora_input_is_one_line_exit_2(tmp_path, capsys):
     run = ["--workdir", str(tmp_path / "run")]
-    smoke = ["train", "hf_finetune:smoke", "train.progress=false"]
-    assert "configures LoRA adapters, which are off" in fails([*smoke, base, "train.lora_targets=all", *run], capsys)
+    smoke = ["train", "transformer_shakespeare:smoke", "train.progress=false"]
+    assert "configures LoRA adapters, which are off" in fails([*smoke, "train.lora_targets=all", *run], capsys)
+    assert "is not attention, all or a regular expression" in fails(
+        [*smoke, "train.lora_rank=4", "train.lora_targets=(", *run], capsys
+    )
     assert "matches no kernel of model" in fails(
-        [*smoke, base, "train.lora_rank=4", "train.lora_targets=attention/nothing", *run], capsys
+        [*smoke, "train.lora_rank=4", "train.lora_targets=attention/nothing", *run], capsys
     )
-    assert "set train.init_from" in fails(
-        ["train", "llama_shakespeare:smoke", "train.lora_rank=4", "train.progress=false", *run], capsys
-    )
+    assert "set train.init_from" in fails([*smoke, "train.lora_rank=4", *run], capsys)
+    assert "leave optim.freeze unset" in fails([*smoke, "train.lora_rank=4", "optim.freeze=embed", *run], capsys)
     # a model whose kernels the rule does not find: the ConvNet's have other names
-    assert "matches no kernel of model" in fails(
-        ["train", "cnn_fashion_mnist:smoke", "train.lora_rank=4", *run], capsys
-    )
+    err = fails(["train", "cnn_fashion_mnist:smoke", "train.lora_rank=4", *run], capsys)
+    assert "matches no kernel of model" in err and "Conv_0/kernel" in err
     assert not (tmp_path / "run").exists()
 
 

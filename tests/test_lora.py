@@ -221,3 +221,29 @@ def test_a_users_own_flax_model_takes_adapters_by_the_same_path_rule(tmp_path):
     # the saved run's outputs are the merged model's, as computed in training (evaluate restores the adapters)
     ours = jaxnet.evaluate(tmp_path / "lora", "val", model=MLP(), dataset=data, task=task)
     assert abs(ours["loss"] - summary["val"]["loss"]) < 1e-6
+
+
+def test_adapters_are_replicated_while_small_and_split_like_their_kernel_when_large(monkeypatch):
+    from jaxnet import parallel
+    from jaxnet.models import TransformerConfig, build
+
+    module = build(TransformerConfig.preset("llama", layers=1, width=64, heads=4, mlp_hidden=96), 50, 16)
+    model = lora.Lora(jaxnet.models.adapters.adapt(module), lora.Settings(rank=4, targets="all"))
+    tokens = jnp.zeros((1, 16), jnp.int32)
+    key = jax.random.PRNGKey(0)
+    rules = lora.RULES + parallel.RULES
+
+    def specs(path: str) -> tuple:
+        variables = jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, tokens))
+        pair = variables["params"]
+        for name in path.split("/"):
+            pair = pair[name]
+        return tuple(nn.logical_to_mesh_axes(pair[k].names, rules) for k in ("a", "b"))
+
+    small = specs("block_0/mlp_in/kernel")
+    assert small == (jax.sharding.PartitionSpec(None, None), jax.sharding.PartitionSpec(None, None))
+    monkeypatch.setattr(lora, "LARGE", 256)  # A (64 x 4) and B (4 x 96) count as large
+    a, b = specs("block_0/mlp_in/kernel")
+    assert a == jax.sharding.PartitionSpec("fsdp", None) and b == jax.sharding.PartitionSpec(None, "tensor")
+    a, b = specs("block_0/attention/out/kernel")  # (heads, head_dim, width): A over the heads, B over the width
+    assert a == jax.sharding.PartitionSpec("tensor", None, None) and b == jax.sharding.PartitionSpec(None, "fsdp")

@@ -36,11 +36,19 @@ ARGS = ["train.lora_rank=4", "train.lora_alpha=8", "train.progress=false", "trai
 def bases(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-bases")
     tokenizer = learned_tokenizer()
-    return {name: save(root / name, name, tokenizer) for name in ("llama-tied", "llama-gqa-untied-llama3")}
+    saved = {name: save(root / name, name, tokenizer) for name in ("llama-tied", "llama-gqa-untied-llama3")}
+    text = root / "text.txt"  # 20 KB of Shakespeare: tokenized in a moment by every run
+    text.write_text(jaxnet.data.text.shakespeare_works()[1][1][:20_000])
+    return saved | {"text": text}
 
 
-def lora_cfg(base: Path, *extra: str) -> config.Config:
-    return jaxnet.load_experiment("hf_finetune:smoke", [f"train.init_from=hf:{base}", *ARGS, *extra])
+def smoke(bases: dict[str, Path]) -> list[str]:
+    """hf_finetune:smoke's data: the small text file, tokenized with the checkpoint's tokenizer."""
+    return ["data.name=text", f"data.path={bases['text']}"]
+
+
+def lora_cfg(bases: dict[str, Path], base: Path, *extra: str) -> config.Config:
+    return jaxnet.load_experiment("hf_finetune:smoke", [f"train.init_from=hf:{base}", *smoke(bases), *ARGS, *extra])
 
 
 def first_loss(cfg: config.Config, workdir: Path) -> tuple[float, loop_lib.Run, object]:
@@ -59,9 +67,9 @@ def first_loss(cfg: config.Config, workdir: Path) -> tuple[float, loop_lib.Run, 
 @pytest.mark.parametrize("name", ["llama-tied", "llama-gqa-untied-llama3"])
 def test_step_0_is_the_base_exactly_and_only_the_adapters_have_gradients_and_state(bases, tmp_path, name):
     base = bases[name]
-    adapted, run, state = first_loss(lora_cfg(base, "train.lora_targets=all"), tmp_path / "a")
+    adapted, run, state = first_loss(lora_cfg(bases, base, "train.lora_targets=all"), tmp_path / "a")
     plain, _, plain_state = first_loss(
-        jaxnet.load_experiment("hf_finetune:smoke", [f"train.init_from=hf:{base}"]), tmp_path / "b"
+        jaxnet.load_experiment("hf_finetune:smoke", [f"train.init_from=hf:{base}", *smoke(bases)]), tmp_path / "b"
     )
     assert adapted == plain  # B = 0: the adapted model computes the base exactly
     adapters = state.params
@@ -98,7 +106,7 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
 
     base = tmp_path / "base"
     shutil.copytree(bases["llama-tied"], base)
-    argv = ["train", "hf_finetune:smoke", f"train.init_from=hf:{base}", *ARGS, "train.steps=8",
+    argv = ["train", "hf_finetune:smoke", f"train.init_from=hf:{base}", *smoke(bases), *ARGS, "train.steps=8",
             "optim.lr=3e-2", "optim.warmup_steps=0", "train.eval_every=8", "train.checkpoint_every=4",
             "train.base_dtype=bfloat16"]  # fmt: skip
     whole = tmp_path / "whole"
@@ -157,7 +165,7 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
     name = next(iter(changed))
     changed[name] = changed[name] + 1
     save_file(changed, str(path), metadata={"format": "pt"})
-    err = fails([*argv[:3], *ARGS, "train.steps=10", "--workdir", str(whole)], capsys)
+    err = fails([*argv[:3], *smoke(bases), *ARGS, "train.steps=10", "--workdir", str(whole)], capsys)
     assert "were trained on" in err and "weights have changed since" in err, err
     with pytest.raises(jaxnet.UserError, match="weights have changed since"):
         jaxnet.load(whole)

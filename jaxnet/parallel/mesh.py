@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxnet.config import MeshConfig
 from jaxnet.errors import UserError
+from jaxnet.models.adapters.lora import BASE as LORA_BASE
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -282,7 +283,7 @@ def describe(mesh: Mesh, state: Any, compiled: Any = None) -> str:
     sizes = memory(state, compiled)
     acts = f", {size(sizes['activations'])} of activations and temporaries" if sizes["activations"] >= 0 else ""
     model_state = getattr(state, "model_state", None)
-    base = model_state.get("lora_base") if isinstance(model_state, dict) else None  # a LoRA run's frozen base
+    base = model_state.get(LORA_BASE) if isinstance(model_state, dict) else None  # a LoRA run's frozen base
     frozen = f", {size(bytes_per_device(base))} of frozen base" if base else ""
     return (
         f"mesh {shape} ({mesh.size} {mesh.devices.flat[0].platform} device(s)): per device "

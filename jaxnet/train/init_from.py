@@ -300,6 +300,8 @@ def fingerprint(spec: str) -> str:
         source, step = parse(spec)
         directory = source / "checkpoints" / str(step)
         paths = sorted(p for p in directory.rglob("*") if p.is_file())
+    if not paths:
+        raise UserError(f"train.init_from={spec}: no weights in {directory}; name a checkpoint that holds them")
     digest = hashlib.sha256()
     for path in paths:
         digest.update(str(path.relative_to(directory)).encode() + b"\0")

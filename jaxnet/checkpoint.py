@@ -49,6 +49,7 @@ from absl import logging as absl_logging
 
 from jaxnet.errors import UserError
 from jaxnet.models import base as model_base
+from jaxnet.models.adapters import lora
 
 MANIFEST = "jaxnet_manifest.json"
 """File in each sealed step directory: every other file's relative path, size and SHA-256."""
@@ -145,6 +146,7 @@ class Checkpoints:
         :class:`UserError`, here or from :meth:`wait` or :meth:`close`.
         """
         self._settle()
+        state = lora.without_base(state)  # a LoRA run saves its adapters; the base is rebuilt from train.init_from
         try:
             self._manager.save(
                 step,

@@ -10,7 +10,7 @@
                    [--cast]
     jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,...] [--tokens N] [--temperature T] [--top-k K]
                   [--seed S]
-    jaxnet export --workdir DIR --format hf|jax --out PATH [--step N|best]
+    jaxnet export --workdir DIR --format hf|jax|peft --out PATH [--step N|best]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
                  [--compare-devices] [--roofline]
     jaxnet study batch-scaling EXPERIMENT batch=B1,B2,... [--target V] [--lr-rule linear|sqrt|none]
@@ -168,14 +168,21 @@ def _parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser(
         "export",
-        help="write a trained run out: a Hugging Face GPT-2 checkpoint (hf) or jax.export's StableHLO (jax)",
+        help="write a trained run out: a Hugging Face checkpoint (hf), jax.export's StableHLO (jax) or LoRA "
+        "adapters as PEFT writes them (peft)",
         description="--format hf writes a Transformer run as config.json + model.safetensors into the new or empty "
-        "directory --out, which transformers.GPT2LMHeadModel.from_pretrained loads (the vocabulary's padding rows "
-        "dropped); --format jax writes the inference function with its weights to the file --out (Trained.export). "
-        "Nothing is written unless the whole export is.",
+        "directory --out, which transformers' from_pretrained loads (the vocabulary's padding rows dropped; a LoRA "
+        "run's adapters merged into its base); --format peft writes a LoRA run's adapters alone (adapter_config.json "
+        "+ adapter_model.safetensors, which peft loads onto the base); --format jax writes the inference function "
+        "with its weights to the file --out (Trained.export). Nothing is written unless the whole export is.",
     )
     export.add_argument("--workdir", required=True, help="run directory of a training run")
-    export.add_argument("--format", required=True, choices=("hf", "jax"), help="hf (GPT-2 checkpoint) or jax")
+    export.add_argument(
+        "--format",
+        required=True,
+        choices=("hf", "jax", "peft"),
+        help="hf (a Hugging Face checkpoint, LoRA adapters merged), jax, or peft (a LoRA run's adapters alone)",
+    )
     export.add_argument("--out", required=True, metavar="PATH", help="hf: a new or empty directory; jax: a new file")
     export.add_argument("--step", type=_checkpoint_step, default=None, help="checkpoint step N, or best")
 

@@ -48,6 +48,7 @@ from jaxnet import flops as flops_lib
 from jaxnet.bench import roofline
 from jaxnet.config import Config
 from jaxnet.errors import UserError
+from jaxnet.models.adapters import lora
 from jaxnet.train.loop import Run
 
 
@@ -1299,6 +1300,8 @@ def _memory(compiled: Any, state: Any, batch: dict, device: int) -> dict[str, An
     return {
         "arguments": int(stats.argument_size_in_bytes),
         "params": parallel.bytes_per_device(state.params),
+        # a LoRA run: its frozen base, held beside the adapters (state.params) and never differentiated
+        "frozen_base": parallel.bytes_per_device(state.model_state.get(lora.BASE, {})),
         "opt_state": parallel.bytes_per_device(state.opt_state),
         "batch": parallel.bytes_per_device(batch),
         "outputs": int(stats.output_size_in_bytes),
@@ -1438,6 +1441,11 @@ def plan(
         "seq_len": planned.data.seq_len if run.text else None,
         "model": run.model.name,
         "parameters": _count(state.params),
+        **(
+            {"lora": dataclasses.asdict(run.lora), "frozen_parameters": _count(state.model_state[lora.BASE])}
+            if run.lora is not None
+            else {}
+        ),
         "compute_dtype": dtype,
         "fits": _fits(memory),
         "memory": memory,
@@ -1700,7 +1708,9 @@ def describe(report: dict[str, Any]) -> str:
         f"{report['experiment'] or 'run'} on {report['gpus']} x {report['device_kind']} (mesh {mesh}), batch "
         f"{report['batch_size']}, {report['compute_dtype']}: {verdict} "
         f"({_gib(m['total'])} of {_gib(m['device'])} per device; usable with 10 % headroom {_gib(m['usable'])})",
-        f"  memory per device: arguments {_gib(m['arguments'])} (parameters {_gib(m['params'])}, optimizer state "
+        f"  memory per device: arguments {_gib(m['arguments'])} (parameters {_gib(m['params'])}"
+        + (f", frozen base {_gib(m['frozen_base'])}" if m.get("frozen_base") else "")
+        + f", optimizer state "
         f"{_gib(m['opt_state'])}, batch {_gib(m['batch'])}), outputs {_gib(m['outputs'])} "
         f"({_gib(m['aliased'])} donated), temp {_gib(m['temp'])}; cuDNN workspaces not counted",
         f"  FLOPs per step per device {f['per_device'] / 1e9:.3f} G from {f['source']} (XLA "

@@ -32,14 +32,16 @@ from jaxnet.config import Config
 from jaxnet.data import imagefiles, pipeline
 from jaxnet.errors import UserError
 from jaxnet.models import adapters
+from jaxnet.models.adapters import lora
 from jaxnet.models.adapters.paths import joined
 from jaxnet.train import init_from, record
 from jaxnet.train import loop as loop_lib
 
 CARRIED = init_from.CARRIED  # an LSTM's state between batches: fresh zeros for every batch predicted
 
-EXPORT_FORMATS = ("jax", "hf")
-"""What :meth:`Trained.export` and ``jaxnet export`` write: StableHLO (jax.export), or a GPT-2 checkpoint."""
+EXPORT_FORMATS = ("jax", "hf", "peft")
+"""What :meth:`Trained.export` and ``jaxnet export`` write: StableHLO (jax.export), a Hugging Face
+checkpoint (LoRA adapters merged into it), or a LoRA run's adapters alone as PEFT writes them."""
 
 
 class Trained:
@@ -54,6 +56,11 @@ class Trained:
         y = trained.predict({"x": x})               # or trained.predict(x): the model takes one input
         trained.export("mlp.jax")                    # runs without jaxnet (see export)
     """
+
+    adapters: Any = None
+    """A LoRA run's adapters (``train.lora_rank``), already merged into ``params``; None otherwise."""
+    lora: Any = None
+    """A LoRA run's settings; None otherwise."""
 
     def __init__(
         self,
@@ -166,6 +173,8 @@ class Trained:
             raise UserError(f"format={format!r}: expected one of {', '.join(EXPORT_FORMATS)}")
         if format == "hf":
             return self._export_hf(Path(path))
+        if format == "peft":
+            return self._export_peft(Path(path))
         from jax import export as jax_export
 
         specs = self.inputs["inputs"]
@@ -221,6 +230,19 @@ class Trained:
         if source is not None and not hf.hf_dir(source).is_dir():
             source = None  # moved or deleted since: the weights alone
         return hf.export(path, self.params, model, context, source=source)
+
+    def _export_peft(self, path: Path) -> Path:
+        from jaxnet.models import hf
+
+        if getattr(self, "lora", None) is None:
+            raise UserError(
+                f"{self.workdir} trained no LoRA adapters (train.lora_rank); --format peft writes adapters alone, "
+                "use --format hf for the whole model"
+            )
+        source = self.config.train.init_from
+        return hf.export_peft(
+            path, self.adapters, self.config.model, self.lora, source=source if hf.is_hf(source) else None
+        )
 
     def _state_for(self, rows: int) -> dict[str, Any]:
         """The model state for batches of ``rows`` examples: a carried state is fresh zeros of that many rows."""
@@ -326,9 +348,18 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
         )
     adapted = adapters.adapt(model)
     saved = checkpoint.load_state(workdir, step)
+    settings = lora.Settings.of(cfg.train)
+    adapter_params = None
+    if settings is not None:  # adapters: merged into the base they were trained on
+        adapter_params = saved["params"]
+        saved = {**saved, "params": _lora_base(workdir, cfg, adapted, inputs)}
     variables = _variables(workdir, adapted, inputs, saved)
     params = variables.pop("params")
-    return Trained(
+    if settings is not None:
+        if settings.base_dtype:  # the base as training held it
+            params = jax.tree.map(lambda x: np.asarray(x).astype(settings.base_dtype), params)
+        params = jax.tree.map(np.asarray, lora.merge(params, adapter_params, settings.scale))
+    trained = Trained(
         workdir=workdir,
         config=cfg,
         model=adapted,
@@ -337,6 +368,40 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
         step=int(saved["step"]),
         inputs=inputs,
     )
+    trained.adapters, trained.lora = adapter_params, settings
+    return trained
+
+
+def _lora_base(workdir: Path, cfg: Config, model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The frozen base of a LoRA run (nested parameters), from its ``train.init_from``, checked
+    against the hash the run recorded (:func:`jaxnet.train.init_from.check_base`)."""
+    from jaxnet.models import hf
+
+    init_from.check_base(cfg, workdir)
+    spec = cfg.train.init_from
+    if not hf.is_hf(spec):
+        source, at = init_from.parse(spec)
+        return checkpoint.load_params(source, at)
+    template = _template(workdir, model, inputs)
+    rows = template["params"]["embed"]["embedding"].shape[0]
+    return hf.nested(dict(hf.read(spec).tensors(rows)))
+
+
+def _template(workdir: Path, model: Any, inputs: dict[str, Any]) -> Any:
+    """The shapes of ``model``'s variables (``jax.eval_shape`` of its init on the run's inputs)."""
+    sample = []
+    for spec in inputs["inputs"]:
+        x = np.zeros((1, *[1 if d is None else d for d in spec["shape"]]), spec["dtype"])
+        sample.append(x if _normalized(inputs, spec) is None else x.astype(np.float32))
+    key = jax.random.PRNGKey(0)
+    try:
+        return nn.unbox(jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, *sample, train=False)))
+    except Exception as e:
+        message = (str(e).strip().splitlines() or [""])[0]
+        raise UserError(
+            f"model {model.name} failed on the inputs {workdir} was trained on: {type(e).__name__}: {message[:300]}; "
+            "pass the model the run trained"
+        ) from None
 
 
 def hf_model(spec: str | os.PathLike, context: int | None = None) -> tuple[Config, Any, dict[str, Any]]:
@@ -385,19 +450,7 @@ def load_hf(spec: str | os.PathLike) -> Trained:
 
 def _variables(workdir: Path, model: Any, inputs: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
     """The model's variables, in the structure its ``init`` makes, filled from a saved state by path."""
-    sample = []
-    for spec in inputs["inputs"]:
-        x = np.zeros((1, *[1 if d is None else d for d in spec["shape"]]), spec["dtype"])
-        sample.append(x if _normalized(inputs, spec) is None else x.astype(np.float32))
-    key = jax.random.PRNGKey(0)
-    try:
-        template = nn.unbox(jax.eval_shape(lambda: model.init({"params": key, "dropout": key}, *sample, train=False)))
-    except Exception as e:
-        message = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(
-            f"model {model.name} failed on the inputs {workdir} was trained on: {type(e).__name__}: {message[:300]}; "
-            "pass the model the run trained"
-        ) from None
+    template = _template(workdir, model, inputs)
     found = init_from.variables(saved)
     flat, treedef = jax.tree_util.tree_flatten_with_path(dict(template))
     leaves, lacks, wrong = [], [], []
@@ -432,14 +485,14 @@ def export_run(
     out = Path(out)
     if format not in EXPORT_FORMATS:
         raise UserError(f"--format {format}: expected one of {', '.join(EXPORT_FORMATS)}")
-    if format == "hf" and out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if format in ("hf", "peft") and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} {'is not empty' if out.is_dir() else 'is a file'}; give a new or empty directory")
     if format == "jax" and out.exists():
         raise UserError(f"--out {out} exists; give a new file name (nothing is overwritten)")
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: directory {out.parent} does not exist")
     trained = load(workdir, step)
-    if format == "hf" and not isinstance(trained.config.model, models.TransformerConfig):
+    if format in ("hf", "peft") and not isinstance(trained.config.model, models.TransformerConfig):
         raise UserError(
             f"{workdir} trained a {trained.config.model.name}; a Hugging Face checkpoint (--format hf) holds a "
             "Transformer. Use --format jax"

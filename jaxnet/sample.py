@@ -294,11 +294,17 @@ def sample(
     target = abstract_state(
         lambda: state_lib.create(model, tx, sample_input, cfg.seed, **workers_of(cfg)), parallel.make_mesh(cfg.mesh)
     )
-    ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
-    try:
-        state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only
-    finally:
-        ckpts.close()
+    if cfg.train.lora_rank:  # LoRA adapters: merged into the base they were trained on, as jaxnet.load gives them
+        from jaxnet.predict import load
+
+        params = load(workdir).params
+    else:
+        ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
+        try:
+            state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only
+        finally:
+            ckpts.close()
+        params = state.params
     codec = dataset.codec
     stops = codec.end_ids if codec.kind == "hf" else ()
     kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)
@@ -306,7 +312,7 @@ def sample(
         start = np.asarray(ids, np.int32)
         if start.min() < 0 or start.max() >= len(vocab):
             raise UserError(f"--ids holds ids {start.min()}..{start.max()}; the run has ids 0..{len(vocab) - 1}")
-        out = generate(model, state.params, start, tokens, **kw)
+        out = generate(model, params, start, tokens, **kw)
         return " ".join(map(str, out.tolist()))
     if not prompt:  # a new document (GPT-2, hf:DIR), line (characters, bytes) or sentence (words)
         start = np.asarray([codec.start_id(dataset.index)], np.int32)
@@ -314,7 +320,7 @@ def sample(
         start = dataset.encode(prompt)
         if codec.kind == "hf":  # as documents were prepared: after the ids the tokenizer puts first (BOS)
             start = np.concatenate([np.asarray(codec.before, np.int32), start]).astype(np.int32)
-    out = generate(model, state.params, start, tokens, **kw)
+    out = generate(model, params, start, tokens, **kw)
     if len(out) and int(out[-1]) in stops:
         out = out[:-1]
     return codec.join(prompt or "", dataset.decode(out))

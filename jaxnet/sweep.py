@@ -218,8 +218,9 @@ def check_supported(cfg: Config) -> None:
             f"jaxnet sweep runs one step per call; drop train.steps_per_call={cfg.train.steps_per_call} "
             "(it is for jaxnet train)"
         )
-    if cfg.train.init_from:
-        raise UserError("jaxnet sweep starts every member fresh; train.init_from is for jaxnet train")
+    if cfg.train.init_from or cfg.train.lora_rank:
+        what = "train.init_from" if cfg.train.init_from else "train.lora_rank (adapters on a train.init_from base)"
+        raise UserError(f"jaxnet sweep starts every member fresh; {what} is for jaxnet train")
     if cfg.train.keep_best:
         raise UserError("jaxnet sweep keeps each member's newest checkpoints; train.keep_best is for jaxnet train")
 

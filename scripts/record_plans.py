@@ -1,11 +1,12 @@
 """Write the committed plan records: the published runs the expected step is fitted on and checked
 against, every shipped experiment compiled for one H100, gpt2_small on 1 and 8 H100s (fsdp=8) and on
 one H200, llama3_8b on 8 H100s (fsdp=8) with and without model.remat, and the families `jaxnet study
-devices` compares on one H200, from this CPU-only machine (XLA deviceless compilation).
+devices` compares on one H200, llama3_8b with LoRA rank 16 on 1 and 2 H100s, from this CPU-only machine
+(XLA deviceless compilation).
 
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
-    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, others, devices, or one NAME)
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, others, devices, or one NAME)
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>][-<label>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date (a record of an earlier date for the
@@ -74,6 +75,19 @@ LLAMA = [
         "h100",
         8,
         "remat-b56",
+    ),
+]
+# LoRA rank 16 on the attention and MLP of Llama 3 8B, its base frozen in bfloat16, with remat: on one
+# H100 and on two (fsdp=2), the largest batch of 8,192-token sequences beside the full fine-tune above.
+LORA = ["train.lora_rank=16", "train.lora_alpha=32", "train.lora_targets=all", "train.base_dtype=bfloat16"]
+LLAMA += [
+    ("llama3_8b", [*LORA, "model.remat=true", "--max-batch", "--tokens", "1e9", "--price", "3"], "h100", 1, "lora16"),
+    (
+        "llama3_8b",
+        ["mesh.fsdp=2", *LORA, "model.remat=true", "--max-batch", "--tokens", "1e9", "--price", "3"],
+        "h100",
+        2,
+        "lora16",
     ),
 ]
 # The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.
@@ -202,6 +216,8 @@ def records(which: str) -> list[tuple]:
         return GPT2
     if which == "llama":
         return LLAMA
+    if which == "lora":
+        return [r for r in LLAMA if "train.lora_rank=16" in r[1]]
     if which == "gpt2-max-batch":
         return GPT2[:1]
     if which == "devices":

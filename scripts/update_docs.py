@@ -728,6 +728,8 @@ def render_llama_plan() -> str:
     rows = []
     for f in files:
         r = json.loads(f.read_text())
+        if r.get("lora"):
+            continue  # LoRA's plans: their own table (render_lora_plan)
         if r.get("experiment") == "llama3_8b" or (r.get("experiment") == "gpt2_small" and r.get("gpus") == 8):
             rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
     if not rows:
@@ -764,6 +766,48 @@ def render_llama_plan() -> str:
     return "\n".join(lines)
 
 
+def render_lora_plan() -> str:
+    """llama3_8b with LoRA adapters on 1 and 2 H100s beside the full fine-tune on 8: memory per device."""
+    files = [f for f in sorted((ROOT / "benchmarks" / "results").glob("plan-llama3_8b-*.json"))]
+    rows = []
+    for f in files:
+        r = json.loads(f.read_text())
+        if r.get("lora") or "--max-batch" in r["command"]:
+            rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
+    if not any(r.get("lora") for r in rows):
+        return "No LoRA plan of llama3_8b yet: `python scripts/record_plans.py lora` writes them."
+    rows.sort(key=lambda r: (r["gpus"], "remat" not in r["command"]))
+    gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
+    lines = [
+        "| command | GPUs | trained parameters | frozen base | memory per device (GiB): trained parameters, "
+        "frozen base, optimizer state, temporaries = total of usable | fits | largest batch of 8,192-token sequences "
+        "(`--max-batch`) | **expected** step | compile |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m, p = r["memory"], r["prediction"]
+        frozen = (
+            f"{r['frozen_parameters'] / 1e9:.2f} B ({r['lora']['base_dtype'] or 'float32'})" if r.get("lora") else "-"
+        )
+        trained = r["parameters"]
+        lines.append(
+            f"| `{r['command']}` | {r['gpus']} | {trained / 1e9:.3f} B | {frozen} "
+            f"| {gib(m['params'])}, {gib(m.get('frozen_base', 0))}, {gib(m['opt_state'])}, {gib(m['temp'])} "
+            f"= **{gib(m['total'])}** of {gib(m['usable'])} | {'yes' if r['fits'] else '**no**'} | {largest(r)} "
+            f"| {1e3 * p['expected_step_s']:,.0f} ms | {r['compile_s']:.0f} s ([record]({r['_file']})) |"
+        )
+    v = rows[0]["versions"]
+    lines += [
+        "",
+        f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; "
+        f"{max(r['date'] for r in rows)}): memory is what XLA's compiled program says per device (cuDNN workspaces not "
+        "counted; usable = 90 % of the GPU); the step is an **estimate** ([Planning for GPUs](plan.md)), not a "
+        "measurement. Each row at the batch it was planned with (8 sequences, the experiment's); the largest batch "
+        "is a search over compiles.",
+    ]
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "headline": headline,
     "results": render,
@@ -778,6 +822,7 @@ BLOCKS = {
     "import-memory": render_import_memory,
     "open-models-result": render_open_models_result,
     "llama-plan": render_llama_plan,
+    "lora-plan": render_lora_plan,
 }
 
 

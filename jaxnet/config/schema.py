@@ -234,6 +234,29 @@ class TrainConfig(Checked):
         "store in the run directory; pip install 'jaxnet[mlflow]'), e.g. tensorboard,mlflow",
         choices=("tensorboard", "mlflow"),
     )
+    lora_rank: int = field(
+        0,
+        "LoRA: rank of the low-rank adapters trained on a frozen base (train.init_from); only the adapters get "
+        "gradients, optimizer state and checkpoints (0 = off: every parameter trains)",
+        low=0,
+    )
+    lora_alpha: float = field(
+        0.0, "LoRA: the adapters' product is scaled by lora_alpha / lora_rank (0 = lora_rank: scale 1)", low=0.0
+    )
+    lora_dropout: float = field(
+        0.0, "LoRA: dropout on the adapters' inputs in training (the Transformer's projections)", low=0.0, high=0.99
+    )
+    lora_targets: str = field(
+        "",
+        "LoRA: which kernels get adapters: attention (the queries, keys, values and attention output), all (and "
+        "the MLP), or a regex searched in parameter paths such as block_0/mlp_in/kernel ('' = attention)",
+    )
+    base_dtype: str = field(
+        "",
+        "LoRA: the dtype the frozen base is held in (bfloat16 halves its memory); the adapters and their "
+        "optimizer stay float32 ('' = model.param_dtype)",
+        choices=("", "float32", "bfloat16"),
+    )
     on_nonfinite: str = field(
         "stop",
         "a NaN or Inf loss or gradient: stop the run (naming the step), or skip that update inside the step",
@@ -520,6 +543,38 @@ def _check_fine_tuning(cfg: Config) -> None:
             raise UserError(f"{key}={value!r} is not a regular expression ({e}); e.g. {key}=Dense_1") from None
     if cfg.train.init_skip and not cfg.train.init_from:
         raise UserError("train.init_skip names parameters to leave fresh, which needs train.init_from=RUN_DIR")
+    _check_lora(cfg)
+
+
+def _check_lora(cfg: Config) -> None:
+    """The LoRA keys fit together: targets, alpha, dropout or a base dtype need a rank; a target
+    regex compiles; the adapters train with synchronous SGD."""
+    t = cfg.train
+    if not t.lora_rank:
+        given = [
+            f"train.{k}={getattr(t, k)}"
+            for k, off in (("lora_targets", ""), ("lora_alpha", 0.0), ("lora_dropout", 0.0), ("base_dtype", ""))
+            if getattr(t, k) != off
+        ]
+        if given:
+            raise UserError(
+                f"{', '.join(given)} configures LoRA adapters, which are off: set train.lora_rank=R (e.g. 16)"
+            )
+        return
+    if t.lora_targets not in ("", "attention", "all"):
+        try:
+            re.compile(t.lora_targets)
+        except re.error as e:
+            raise UserError(
+                f"train.lora_targets={t.lora_targets!r} is not attention, all or a regular expression ({e})"
+            ) from None
+    if cfg.parallel.sgd != "sync":
+        raise UserError(f"train.lora_rank trains adapters with synchronous SGD; parallel.sgd={cfg.parallel.sgd} is not")
+    if cfg.optim.freeze:
+        raise UserError(
+            "train.lora_rank already freezes everything but the adapters; leave optim.freeze unset "
+            "(train.lora_targets chooses the adapted kernels)"
+        )
 
 
 def steps_per_call(cfg: Config, everies: tuple[int, ...] = ()) -> int:

@@ -116,11 +116,29 @@ def project(x: jnp.ndarray, kernel: jnp.ndarray, bias: jnp.ndarray | None, contr
     return y if bias is None else y + bias.astype(dtype)
 
 
+LORA = "lora"
+"""The collection a LoRA-adapted :class:`Projection` finds its adapters in (see :mod:`jaxnet.models.adapters.lora`)."""
+
+_ADAPTING = contextvars.ContextVar("jaxnet_lora", default=(1.0, 0.0))
+
+
+@contextlib.contextmanager
+def adapting(scale: float, dropout: float) -> Iterator[None]:
+    """Inside, a :class:`Projection` with adapters in the :data:`LORA` collection adds ``scale`` times
+    their product, with ``dropout`` on their inputs (0 in evaluation). Read when the layers are traced."""
+    token = _ADAPTING.set((float(scale), float(dropout)))
+    try:
+        yield
+    finally:
+        _ADAPTING.reset(token)
+
+
 class Projection(nn.Module):
     """``x @ kernel + bias`` contracting the last ``contract`` axes of ``x`` into ``features``: every
     linear layer of the Transformer (queries, keys, values, the attention's output, the MLP, an
-    untied output head), so that what changes a linear layer (an adapter) changes it here, in
-    :meth:`weights`, which every product with the layer goes through.
+    untied output head), so that what changes a linear layer changes it here: :meth:`weights`, which
+    every product with the layer goes through, and :meth:`adapter`, the low-rank term a LoRA
+    adapter adds to it.
 
     ``names`` are the logical names of the kernel's axes (inputs, then outputs). The kernel is
     created at its full shape (Flax's ``DenseGeneral`` creates it flat and reshapes, which its own
@@ -150,6 +168,24 @@ class Projection(nn.Module):
         bias_init = nn.with_logical_partitioning(nn.initializers.zeros, self.names[self.contract :])
         return kernel, self.param("bias", bias_init, self.features, self.param_dtype)
 
+    def adapter(self, x: jnp.ndarray) -> jnp.ndarray | None:
+        """``scale * dropout(x) @ A @ B`` of the LoRA adapter ``{"a": A, "b": B}`` this layer finds
+        in the :data:`LORA` collection under ``kernel`` (A: inputs + (rank,), B: (rank,) + features;
+        ``scale`` and ``dropout`` from :func:`adapting`), or None without one. Computed through the
+        rank, never as a merged kernel, so the base kernel's product is unchanged (B = 0 adds
+        exact zeros) and its gradient is never formed."""
+        if not self.has_variable(LORA, "kernel"):
+            return None
+        adapter = self.get_variable(LORA, "kernel")
+        scale, rate = _ADAPTING.get()
+        if rate > 0:
+            keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - rate, x.shape)
+            x = jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+        low = project(x, adapter["a"], None, self.contract, self.dtype)
+        return project(low * jnp.asarray(scale, low.dtype), adapter["b"], None, 1, self.dtype)
+
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         kernel, bias = self.weights(tuple(x.shape[x.ndim - self.contract :]))
-        return project(x, kernel, bias, self.contract, self.dtype)
+        y = project(x, kernel, bias, self.contract, self.dtype)
+        delta = self.adapter(x)
+        return y if delta is None else y + delta

@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxnet.config import MeshConfig
 from jaxnet.errors import UserError
+from jaxnet.models.adapters.lora import BASE as LORA_BASE
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -281,9 +282,12 @@ def describe(mesh: Mesh, state: Any, compiled: Any = None) -> str:
     shape = " x ".join(f"{a}={n}" for a, n in mesh.shape.items())
     sizes = memory(state, compiled)
     acts = f", {size(sizes['activations'])} of activations and temporaries" if sizes["activations"] >= 0 else ""
+    model_state = getattr(state, "model_state", None)
+    base = model_state.get(LORA_BASE) if isinstance(model_state, dict) else None  # a LoRA run's frozen base
+    frozen = f", {size(bytes_per_device(base))} of frozen base" if base else ""
     return (
         f"mesh {shape} ({mesh.size} {mesh.devices.flat[0].platform} device(s)): per device "
-        f"{size(sizes['params'])} of parameters, {size(sizes['opt_state'])} of optimizer state{acts} "
+        f"{size(sizes['params'])} of parameters{frozen}, {size(sizes['opt_state'])} of optimizer state{acts} "
         f"(parameters and optimizer state unsharded: {size(sizes['total'])})"
     )
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxnet.errors import UserError
+from jaxnet.models.adapters.lora import BASE as lora_base
 from jaxnet.train.actions import Action, Checkpoint, Loop, Validate
 
 # Words in a metric's name that say which way is better: ``val/bits_per_byte`` is lower-better
@@ -313,7 +314,8 @@ def final_metrics(best: Best, run: Any, loop: Loop, log: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     state = loop.state
     if best.use_best and best.step is not None and best.step != end:
-        state = best.ckpts.restore(run.abstract_state(), step=best.step, say=None)
+        base = loop.state.model_state.get(lora_base)  # a LoRA run's frozen base: not in its checkpoints
+        state = run.restore(best.ckpts, best.step, say=None, base=base)
         val = run.evaluate(state, "val")
         fields["evaluated_step"] = best.step
     elif not val:  # stopped early with no finite value to keep: the final state, as it is

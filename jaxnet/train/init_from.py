@@ -26,7 +26,10 @@ a sharded run of a large model never gathers it whole on one host.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from jaxnet import checkpoint, parallel, tokenizers
 from jaxnet.config import Config
 from jaxnet.errors import UserError
 from jaxnet.models import TransformerConfig, hf
+from jaxnet.models.adapters import lora
 from jaxnet.models.adapters.paths import joined
 
 CARRIED = "carry"  # model state of the data position, left fresh
@@ -157,9 +161,21 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, jax.Array] | None:
     :class:`UserError` naming them.
     """
     spec = cfg.train.init_from
-    if not spec or resuming(workdir):
+    adapted = getattr(run, "lora", None) is not None
+    if adapted and not spec:
+        raise UserError(
+            "train.lora_rank trains adapters on a trained model: set train.init_from=hf:PATH (a Hugging Face "
+            "checkpoint) or RUN_DIR[@STEP] (a jaxnet run)"
+        )
+    if not spec or (resuming(workdir) and not adapted):  # a LoRA run's checkpoints hold no base: always read
         return None
     ours = variables(run.abstract_state())
+    if adapted:  # the base is the source's parameters; the adapters (params here) start fresh
+        ours = {
+            "params/" + n[len(lora.BASE) + 1 :] if n.startswith(lora.BASE + "/") else n: v
+            for n, v in ours.items()
+            if not n.startswith("params/")
+        }
     if hf.is_hf(spec):
         pretrained = hf.read(spec)
         source = pretrained.directory
@@ -225,10 +241,93 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, jax.Array] | None:
     if parallel.is_primary():
         fresh = len(ours) - len(taken)
         print(
-            f"starting from {origin}: {len(taken)} arrays taken over"
-            + (f", {fresh} fresh (train.init_skip)" if fresh else "")
+            f"{'the frozen base is' if adapted else 'starting from'} {origin}: {len(taken)} arrays taken over"
+            + (f", {fresh} fresh (train.init_skip)" if fresh else ""),
+            file=sys.stderr if adapted else sys.stdout,
         )
+    if adapted:
+        taken = {lora.BASE + n[len("params") :] if n.startswith("params/") else n: v for n, v in taken.items()}
     return taken
+
+
+BASE_RECORD = "lora_base"
+"""The key of a LoRA run's record of its base (``train.init_from`` and its hash) in config.json's run record."""
+
+
+def pin_lora_base(cfg: Config, workdir: Path) -> Config:
+    """A LoRA run starting from ``RUN_DIR`` without a step: ``cfg`` with ``train.init_from=RUN_DIR@STEP``,
+    the step the run's base was first read from (recorded in its config.json) or else that run's
+    newest, so a resume rebuilds the same base whatever the other run did since."""
+    spec = cfg.train.init_from
+    if not cfg.train.lora_rank or not spec or hf.is_hf(spec) or parse(spec)[1] is not None:
+        return cfg
+    recorded = _recorded_base(workdir)
+    if recorded is not None and recorded.get("init_from", "").startswith(spec + "@"):
+        pinned = recorded["init_from"]
+    else:
+        directory = Path(spec) / "checkpoints"
+        if not directory.is_dir():
+            raise UserError(f"train.init_from={spec} has no checkpoints; pass the run directory of a training run")
+        ckpts = checkpoint.Checkpoints(directory, read_only=True)
+        try:
+            steps = ckpts.all_steps()
+        finally:
+            ckpts.close()
+        if not steps:
+            raise UserError(f"train.init_from={spec} has no checkpoint; train it first")
+        pinned = f"{spec}@{steps[-1]}"
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=pinned))
+
+
+def _recorded_base(workdir: Path) -> dict[str, Any] | None:
+    """The base a LoRA run in ``workdir`` recorded (its config.json's run record), or None."""
+    from jaxnet.config import RUN_KEY
+
+    try:
+        record = json.loads((Path(workdir) / "config.json").read_text()).get(RUN_KEY, {}).get(BASE_RECORD)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def fingerprint(spec: str) -> str:
+    """The SHA-256 of the weights ``train.init_from=spec`` names: a Hugging Face directory's
+    ``*.safetensors`` / ``*.bin`` files, or the files of a run's checkpoint ``RUN_DIR@STEP``, by name and content."""
+    if hf.is_hf(spec):
+        directory = hf.hf_dir(spec)
+        paths = sorted(p for p in directory.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    else:
+        source, step = parse(spec)
+        directory = source / "checkpoints" / str(step)
+        paths = sorted(p for p in directory.rglob("*") if p.is_file())
+    if not paths:
+        raise UserError(f"train.init_from={spec}: no weights in {directory}; name a checkpoint that holds them")
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path.relative_to(directory)).encode() + b"\0")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_base(cfg: Config, workdir: Path) -> dict[str, str]:
+    """The record of a LoRA run's base (``init_from`` and :func:`fingerprint`); a one-line
+    :class:`UserError` when ``workdir`` recorded another base, or the same one whose weights changed."""
+    spec = cfg.train.init_from
+    record = {"init_from": spec, "sha256": fingerprint(spec)}
+    recorded = _recorded_base(workdir)
+    if recorded is not None and recorded != record:
+        what = (
+            f"train.init_from={recorded.get('init_from')}"
+            if recorded.get("init_from") != spec
+            else f"{spec} whose weights have changed since (sha256 {str(recorded.get('sha256'))[:12]}... then, "
+            f"{record['sha256'][:12]}... now)"
+        )
+        raise UserError(
+            f"the LoRA adapters in {workdir} were trained on {what}; restore that base or use a fresh --workdir"
+        )
+    return record
 
 
 def place(value: Any, target: Any) -> jax.Array:

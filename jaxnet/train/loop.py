@@ -34,6 +34,7 @@ from jaxnet.data import pipeline
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
 from jaxnet.models import adapters
+from jaxnet.models.adapters import lora as lora_lib
 from jaxnet.observe import headline
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import best as best_lib
@@ -178,6 +179,11 @@ class Run:
             # The family's own logical axes (a built model's; yours are placed by the shared rules).
             self.rules = tuple(cfg.model.axis_rules(dict(self.mesh.shape))) + parallel.RULES
         self.model = adapters.adapt(model)
+        self.lora = lora_lib.Settings.of(cfg.train)
+        if self.lora is not None:  # adapters trained on a frozen base (jaxnet.models.adapters.lora)
+            inner = self.model.inner if isinstance(self.model, lora_lib.Lora) else self.model  # a run's, rebuilt
+            self.model = lora_lib.Lora(inner, self.lora)
+            self.rules = lora_lib.RULES + tuple(self.rules)
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
@@ -308,6 +314,26 @@ class Run:
             create = lambda values: self._create_state(init=values)  # noqa: E731
             return jax.jit(create, out_shardings=self.state_shardings, donate_argnums=0)(init)
         return jax.jit(self._create_state, out_shardings=self.state_shardings)()
+
+    def restore(
+        self,
+        ckpts: Checkpoints,
+        step: int | None = None,
+        *,
+        say: Any = print,
+        init: dict | None = None,
+        base: Any = None,
+    ) -> state_lib.TrainState:
+        """The train state of checkpoint ``step`` (default the newest intact one). A LoRA run's
+        checkpoints hold no base: it is ``base`` (a live state's), else made again from ``init``
+        (:func:`jaxnet.train.init_from.load`)."""
+        target = self.abstract_state()
+        if self.lora is None:
+            return ckpts.restore(target, step=step, say=say)
+        restored = ckpts.restore(lora_lib.without_base(target), step=step, say=say)
+        if base is None:
+            base = self.init_state(init).model_state[lora_lib.BASE]
+        return restored.replace(model_state={**restored.model_state, lora_lib.BASE: base})
 
     def abstract_state(self) -> Any:
         """Shapes, dtypes and placement of the train state, without computing it (a restore target)."""
@@ -600,6 +626,7 @@ def train(
     config_lib.validate(cfg)
     trackers_lib.check(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
+    cfg = init_from.pin_lora_base(cfg, workdir)  # LoRA from RUN_DIR: the step its base is, kept for every resume
     cfg = schedule_extension(cfg, workdir, print if parallel.is_primary() else lambda *_: None)
     run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
@@ -625,6 +652,8 @@ def train(
             if ignored:
                 shown = ", ".join(f"{k}={getattr(cfg.optim, k.partition('.')[2])}" for k in ignored)
                 print(f"note: optimizer={custom['optimizer']} replaces the built-in optimizer; not used: {shown}")
+    if run.lora is not None and cfg.train.init_from:  # what the adapters adapt, with its hash: checked on resume
+        environment[init_from.BASE_RECORD] = init_from.check_base(cfg, workdir)
     start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
     previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
@@ -658,7 +687,7 @@ def _train(
     if ckpts.latest_step() is None:
         state, start = run.init_state(start_from), 0
     else:
-        state = ckpts.restore(run.abstract_state(), say=say)
+        state = run.restore(ckpts, say=say, init=start_from)
         start = int(state.step)
         if start > train_cfg.steps:
             raise UserError(
@@ -685,9 +714,13 @@ def _train(
     end = train_cfg.steps if not train_cfg.stop_after else min(train_cfg.steps, start + train_cfg.stop_after)
     num_params = state_lib.param_count(state.params)
     progress = observe.Progress(train_cfg.steps, start, enabled=train_cfg.progress) if primary else observe.Quiet()
+    described = f"{num_params:,} parameters"
+    if run.lora is not None:
+        frozen = state_lib.param_count(state.model_state[lora_lib.BASE])
+        described = f"LoRA adapters of {num_params:,} parameters on a frozen base of {frozen:,}"
     if start == 0:
         progress.note(
-            f"{cfg.experiment or 'run'}: {run.model.name} with {num_params:,} parameters, "
+            f"{cfg.experiment or 'run'}: {run.model.name} with {described}, "
             f"{run.dataset.describe()}, {train_cfg.steps} steps of "
             f"{train_cfg.batch_size} on {run.mesh.size} {jax.devices()[0].platform} device(s)"
         )
@@ -925,7 +958,11 @@ def evaluate(
     ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
     try:
         # stdout is the result's: a note on the checkpoint (an older layout read) goes to stderr
-        state = ckpts.restore(run.abstract_state(), step=step, say=lambda line: print(line, file=sys.stderr))
+        init = None
+        if run.lora is not None:  # the base of LoRA adapters, checked against the hash the run recorded
+            init_from.check_base(cfg, workdir)
+            init = init_from.load(cfg, run, workdir)
+        state = run.restore(ckpts, step, say=lambda line: print(line, file=sys.stderr), init=init)
     finally:
         ckpts.close()
     result = {"step": int(state.step), "split": split, **run.evaluate(state, split)}

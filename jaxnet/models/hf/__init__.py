@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -281,4 +282,83 @@ def export(
     return files.write(directory, config, tensors, max_shard_bytes=max_shard_bytes, extra=extra)
 
 
-__all__ = ["PREFIX", "TABLES", "Checkpoint", "convert", "export", "hf_dir", "is_hf", "nested", "read", "table_for"]
+def export_peft(
+    directory: str | os.PathLike, adapters: Any, model: TransformerConfig, settings: Any, *, source: Any = None
+) -> Path:
+    """Write a LoRA run's adapters (``adapters``: nested ``{... kernel: {"a": A, "b": B}}``; ``settings``:
+    its :class:`jaxnet.models.adapters.lora.Settings`) as PEFT writes them, into ``directory`` (new or
+    empty): ``adapter_config.json`` and ``adapter_model.safetensors``, each adapter under the name of
+    the ``Linear`` it adapts (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``:
+    ``A`` transposed, ``(rank, inputs)``; ``lora_B``: ``(outputs, rank)``), so that
+    ``peft.PeftModel.from_pretrained(base, directory)`` adds them to the checkpoint ``source``::
+
+        export_peft("out/adapters", trained.adapters, trained.config.model, trained.lora, source="hf:base")
+    """
+    from jaxnet.models.adapters.lora import adapter_paths
+
+    prefer = None
+    if source is not None:
+        try:
+            prefer = json.loads((hf_dir(source) / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            prefer = None
+    table = table_for(model, prefer)
+    keys = _keys(model)
+    by_path = {}
+    for rule in _expanded_rules(table, keys):
+        for path in rule.model:
+            by_path[path] = rule
+    tensors, modules = {}, []
+    for path in adapter_paths(adapters):
+        rule = by_path.get(path)
+        if rule is None or len(rule.model) != 1 or not rule.layout.transposed or not rule.file.endswith(".weight"):
+            held = f"{table.title}'s {rule.file}, which holds {len(rule.model)} of jaxnet's kernels" if rule else "none"
+            raise UserError(
+                f"the adapter of {path} has no PEFT equivalent (its tensor: {held}); export the merged model with "
+                "--format hf"
+            )
+        module = table.file_name(rule.file)[: -len(".weight")]
+        node = adapters
+        for name in path.split("/"):
+            node = node[name]
+        a = np.asarray(jax.device_get(node["a"]), np.float32)
+        b = np.asarray(jax.device_get(node["b"]), np.float32)
+        tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = np.ascontiguousarray(b.reshape(b.shape[0], -1).T)
+        modules.append(module)
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(hf_dir(source)) if source is not None else None,
+        "r": settings.rank,
+        "lora_alpha": settings.alpha or settings.rank,
+        "lora_dropout": settings.dropout,
+        "target_modules": "(" + "|".join(re.escape(m) for m in modules) + ")",
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+    }
+    return files.write_adapters(directory, config, tensors)
+
+
+def _expanded_rules(table: Table, keys: dict[str, Any]) -> list:
+    return [r for rule in table.rules(keys) for r in rule.expand(keys["layers"])]
+
+
+__all__ = [
+    "PREFIX",
+    "TABLES",
+    "Checkpoint",
+    "convert",
+    "export",
+    "export_peft",
+    "hf_dir",
+    "is_hf",
+    "nested",
+    "read",
+    "table_for",
+]

@@ -161,6 +161,35 @@ def write(
     return directory
 
 
+def write_adapters(directory: str | os.PathLike, config: dict[str, Any], tensors: dict[str, np.ndarray]) -> Path:
+    """Write PEFT's ``adapter_config.json`` and ``adapter_model.safetensors`` (``tensors``) into
+    ``directory`` (absent or empty) as one step, as :func:`write` writes a checkpoint::
+
+        write_adapters("out/adapters", {"peft_type": "LORA", ...}, {"base_model.model....lora_A.weight": a})
+    """
+    from safetensors.numpy import save_file
+
+    directory = Path(directory)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        what = "is a file" if not directory.is_dir() else "is not empty"
+        raise UserError(f"--out {directory} {what}; give a new or empty directory")
+    if not directory.parent.is_dir():
+        raise UserError(f"--out {directory}: directory {directory.parent} does not exist")
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    try:
+        tmp.mkdir()
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        os.replace(tmp, directory)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write {directory}: {e.strerror or e}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
 def _write_shards(directory: Path, tensors: Iterable[tuple[str, np.ndarray]], limit: int) -> list[str]:
     """Write the shards into ``directory``; returns their file names."""
     from safetensors.numpy import save_file

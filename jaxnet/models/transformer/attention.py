@@ -219,6 +219,8 @@ class SelfAttention(nn.Module):
             bias = jnp.stack([b for _, b in weights]) if s.biased("qkv") else None
             qkv = nn.with_logical_constraint(project(x, kernel, bias, 1, s.dtype), ("batch", None, None, "heads", None))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            deltas = [p.adapter(x) for p in projections]  # LoRA adapters' terms, each through its rank
+            q, k, v = (a if d is None else a + d for a, d in zip((q, k, v), deltas, strict=True))
         else:
             q, k, v = (p(x) for p in projections)
             q = nn.with_logical_constraint(q, ("batch", None, "heads", None))

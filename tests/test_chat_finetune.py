@@ -150,6 +150,9 @@ def test_hf_finetune_on_a_chat_corpus_then_export_and_transformers_chats_with_it
     argv = ["train", "hf_finetune:smoke", f"train.init_from=hf:{chat_llama}", *data, "train.steps=8",
             "train.eval_every=8", "train.checkpoint_every=8", "train.eval_tokens=100000", "train.progress=false",
             "--workdir", str(run)]  # fmt: skip
+    err = fails([a for a in argv if a != "data.name=tokens"], capsys)  # the smoke variant reads text by default
+    assert "is a prepared corpus, which data.name=shakespeare does not read; add data.name=tokens" in err
+    assert not run.exists()
     first = said(argv, capsys).splitlines()
     assert any("chat" in line and "packed into" in line for line in first)
     val_loss = json.loads((run / "summary.json").read_text())["val"]["loss"]

@@ -6,7 +6,7 @@ Command:  jaxnet train llama_shakespeare --workdir runs/llama_shakespeare
           jaxnet train chat_shakespeare train.init_from=hf:checkpoints/llama-shakespeare
           jaxnet sample --workdir runs/chat_shakespeare --chat "Good morrow, my lord." --temperature 0
 Result:   see docs/fine-tuning.md (python scripts/record_chat_shakespeare.py)
-Time:     fine-tuning: about 3 min on a shared 2-core CPU (pretraining: llama_shakespeare's)
+Time:     fine-tuning: a few minutes on a shared 2-core CPU (see the results file; pretraining: llama_shakespeare's)
 
 The conversations come from the shipped Shakespeare (:func:`conversations`): in each play, a
 speech is the user's turn and the next speaker's speech the assistant's reply, two turns a
@@ -23,7 +23,7 @@ The checkpoint is llama_shakespeare's run exported with ``experiments/chat_shake
 ``<|endoftext|>``, which is also its end id): its shape, tokenizer and template come from the
 directory (as hf_finetune's). Conversations are packed into rows of 128 tokens, the loss counts
 the assistant's tokens only, and the validation loss is their mean. A full fine-tune: AdamW at
-3e-4 after 10 warmup steps, cosine decay to 3e-5, 16 rows a step, 150 steps. With LoRA (the
+3e-4 after 10 warmup steps, cosine decay to 3e-5, 16 rows a step, 100 steps. With LoRA (the
 ``train.lora_rank`` key), add ``train.lora_rank=8`` (and a larger ``optim.lr``).
 
 Variants: ``smoke`` trains 10 steps of 4 rows of 64 tokens, for tests.
@@ -67,10 +67,10 @@ def get_config(variant: str = "default") -> Config:
     cfg.train.batch_size = 16
     cfg.train.eval_batch_size = 64
     cfg.train.eval_tokens = 1 << 17
-    cfg.train.steps = 150
+    cfg.train.steps = 100
     cfg.train.log_every = 25
-    cfg.train.eval_every = 75
-    cfg.train.checkpoint_every = 75
+    cfg.train.eval_every = 50
+    cfg.train.checkpoint_every = 50
     if variant == "smoke":
         cfg.data.seq_len = 64
         cfg.train.batch_size = 4

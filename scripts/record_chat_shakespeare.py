@@ -1,6 +1,6 @@
 """Record chat_shakespeare end to end on this machine, offline, and save the results file.
 
-    python scripts/record_chat_shakespeare.py [--pretrain-steps 200] [--steps 150] [--keep DIR]
+    python scripts/record_chat_shakespeare.py [--pretrain-steps 120] [--steps 100] [--keep DIR]
 
 Runs, each as the ``jaxnet`` command a user types, in a scratch directory (or ``--keep DIR``):
 
@@ -42,8 +42,8 @@ MESSAGES = 4  # test-play user turns sampled before and after
 def main(argv: list[str]) -> int:
     """Run the steps and write the results file; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pretrain-steps", type=int, default=200, help="llama_shakespeare's train.steps")
-    parser.add_argument("--steps", type=int, default=150, help="chat_shakespeare's train.steps")
+    parser.add_argument("--pretrain-steps", type=int, default=120, help="llama_shakespeare's train.steps (600)")
+    parser.add_argument("--steps", type=int, default=100, help="chat_shakespeare's train.steps")
     parser.add_argument("--keep", type=Path, default=None, help="work in DIR (new) and leave everything there")
     args = parser.parse_args(argv)
     if args.keep is not None and args.keep.exists():
@@ -73,6 +73,7 @@ def main(argv: list[str]) -> int:
         run("jaxnet", "train", "llama_shakespeare", f"train.steps={p}", f"train.eval_every={p}",
             f"train.checkpoint_every={p}", "train.progress=false", "--workdir", "runs/llama_shakespeare")  # fmt: skip
         pretrain = json.loads((work / "runs/llama_shakespeare/summary.json").read_text())
+        (work / "checkpoints").mkdir(exist_ok=True)
         run("jaxnet", "export", "--workdir", "runs/llama_shakespeare", "--format", "hf", "--out",
             "checkpoints/llama-shakespeare", "--chat-template", str(template))  # fmt: skip
         run("python", str(ROOT / "experiments" / "chat_shakespeare.py"), "corpora/chat-shakespeare-conversations")

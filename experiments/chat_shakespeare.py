@@ -5,8 +5,9 @@ Command:  jaxnet train llama_shakespeare --workdir runs/llama_shakespeare
               --chat-template experiments/chat_shakespeare.jinja
           jaxnet train chat_shakespeare train.init_from=hf:checkpoints/llama-shakespeare
           jaxnet sample --workdir runs/chat_shakespeare --chat "Good morrow, my lord." --temperature 0
-Result:   see docs/fine-tuning.md (python scripts/record_chat_shakespeare.py)
-Time:     fine-tuning: a few minutes on a shared 2-core CPU (see the results file; pretraining: llama_shakespeare's)
+Result:   loss over the assistant's tokens of the test play 6.75 -> 6.13 (after a 120-step pretraining);
+          docs/fine-tuning.md (python scripts/record_chat_shakespeare.py)
+Time:     fine-tuning: about 4 min on a shared 2-core CPU (pretraining: llama_shakespeare's)
 
 The conversations come from the shipped Shakespeare (:func:`conversations`): in each play, a
 speech is the user's turn and the next speaker's speech the assistant's reply, two turns a

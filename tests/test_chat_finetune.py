@@ -132,6 +132,14 @@ def test_greedy_sample_chat_equals_transformers_generate_stopping_where_it_stops
     assert out == tok.decode(theirs[:-1], skip_special_tokens=False) + "\n"
 
 
+def test_a_checkpoint_without_a_chat_template_is_refused_for_chat(chat_llama, tmp_path, capsys):
+    directory = tmp_path / "base"
+    shutil.copytree(chat_llama, directory)
+    (directory / "chat_template.jinja").unlink()
+    err = fails(["sample", "--workdir", f"hf:{directory}", "--chat", "Hi"], capsys)
+    assert "--chat needs a chat template" in err and "has no chat_template.jinja and no chat_template" in err
+
+
 def test_hf_finetune_on_a_chat_corpus_then_export_and_transformers_chats_with_it(chat_llama, tmp_path, capsys):
     """Packed, masked training from the command line lowers the validation loss (the mean over the
     assistant's tokens, equal to transformers' on the exported weights); the export carries the

@@ -182,7 +182,9 @@ def _parser() -> argparse.ArgumentParser:
         "Nothing is written unless the whole export is.",
     )
     export.add_argument("--workdir", required=True, help="run directory of a training run")
-    export.add_argument("--format", required=True, choices=("hf", "jax"), help="hf (GPT-2 checkpoint) or jax")
+    export.add_argument(
+        "--format", required=True, choices=("hf", "jax"), help="hf (a Hugging Face checkpoint and tokenizer) or jax"
+    )
     export.add_argument("--out", required=True, metavar="PATH", help="hf: a new or empty directory; jax: a new file")
     export.add_argument("--step", type=_checkpoint_step, default=None, help="checkpoint step N, or best")
     export.add_argument(

@@ -298,3 +298,20 @@ def test_gpt2s_tokenizer_json_gives_tiktokens_ids():
     for s in STRINGS:
         assert tok.encode(s).ids == gpt2.encode(s, allow_eot=True)
         assert tok.decode(tok.encode(s).ids, skip_special_tokens=False) == s
+
+
+def test_a_run_remembers_its_tokenizer_and_template_in_its_vocab_json(tmp_path):
+    """A run on a corpus prepared with hf:DIR, started from no checkpoint: export finds DIR there."""
+    from jaxnet.config import Config
+    from jaxnet.predict import run_tokenizer
+
+    chatml = checkpoint(tmp_path / "chatml", CHATML)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "vocab.json").write_text(json.dumps({"tokenizer": f"hf:{chatml}", "chat_template": "T", "vocab": []}))
+    assert run_tokenizer(run, Config()) == (f"hf:{chatml}", "T")
+    files, ids = export_files(f"hf:{chatml}", chat_template="T")
+    assert files["chat_template.jinja"] == b"T" and json.loads(files["tokenizer_config.json"])["chat_template"] == "T"
+    assert json.loads(files["generation_config.json"])["eos_token_id"] == ids["eos_token_id"]
+    shutil.rmtree(chatml)  # moved since: the weights go alone
+    assert run_tokenizer(run, Config()) == (None, "T")

@@ -19,6 +19,10 @@ hf:DIR --out CORPUS``: a corpus of another tokenizer is refused before anything 
 0.95) at 2e-5 after 20 warmup steps, cosine decay to 2e-6, weight decay 0.1, clipping at 1.0; 8
 sequences of 1,024 tokens a step, 500 steps; bfloat16 compute on a GPU.
 
+A chat corpus (``jaxnet prepare chat FILE... --tokenizer hf:DIR --out CORPUS``) is trained on as it
+is given: ``data.path=CORPUS``, conversations packed whole into rows, the loss and the validation
+loss the means over the assistant's tokens (docs/fine-tuning.md, Chat fine-tuning).
+
 jaxnet never downloads weights. On a machine with internet access, ``transformers`` writes a
 checkpoint with its tokenizer as such a directory::
 
@@ -27,10 +31,12 @@ checkpoint with its tokenizer as such a directory::
     AutoTokenizer.from_pretrained("HuggingFaceTB/SmolLM-135M").save_pretrained("checkpoints/SmolLM-135M")
 
 Variants: ``smoke`` fine-tunes on the shipped Shakespeare in memory (``data.name=shakespeare``, the
-checkpoint's tokenizer), context 32, batch 4, for 10 steps.
+checkpoint's tokenizer), context 32, batch 4, for 10 steps; with ``data.name=tokens
+data.path=CORPUS``, on that corpus.
 """
 
 import dataclasses
+from pathlib import Path
 
 from jaxnet.config import Config
 from jaxnet.data import TextDataset
@@ -85,6 +91,11 @@ def data(cfg: Config) -> TextDataset:
         raise UserError("hf_finetune fine-tunes a Hugging Face checkpoint: give train.init_from=hf:DIR")
     directory = hf.hf_dir(cfg.train.init_from)
     tokenizer = cfg.data.tokenizer or f"hf:{directory}"
+    if cfg.data.name != "tokens" and cfg.data.path and (Path(cfg.data.path) / "corpus.json").is_file():
+        raise UserError(
+            f"data.path={cfg.data.path} is a prepared corpus, which data.name={cfg.data.name} does not read; add "
+            "data.name=tokens"
+        )
     if cfg.data.name != "tokens":
         return load_data(dataclasses.replace(cfg.data, tokenizer=tokenizer))
     if cfg.data.path:

@@ -8,9 +8,9 @@
     jaxnet eval --workdir hf:PATH data.path=CORPUS [--split test|val] [key=value ...]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
                    [--cast]
-    jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,...] [--tokens N] [--temperature T] [--top-k K]
-                  [--seed S]
-    jaxnet export --workdir DIR --format hf|jax|peft --out PATH [--step N|best]
+    jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,... | --chat MESSAGE [--system TEXT]] [--tokens N]
+                  [--temperature T] [--top-k K] [--seed S]
+    jaxnet export --workdir DIR --format hf|jax|peft --out PATH [--step N|best] [--chat-template FILE]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
                  [--compare-devices] [--roofline]
     jaxnet study batch-scaling EXPERIMENT batch=B1,B2,... [--target V] [--lr-rule linear|sqrt|none]
@@ -165,6 +165,13 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument(
         "--ids", default=None, metavar="I,J,...", help="the prompt as token ids; prints token ids (hf: checkpoints)"
     )
+    sample.add_argument(
+        "--chat",
+        default=None,
+        metavar="MESSAGE",
+        help="a user's message: rendered with the chat template and its generation prompt; prints the reply",
+    )
+    sample.add_argument("--system", default=None, metavar="TEXT", help="with --chat: a system turn before the message")
 
     export = commands.add_parser(
         "export",
@@ -181,10 +188,18 @@ def _parser() -> argparse.ArgumentParser:
         "--format",
         required=True,
         choices=("hf", "jax", "peft"),
-        help="hf (a Hugging Face checkpoint, LoRA adapters merged), jax, or peft (a LoRA run's adapters alone)",
+        help="hf (a Hugging Face checkpoint and tokenizer, LoRA adapters merged), jax, or peft (a LoRA run's adapters "
+        "alone)",
     )
     export.add_argument("--out", required=True, metavar="PATH", help="hf: a new or empty directory; jax: a new file")
     export.add_argument("--step", type=_checkpoint_step, default=None, help="checkpoint step N, or best")
+    export.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="hf: the chat template (a Jinja file) written with the tokenizer files (default: the chat corpus's the "
+        "run was fine-tuned on, or the checkpoint's)",
+    )
 
     bench = commands.add_parser(
         "bench",
@@ -521,8 +536,14 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "sample":
         from jaxnet.sample import sample
 
-        if args.ids is not None and args.prompt is not None:
-            raise UserError("give the prompt as --prompt TEXT or as --ids I,J,..., not both")
+        prompts = (("--prompt", args.prompt), ("--ids", args.ids), ("--chat", args.chat))
+        given = [flag for flag, value in prompts if value is not None]
+        if len(given) > 1:
+            raise UserError(
+                f"give the prompt as one of --prompt TEXT, --ids I,J,... or --chat MESSAGE, not {' and '.join(given)}"
+            )
+        if args.system is not None and args.chat is None:
+            raise UserError("--system adds a system turn to a conversation: give the user's message with --chat")
         text = sample(
             args.workdir,
             args.prompt,
@@ -531,13 +552,15 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             top_k=args.top_k,
             seed=args.seed,
             ids=_ids(args.ids),
+            chat=args.chat,
+            system=args.system,
         )
         print(text)
         return 0
     if args.command == "export":
         from jaxnet.predict import export_run
 
-        print(export_run(args.workdir, args.out, args.format, step=args.step))
+        print(export_run(args.workdir, args.out, args.format, step=args.step, chat_template=args.chat_template))
         return 0
     raise AssertionError(args.command)
 

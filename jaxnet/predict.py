@@ -149,7 +149,14 @@ class Trained:
             pieces.append(jax.tree.map(lambda o, real=real: o[:real], out))  # on the device: no wait per batch
         return jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(pieces))
 
-    def export(self, path: str | os.PathLike, *, format: str = "jax", platforms: tuple[str, ...] | None = None) -> Path:
+    def export(
+        self,
+        path: str | os.PathLike,
+        *,
+        format: str = "jax",
+        platforms: tuple[str, ...] | None = None,
+        chat_template: str | None = None,
+    ) -> Path:
         """Write the model out in ``format``:
 
         ``"jax"``: the whole inference function, from raw inputs (as :meth:`predict` takes them) to
@@ -167,12 +174,18 @@ class Trained:
         or empty): ``config.json`` and ``model.safetensors`` (several files and
         ``model.safetensors.index.json`` above 5 GB), the vocabulary's padding rows dropped
         (:mod:`jaxnet.models.hf`), which ``transformers.GPT2LMHeadModel.from_pretrained(path)``
-        loads. Both formats are written whole or not at all.
+        loads. Beside the weights go the run's tokenizer files (a checkpoint's own, or GPT-2's
+        ``tokenizer.json``), with its chat template (the chat corpus's it was fine-tuned on, or
+        ``chat_template``: Jinja text) and ``generation_config.json``
+        (:mod:`jaxnet.tokenizers.export`), so transformers' text-generation pipeline chats with it.
+        Both formats are written whole or not at all.
         """
         if format not in EXPORT_FORMATS:
             raise UserError(f"format={format!r}: expected one of {', '.join(EXPORT_FORMATS)}")
         if format == "hf":
-            return self._export_hf(Path(path))
+            return self._export_hf(Path(path), chat_template)
+        if chat_template is not None:
+            raise UserError("a chat template goes with format='hf' (a Hugging Face checkpoint's tokenizer files)")
         if format == "peft":
             return self._export_peft(Path(path))
         from jax import export as jax_export
@@ -219,8 +232,9 @@ class Trained:
             raise UserError(f"cannot write {path}: {e.strerror}") from None
         return path
 
-    def _export_hf(self, path: Path) -> Path:
+    def _export_hf(self, path: Path, chat_template: str | None = None) -> Path:
         from jaxnet.models import hf
+        from jaxnet.tokenizers.export import export_files
 
         model = self.config.model
         context = getattr(model, "context", 0) or self.config.data.seq_len  # the position table's rows
@@ -229,7 +243,16 @@ class Trained:
         source = next((s for s in (self.config.train.init_from, self.config.data.tokenizer) if hf.is_hf(s)), None)
         if source is not None and not hf.hf_dir(source).is_dir():
             source = None  # moved or deleted since: the weights alone
-        return hf.export(path, self.params, model, context, source=source)
+        tokenizer, template = run_tokenizer(self.workdir, self.config)
+        files = ids = None
+        if tokenizer is not None:
+            files, ids = export_files(tokenizer, chat_template=chat_template or template, context=context)
+        elif chat_template is not None:
+            raise UserError(
+                f"{self.workdir} has no tokenizer for a chat template to go with (no vocab.json naming gpt2 or hf:DIR)"
+            )
+        kw = dict(source=source, tokenizer_files=files or None, special_ids=ids)
+        return hf.export(path, self.params, model, context, **kw)
 
     def _export_peft(self, path: Path) -> Path:
         from jaxnet.models import hf
@@ -476,15 +499,56 @@ def _variables(workdir: Path, model: Any, inputs: dict[str, Any], saved: dict[st
     return dict(jax.tree_util.tree_unflatten(treedef, leaves))
 
 
+def run_tokenizer(workdir: str | os.PathLike, cfg: Config) -> tuple[str | None, str | None]:
+    """The tokenizer a run's ids are in (``gpt2``, ``hf:DIR``, ...) and the chat template it was
+    fine-tuned with (Jinja text), as its ``vocab.json`` remembers them (the corpus's tokenizer and
+    template, or the data's); where there is none, the checkpoint it started from (``hf:DIR``). A
+    directory moved or deleted since gives None.
+
+    >>> run_tokenizer("runs/hf_finetune", jaxnet.load("runs/hf_finetune").config)   # doctest: +SKIP
+    ('hf:/home/me/checkpoints/SmolLM-135M', None)
+    """
+    from jaxnet.models import hf
+
+    name = template = None
+    try:
+        saved = json.loads((Path(workdir) / "vocab.json").read_text())
+        name, template = saved.get("tokenizer"), saved.get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        pass
+    if not isinstance(name, str) or not name:
+        name = next((s for s in (cfg.train.init_from, cfg.data.tokenizer) if hf.is_hf(s)), None)
+    if name is not None and hf.is_hf(name) and not hf.hf_dir(name).is_dir():
+        name = None
+    return name, template if isinstance(template, str) else None
+
+
 def export_run(
-    workdir: str | os.PathLike, out: str | os.PathLike, format: str, *, step: int | str | None = None
+    workdir: str | os.PathLike,
+    out: str | os.PathLike,
+    format: str,
+    *,
+    step: int | str | None = None,
+    chat_template: str | os.PathLike | None = None,
 ) -> str:
     """``jaxnet export``: write run ``workdir`` (checkpoint ``step``, default the newest) to ``out`` in
-    ``format`` (see :meth:`Trained.export`). ``out`` is checked before the run is loaded. Returns the
-    line to print."""
+    ``format`` (see :meth:`Trained.export`), with the chat template in the file ``chat_template``
+    (format hf). ``out`` and the template are checked before the run is loaded. Returns the line to
+    print."""
+    from jaxnet.tokenizers import chat as chat_lib
+
     out = Path(out)
     if format not in EXPORT_FORMATS:
         raise UserError(f"--format {format}: expected one of {', '.join(EXPORT_FORMATS)}")
+    template = None
+    if chat_template is not None:
+        if format != "hf":
+            raise UserError("--chat-template goes with --format hf (a Hugging Face checkpoint's tokenizer files)")
+        try:
+            template = Path(chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--chat-template {chat_template}: cannot read it ({e})") from None
+        chat_lib.ChatTemplate(template, origin=f"the chat template {chat_template}")  # it compiles
     if format in ("hf", "peft") and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} {'is not empty' if out.is_dir() else 'is a file'}; give a new or empty directory")
     if format == "jax" and out.exists():
@@ -497,7 +561,7 @@ def export_run(
             f"{workdir} trained a {trained.config.model.name}; a Hugging Face checkpoint (--format hf) holds a "
             "Transformer. Use --format jax"
         )
-    written = trained.export(out, format=format)
+    written = trained.export(out, format=format, chat_template=template)
     return json.dumps({"step": trained.step, "format": format, "out": str(written)})
 
 

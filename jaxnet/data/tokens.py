@@ -77,6 +77,7 @@ class TokenDataset(text_lib.TextDataset):
     ):
         self.train, self.val, self.test = (splits[s] for s in SPLITS)
         self.masks, self.chat = masks, chat  # a chat corpus: which tokens are the assistant's
+        self.chat_template: str | None = None  # a chat corpus: the template its conversations were rendered with
         self._lengths: dict[str, np.ndarray] = dict(lengths or {})  # each example's tokens, by split
         self._packings: dict[tuple, packing_lib.Packing] = {}
         self._packed_line = ""
@@ -383,9 +384,11 @@ def load(cfg: Any) -> TokenDataset:
         if manifest.get("kind") == "chat":
             masks, lengths = _chat_files(path, manifest)
             chat = {k: v for k, v in manifest["chat"].items() if k != "template"}
-            return TokenDataset(
+            dataset = TokenDataset(
                 splits, vocab, tok["name"], name, max_ids, record=tok, masks=masks, lengths=lengths, chat=chat
             )
+            dataset.chat_template = manifest["chat"]["template"]  # a run keeps it in its vocab.json
+            return dataset
         return TokenDataset(splits, vocab, tok["name"], name, max_ids, record=tok)
     if fmt == "nanogpt":
         files = {s: path / f"{s}.bin" for s in ("train", "val")}

@@ -264,6 +264,28 @@ class ChatTemplate:
                 spans.append((start, end))
         return text, spans
 
+    def end_of_turn(self, encode: Any) -> tuple[int, ...]:
+        """The ids this template closes an assistant's reply with (``<|im_end|>``, ``<|eot_id|>``,
+        ...): what it writes after a reply inside the assistant's span (:meth:`assistant_spans`),
+        encoded by ``encode`` (text -> ids); empty when it writes nothing there, or cannot say.
+
+        >>> ChatTemplate("{% for m in messages %}{{ m.content }}<end>\\n{% endfor %}").end_of_turn(list)
+        ('<', 'e', 'n', 'd', '>')
+        """
+        probe = "jaxnet"
+        messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": probe}]
+        try:
+            text, spans = self.assistant_spans(messages)
+        except UserError:
+            return ()
+        if not spans:
+            return ()
+        start, end = spans[-1]
+        piece = text[start:end]
+        at = piece.rfind(probe)
+        tail = piece[at + len(probe) :] if at >= 0 else ""
+        return tuple(encode(tail)) if tail.strip() else ()
+
     def encode(self, messages: Sequence[Mapping[str, Any]], tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
         """The conversation's token ids (as ``apply_chat_template`` gives them) and a 0/1 mask of
         the assistant's tokens (``return_assistant_tokens_mask``'s rule: a token overlapping an

@@ -707,7 +707,9 @@ def _train(
         config_lib.save(cfg, workdir / "config.json", run=environment)
         observe.write_json(workdir / record.INPUTS, record.inputs(run))
         if run.text:
-            observe.write_json(workdir / "vocab.json", {"tokenizer": run.dataset.tokenizer, "vocab": run.dataset.vocab})
+            template = {"chat_template": t} if (t := getattr(run.dataset, "chat_template", None)) else {}
+            vocab = {"tokenizer": run.dataset.tokenizer, **template, "vocab": run.dataset.vocab}
+            observe.write_json(workdir / "vocab.json", vocab)  # chat_template: the chat corpus's (sample --chat)
     else:
         log = observe.Quiet()
 

@@ -257,13 +257,17 @@ def export(
     *,
     max_shard_bytes: int = files.MAX_SHARD_BYTES,
     source: str | os.PathLike | None = None,
+    tokenizer_files: dict[str, bytes] | None = None,
+    special_ids: dict[str, Any] | None = None,
 ) -> Path:
     """Write a run's Transformer (parameters ``params``, ``model.*`` config ``model``, ``context``
     positions) as a Hugging Face checkpoint in ``directory`` (new or empty), in shards of at most
     ``max_shard_bytes``, whole or not at all (see :func:`convert` and :func:`jaxnet.models.hf.files.write`).
     ``source`` is the checkpoint directory the run started from (or whose tokenizer it read): its
     architecture is written when it can hold the model, and its tokenizer files
-    (:data:`CARRIED_FILES`) and special ids (:data:`CARRIED_KEYS`) are carried over::
+    (:data:`CARRIED_FILES`) and special ids (:data:`CARRIED_KEYS`) are carried over, unless
+    ``tokenizer_files`` (file name -> bytes) and ``special_ids`` (``config.json`` entries) are
+    given in their place (:func:`jaxnet.tokenizers.export.export_files`)::
 
         export("out/gpt2", trained.params, trained.config.model, context=1024)
     """
@@ -277,6 +281,8 @@ def export(
         prefer = theirs.get("model_type") if isinstance(theirs, dict) else None
         carried = {k: theirs[k] for k in CARRIED_KEYS if isinstance(theirs, dict) and theirs.get(k) is not None}
         extra = {name: origin / name for name in CARRIED_FILES if (origin / name).is_file()}
+    if tokenizer_files is not None:
+        extra, carried = dict(tokenizer_files), {**carried, **(special_ids or {})}
     config, tensors = convert(params, model, context, prefer)
     config.update(carried)
     return files.write(directory, config, tensors, max_shard_bytes=max_shard_bytes, extra=extra)

@@ -129,11 +129,11 @@ def write(
     tensors: Iterable[tuple[str, np.ndarray]],
     *,
     max_shard_bytes: int = MAX_SHARD_BYTES,
-    extra: dict[str, Path] | None = None,
+    extra: dict[str, Path | bytes] | None = None,
 ) -> Path:
     """Write ``config.json`` and ``tensors`` (name, array: taken one at a time, a shard held at
     once) into ``directory`` (absent or empty) as one step (see the module's docstring), with the
-    files ``extra`` names copied in beside them (file name -> source path: a tokenizer). A
+    files ``extra`` names beside them (file name -> a source path to copy, or the bytes: a tokenizer). A
     non-empty ``directory`` is refused (one line)::
 
         write("out/gpt2", config, [("wte.weight", wte), ...], max_shard_bytes=2 * 10**9)
@@ -149,8 +149,11 @@ def write(
         tmp.mkdir()
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         _write_shards(tmp, tensors, max_shard_bytes)
-        for name, path in (extra or {}).items():
-            shutil.copyfile(path, tmp / name)
+        for name, content in (extra or {}).items():
+            if isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                shutil.copyfile(content, tmp / name)
         os.replace(tmp, directory)  # an empty directory there is replaced
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -142,6 +142,7 @@ def main() -> None:
         "results": results,
     }
     out = Path(args.out) / f"compare-commits-{record['date']}{'-' + args.tag if args.tag else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
 

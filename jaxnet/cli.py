@@ -5,6 +5,7 @@
     jaxnet sweep EXPERIMENT[:VARIANT] key=v1,v2,... [key=value ...] [--workdir DIR] [--members-per-program N]
                  [--members-at-once K] [--max-members N] [--add]
     jaxnet eval --workdir DIR [--split test|val] [--step N|best] [key=value ...]
+    jaxnet eval --workdir hf:PATH data.path=CORPUS [--split test|val] [key=value ...]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
                    [--cast]
     jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,...] [--tokens N] [--temperature T] [--top-k K]
@@ -22,6 +23,8 @@
     jaxnet prepare SOURCE --tokenizer gpt2|byte|char|hf:DIR --out DIR [--workers N] [--shard I/N] [--shard-tokens N]
                    [--val-fraction F] [--test-fraction F] [--text-field NAME] [--cut-bytes N]
     jaxnet prepare --merge --out DIR
+    jaxnet prepare chat FILE... --tokenizer hf:DIR --out DIR [--val FILE] [--test FILE] [--chat-template FILE]
+                   [--workers N] [--seq-lens N,...]
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
     jaxnet list
 
@@ -105,8 +108,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the workdir holds a sweep of another grid: train this grid's new members beside it (one table)",
     )
 
-    evaluate = commands.add_parser("eval", help="evaluate the newest checkpoint of a run")
-    evaluate.add_argument("--workdir", required=True, help="run directory of a training run")
+    evaluate = commands.add_parser(
+        "eval", help="evaluate the newest checkpoint of a run, or a Hugging Face checkpoint (hf:PATH) on a corpus"
+    )
+    evaluate.add_argument(
+        "--workdir",
+        required=True,
+        help="run directory of a training run, or hf:PATH (a checkpoint before any training: give data.path=DIR)",
+    )
     evaluate.add_argument("--split", default="test", choices=("test", "val"))
     evaluate.add_argument(
         "--step", type=_checkpoint_step, default=None, help="checkpoint step N, or best (train.keep_best's)"
@@ -225,14 +234,19 @@ def _parser() -> argparse.ArgumentParser:
     prep = commands.add_parser(
         "prepare",
         help="tokenize text once into token shards (llm.c's layout) plus corpus.json, for data.name=tokens; "
+        "conversations through a checkpoint's chat template (jaxnet prepare chat FILE...); "
         "or pack an image folder into ArrayRecord shards (jaxnet prepare images DIR), for data.name=arrayrecord",
         description="SOURCE: shakespeare, ptb, a text file (cut into documents at paragraph ends when it is the "
         "only one), a .jsonl/.jsonl.gz file (one document per line), a .parquet file (one document per row), a glob "
-        "pattern or a directory of them; or `images DIR`, an image folder with a subdirectory per class. Killed, it "
-        "continues when run again.",
+        'pattern or a directory of them; or `chat FILE...`, conversations ({"messages": [...]} or {"prompt", '
+        '"completion"} rows of .jsonl, .jsonl.gz or .parquet files) rendered with --tokenizer hf:DIR\'s chat '
+        "template; or `images DIR`, an image folder with a subdirectory per class. Killed, it continues when run "
+        "again.",
     )
-    prep.add_argument("source", nargs="?", help="shakespeare, ptb, a file, a glob pattern or a directory; or images")
-    prep.add_argument("folder", nargs="?", help="with SOURCE images: the image folder to pack")
+    prep.add_argument(
+        "source", nargs="?", help="shakespeare, ptb, a file, a glob pattern or a directory; or chat, or images"
+    )
+    prep.add_argument("folder", nargs="*", help="with chat: the conversation files; with images: the image folder")
     prep.add_argument(
         "--tokenizer",
         default="gpt2",
@@ -256,6 +270,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="a source of too few documents (one text file) is cut into documents of about N bytes at paragraph ends",
     )
+    prep.add_argument("--val", metavar="FILE", help="chat: conversations held out for validation")
+    prep.add_argument("--test", metavar="FILE", help="chat: conversations held out for test")
+    prep.add_argument(
+        "--chat-template", metavar="FILE", help="chat: a Jinja chat template to use instead of the checkpoint's own"
+    )
+    prep.add_argument(
+        "--seq-lens",
+        default="512,1024,2048,4096",
+        metavar="N,...",
+        help="chat: the row lengths (data.seq_len) whose packing padding is reported",
+    )
     prep.add_argument("--shard-images", type=int, default=5000, metavar="N", help="images: records per shard file")
     prep.add_argument("--skip-corrupt", action="store_true", help="images: leave unreadable images out (counted)")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -268,6 +293,14 @@ def _checkpoint_step(text: str) -> int | str:
     if text == "best" or (text.isdigit() and text.isascii()):
         return text if text == "best" else int(text)
     raise argparse.ArgumentTypeError(f"{text!r} is not a checkpoint step: give a step number or best")
+
+
+def _seq_lens(text: str) -> tuple[int, ...]:
+    """``--seq-lens 1024,2048`` as row lengths."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and p.isascii() and int(p) > 0 for p in parts):
+        raise UserError(f"--seq-lens {text!r}: give positive row lengths separated by commas, e.g. 1024,2048")
+    return tuple(int(p) for p in parts)
 
 
 def _ids(text: str | None) -> list[int] | None:
@@ -336,13 +369,33 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             return 0
         if not args.source:
             raise UserError("jaxnet prepare needs a SOURCE (shakespeare, ptb, a file, a pattern or a directory)")
+        if args.source == "chat":
+            from jaxnet.data import chat
+
+            chat.prepare_chat(
+                args.folder,
+                args.tokenizer,
+                args.out,
+                val=args.val,
+                test=args.test,
+                chat_template=args.chat_template,
+                val_fraction=args.val_fraction,
+                test_fraction=args.test_fraction,
+                shard_tokens=args.shard_tokens,
+                workers=args.workers,
+                seq_lens=_seq_lens(args.seq_lens),
+                progress=not args.quiet,
+            )
+            return 0
+        if args.val or args.test or args.chat_template:
+            raise UserError("--val, --test and --chat-template are for jaxnet prepare chat FILE...")
         if args.source == "images":
-            if not args.folder:
+            if len(args.folder) != 1:
                 raise UserError("jaxnet prepare images needs the image folder: jaxnet prepare images DIR --out DIR")
             from jaxnet.data import prepare_images
 
             prepare_images.prepare_images(
-                args.folder,
+                args.folder[0],
                 args.out,
                 workers=args.workers,
                 shard_images=args.shard_images,
@@ -352,8 +405,9 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             return 0
         if args.folder:
             raise UserError(
-                f"jaxnet prepare {args.source} {args.folder}: text takes one SOURCE (a glob pattern or directory for "
-                "many files); `jaxnet prepare images DIR` packs an image folder"
+                f"jaxnet prepare {args.source} {' '.join(args.folder)}: text takes one SOURCE (a glob pattern or "
+                "directory for many files); `jaxnet prepare chat FILE...` renders conversations, "
+                "`jaxnet prepare images DIR` packs an image folder"
             )
         prepare.prepare(
             args.source,
@@ -415,6 +469,13 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "eval":
         from jaxnet.train import evaluate
 
+        if args.workdir.startswith("hf:"):  # a published checkpoint before any training
+            from jaxnet.train.loop import evaluate_pretrained
+
+            if args.step is not None:
+                raise UserError(f"--step is for a run's checkpoints; {args.workdir} is one checkpoint")
+            print(json.dumps(evaluate_pretrained(args.workdir, args.split, args.overrides)))
+            return 0
         result = evaluate(args.workdir, args.split, args.overrides, step=args.step)
         print(json.dumps(result))
         return 0

@@ -254,7 +254,6 @@ def _parts(init: Any, depth: int = 0) -> str:
     return name
 
 
-
 def param_path(path: tuple) -> str:
     """A parameter's name as ``optim.freeze`` and ``train.init_skip`` match it: its tree path joined by
     ``/`` under ``params/`` (``params/Conv_0/kernel``), as :func:`jaxnet.load_params` nests it."""

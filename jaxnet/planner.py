@@ -360,6 +360,36 @@ def attention_flops(text: str) -> tuple[float, dict[str, int]]:
     return total, dict(calls)
 
 
+def attention_kernel(text: str, asked: str | None, packed: bool) -> dict[str, Any] | None:
+    """Which attention kernel a compiled GPU step runs: cuDNN's fused attention (its custom calls,
+    their mask type, and whether an additive bias goes in: how a mask such as packed rows' segments
+    reaches it) or XLA's own softmax(QK^T)V. ``asked`` is ``model.attention`` as resolved for the
+    GPU (None: a model without that key, whose attention is not reported); ``packed``: the batch
+    carries ``segments``."""
+    if asked is None:
+        return None
+    targets = sorted(set(re.findall(r'custom_call_target="(__cudnn\$fmha[A-Za-z]*)"', text)))
+    masks = sorted(set(re.findall(r"mask_type\W+([A-Z_]{4,})", text)))
+    bias = any("Bias" in t for t in targets)
+    if targets:
+        calls = ", ".join(t.removeprefix("__cudnn$") for t in targets)
+        how = f"cuDNN's fused attention ({calls}; mask type {'/'.join(masks) or '?'}"
+        if bias:
+            how += "; the attention mask goes in as an additive bias, whose gradient the backward call also computes"
+        how += ")"
+    else:
+        how = "XLA's softmax(QK^T)V (no cuDNN attention call)"
+    return {
+        "model_attention": asked,
+        "kernel": "cudnn" if targets else "xla",
+        "cudnn_calls": targets,
+        "mask_type": masks,
+        "bias": bias,
+        "packed": packed,
+        "description": how + (" on packed rows" if packed else ""),
+    }
+
+
 def kernels(text: str) -> dict[str, Any]:
     """What a compiled GPU program runs: cuDNN attention calls, gemm fusions by emitter and the dtypes
     of the matrix products (its collectives: :func:`communication`)."""
@@ -1458,6 +1488,9 @@ def plan(
             "full buffer (the whole tensor it gathers, reduces or scatters); see communication",
             "launches": launched,
         },
+        "attention": attention_kernel(
+            text, getattr(models.resolve(run.cfg.model, "cuda"), "attention", None), "segments" in first
+        ),
         "compile_s": round(compile_s, 2),
         "eval_compile_s": round(eval_s, 2),
         "versions": _versions(),
@@ -1696,6 +1729,7 @@ def describe(report: dict[str, Any]) -> str:
         )
         + f"): cuDNN attention {k['cudnn_attention']['forward']} forward + {k['cudnn_attention']['backward']} "
         f"backward, gemm fusions {k['gemm_fusions'] or '-'}, matmul dtypes {k['matmul_dtypes'] or '-'}",
+        *([f"  attention: {report['attention']['description']}"] if report.get("attention") else []),
         _communication_line(report),
         f"  compiled in {report['compile_s']:.1f} s (eval step {report['eval_compile_s']:.1f} s)",
     ]

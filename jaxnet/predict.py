@@ -215,7 +215,12 @@ class Trained:
 
         model = self.config.model
         context = getattr(model, "context", 0) or self.config.data.seq_len  # the position table's rows
-        return hf.export(path, self.params, model, context)
+        # The checkpoint the run started from, else the one whose tokenizer it read: its
+        # architecture, tokenizer files and special ids go with the export.
+        source = next((s for s in (self.config.train.init_from, self.config.data.tokenizer) if hf.is_hf(s)), None)
+        if source is not None and not hf.hf_dir(source).is_dir():
+            source = None  # moved or deleted since: the weights alone
+        return hf.export(path, self.params, model, context, source=source)
 
     def _state_for(self, rows: int) -> dict[str, Any]:
         """The model state for batches of ``rows`` examples: a carried state is fresh zeros of that many rows."""
@@ -334,17 +339,23 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
     )
 
 
-def hf_model(spec: str | os.PathLike) -> tuple[Config, Any, dict[str, Any]]:
-    """The config, Flax module and parameters (nested) of jaxnet's Transformer holding the Hugging
-    Face checkpoint ``hf:PATH``; its vocabulary is the checkpoint's, its context the checkpoint's
-    positions."""
+def hf_model(spec: str | os.PathLike, context: int | None = None) -> tuple[Config, Any, dict[str, Any]]:
+    """The config, Flax module and parameters (nested, each placed on the device as it is read) of
+    jaxnet's Transformer holding the Hugging Face checkpoint ``hf:PATH``; its vocabulary is the
+    checkpoint's, its context the checkpoint's positions, or ``context`` when fewer are needed and
+    the model has no table of positions (rotary: the decoding cache is then that long)."""
+    import dataclasses
+
     from jaxnet.models import hf
 
     checkpoint = hf.read(spec)
-    params = hf.nested(checkpoint.params())
+    params = hf.nested({path: jax.device_put(value) for path, value in checkpoint.tensors()})  # each placed as read
     cfg = Config()
     cfg.model = checkpoint.model()
     cfg.data.seq_len = checkpoint.context
+    if context and context < checkpoint.context and cfg.model.position == "rotary":
+        cfg.model = dataclasses.replace(cfg.model, context=context)
+        cfg.data.seq_len = context
     cfg.train.init_from = str(spec)
     cfg.train.eval_batch_size = 32
     return cfg, models.build(cfg.model, checkpoint.vocab, cfg.data.seq_len), params

@@ -7,7 +7,12 @@ otherwise the token chosen at ``i - 1``.
 
 A Transformer sees at most ``context`` positions. To write more, generation restarts with a
 fresh cache on the last ``context // 2`` tokens (a sliding window that moves half a context at a
-time), so text of any length can be generated; a prompt must fit in the context.
+time), so text of any length can be generated; a prompt must fit in the context. A pass walks
+only the positions it needs (the prompt and the tokens asked for, up to the context), so a
+model of a long context samples a few tokens in a few steps.
+
+With a checkpoint's own tokenizer (``hf:DIR``), generation stops at any of its end ids
+(``Tokenizer.end_ids``: Llama 3's ``generation_config.json`` lists several).
 
 >>> text = sample("runs/transformer_shakespeare", prompt="ROMEO:", tokens=200)   # doctest: +SKIP
 """
@@ -83,9 +88,10 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     seed: int = 0,
+    stop_ids: tuple[int, ...] = (),
 ) -> np.ndarray:
     """``num_tokens`` token ids following ``prompt``: the ids of one sequence, (T,) or a batch of
-    one (1, T), not empty.
+    one (1, T), not empty; fewer when one of ``stop_ids`` is generated (the ids end with it).
 
     ``model`` is called as ``model.apply(variables, tokens, train=False, decode=True)``; a model
     with a ``context`` attribute (the Transformer) is decoded in windows of that
@@ -116,8 +122,10 @@ def generate(
     empty = decode_state(model)
     text, new = list(prompt), 0
     window = prompt
+    stops = set(int(i) for i in stop_ids)
     while new < num_tokens:
-        length = context if context is not None else len(prompt) + num_tokens - 1
+        length = len(window) + num_tokens - new - 1  # the positions this pass needs
+        length = min(context, length) if context is not None else length
         buffer = np.zeros(length, np.int32)
         buffer[: len(window)] = window
         placed, after = _scan(
@@ -131,10 +139,25 @@ def generate(
             top_k,
         )
         produced = [*np.asarray(placed)[len(window) :].tolist(), int(after)][: num_tokens - new]
+        ended = next((i for i, t in enumerate(produced) if t in stops), None)
+        if ended is not None:
+            text += produced[: ended + 1]
+            break
         text += produced
         new += len(produced)
         window = np.asarray(text[-(context // 2) :] if context is not None else text, np.int32)
     return np.asarray(text[len(prompt) :], np.int32)
+
+
+def hf_tokenizer(directory: Path, vocab: int, table: str) -> Any:
+    """The tokenizer a checkpoint directory is read with: its own ``tokenizer.json``, else GPT-2's
+    for a GPT-2 of GPT-2's vocabulary, else None (token ids only)."""
+    from jaxnet import tokenizers
+
+    if (directory / "tokenizer.json").is_file():
+        return tokenizers.get(f"hf:{directory}")
+    gpt2 = tokenizers.get("gpt2") if table == "gpt2" else None
+    return gpt2 if gpt2 is not None and gpt2.vocab_size == vocab else None
 
 
 def sample_hf(
@@ -147,27 +170,43 @@ def sample_hf(
     seed: int,
     ids: list[int] | None = None,
 ) -> str:
-    """:func:`sample` of a GPT-2 checkpoint ``hf:PATH`` before any training. With ``ids`` (token
-    ids) the continuation's ids are returned, space-separated; a text ``prompt`` is encoded with
-    GPT-2's tokenizer (:mod:`jaxnet.data.tokenizers`) and text returned. Without either,
-    generation starts from ``<|endoftext|>`` (GPT-2's last id)."""
-    from jaxnet.data import tokenizers as tokenizer
+    """:func:`sample` of a Hugging Face checkpoint ``hf:PATH`` before any training. With ``ids``
+    (token ids) the continuation's ids are returned, space-separated. A text ``prompt`` is encoded
+    with the checkpoint's own tokenizer (its ``tokenizer.json``, after the ids it puts before a
+    text, e.g. Llama's BOS; GPT-2's for a GPT-2 without one) and text returned, generation
+    stopping at any of its end ids. Without either, generation starts a new document (the BOS or
+    end-of-text id; GPT-2's last id)."""
     from jaxnet.predict import hf_model
 
-    cfg, model, params = hf_model(spec)
-    vocab = params["embed"]["embedding"].shape[0]
+    checkpoint = hf.read(spec)
+    vocab = checkpoint.vocab
+    tok = hf_tokenizer(checkpoint.directory, vocab, checkpoint.table.model_type)
+    stops = tok.end_ids if tok is not None and tok.kind == "hf" else ()
     if ids is not None:
         start = np.asarray(ids, np.int32)
         if start.size and (start.min() < 0 or start.max() >= vocab):
-            raise UserError(f"--ids holds ids {start.min()}..{start.max()}; this GPT-2 has ids 0..{vocab - 1}")
+            raise UserError(f"--ids holds ids {start.min()}..{start.max()}; this checkpoint has ids 0..{vocab - 1}")
+    elif tok is None:
+        if prompt:
+            raise UserError(
+                f"{spec} has no tokenizer.json to encode --prompt with; give the prompt as token ids (--ids 1,2,3) "
+                "or save the checkpoint's tokenizer into the directory (tokenizer.save_pretrained)"
+            )
+        start = np.asarray([vocab - 1], np.int32)
     elif prompt:
-        start = np.asarray(tokenizer.encode(prompt), np.int32)
+        before = list(tok.before) if tok.kind == "hf" else []
+        start = np.asarray(before + tok.encode_batch([prompt])[0].tolist(), np.int32)
     else:
-        start = np.asarray([vocab - 1], np.int32)  # GPT-2's <|endoftext|>: a new document
-    out = generate(model, params, start, tokens, temperature=temperature, top_k=top_k, seed=seed)
-    if ids is not None or vocab != tokenizer.VOCAB_SIZE:
+        start = np.asarray([tok.start_id({})], np.int32)  # a new document
+    # A rotary model is built with the positions this sample needs (a multiple of 256), not its
+    # whole context: the decoding cache of a 128K-context model would not fit beside it.
+    _, model, params = hf_model(spec, context=-(-(len(start) + tokens) // 256) * 256)
+    out = generate(model, params, start, tokens, temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)
+    if ids is not None or tok is None:
         return " ".join(map(str, out.tolist()))
-    return (prompt or "") + tokenizer.decode(out.tolist())
+    if len(out) and int(out[-1]) in stops:
+        out = out[:-1]
+    return (prompt or "") + tok.decode(out.tolist(), None)
 
 
 def _refuse_without_vocabulary(workdir: Path) -> None:
@@ -205,7 +244,8 @@ def sample(
 ) -> str:
     """Text generated by the newest checkpoint of a language-model run, continuing ``prompt``
     (default: the start of a line); with ``ids`` (a prompt of token ids) the token ids generated,
-    space-separated. ``workdir`` ``"hf:PATH"`` samples a GPT-2 checkpoint (:func:`sample_hf`)."""
+    space-separated. ``workdir`` ``"hf:PATH"`` samples a Hugging Face checkpoint (:func:`sample_hf`).
+    A run whose tokenizer is a checkpoint's (``hf:DIR``) stops at any of its end ids."""
     from jaxnet import config as config_lib
     from jaxnet import models, optim, parallel
     from jaxnet.checkpoint import Checkpoints
@@ -259,15 +299,22 @@ def sample(
         state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only
     finally:
         ckpts.close()
+    codec = dataset.codec
+    stops = codec.end_ids if codec.kind == "hf" else ()
+    kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)
     if ids is not None:
         start = np.asarray(ids, np.int32)
         if start.min() < 0 or start.max() >= len(vocab):
             raise UserError(f"--ids holds ids {start.min()}..{start.max()}; the run has ids 0..{len(vocab) - 1}")
-        out = generate(model, state.params, start, tokens, temperature=temperature, top_k=top_k, seed=seed)
+        out = generate(model, state.params, start, tokens, **kw)
         return " ".join(map(str, out.tolist()))
-    if not prompt:  # a new document (GPT-2), line (characters, bytes) or sentence (words)
-        start = np.asarray([dataset.codec.start_id(dataset.index)], np.int32)
+    if not prompt:  # a new document (GPT-2, hf:DIR), line (characters, bytes) or sentence (words)
+        start = np.asarray([codec.start_id(dataset.index)], np.int32)
     else:
         start = dataset.encode(prompt)
-    out = generate(model, state.params, start, tokens, temperature=temperature, top_k=top_k, seed=seed)
-    return dataset.codec.join(prompt or "", dataset.decode(out))
+        if codec.kind == "hf":  # as documents were prepared: after the ids the tokenizer puts first (BOS)
+            start = np.concatenate([np.asarray(codec.before, np.int32), start]).astype(np.int32)
+    out = generate(model, state.params, start, tokens, **kw)
+    if len(out) and int(out[-1]) in stops:
+        out = out[:-1]
+    return codec.join(prompt or "", dataset.decode(out))

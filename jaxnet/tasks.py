@@ -55,12 +55,16 @@ class Task:
     the devices (masked-LM corruption). ``extra_inputs``: input ids beyond the data's
     vocabulary the model must embed (masked-LM's mask token). ``labels``: the batch key of
     integer class labels that index the outputs' last axis; they are checked against the
-    model's number of outputs before the first step. ``from_features``: the training loss and
-    metrics computed from the model's final hidden states and output layer instead of its outputs,
-    ``(features, head, batch) -> (loss, metrics)`` with the same values as ``loss`` and ``metrics``
-    on the logits (the built-in label tasks: :func:`jaxnet.blockwise.cross_entropy`, which never
-    holds the whole logits); the train step uses it for a model that offers them
-    (:func:`jaxnet.models.adapters.features_apply`), ``loss`` on the outputs for any other.
+    model's number of outputs before the first step. ``keyword_inputs``: batch keys given to the
+    model by name when a batch has them (``model(*inputs, segments=..., positions=...)``): the
+    language-model tasks name ``segments`` and ``positions``, which rows of packed examples carry
+    (:mod:`jaxnet.data.packing`), so any model that takes them keeps its examples apart.
+    ``from_features``: the training loss and metrics computed from the model's final hidden states
+    and output layer instead of its outputs, ``(features, head, batch) -> (loss, metrics)`` with the
+    same values as ``loss`` and ``metrics`` on the logits (the built-in label tasks:
+    :func:`jaxnet.blockwise.cross_entropy`, which never holds the whole logits); the train step uses
+    it for a model that offers them (:func:`jaxnet.models.adapters.features_apply`), giving the
+    model the same ``keyword_inputs``, and ``loss`` on the outputs for any other.
     """
 
     inputs: str | tuple[str, ...]
@@ -73,6 +77,7 @@ class Task:
     transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]] | None = None
     extra_inputs: int = 0
     labels: str | None = None
+    keyword_inputs: tuple[str, ...] = ()
     from_features: Callable[[jnp.ndarray, Head, Batch], tuple[jnp.ndarray, dict[str, jnp.ndarray]]] | None = None
 
     def __post_init__(self) -> None:
@@ -90,6 +95,14 @@ class Task:
     def model_inputs(self, batch: Batch) -> tuple[Any, ...]:
         """The arrays of ``batch`` the model is called on, in order."""
         return tuple(batch[k] for k in self.inputs)
+
+    def model_keywords(self, batch: Batch) -> dict[str, Any]:
+        """The arrays of ``batch`` the model is given by name: those of ``keyword_inputs`` it has.
+
+        >>> lm().model_keywords({"tokens": 1, "segments": 2})
+        {'segments': 2}
+        """
+        return {k: batch[k] for k in self.keyword_inputs if k in batch}
 
     def train_values(self, outputs: Any, batch: Batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
         """The training loss and the metrics of one batch."""
@@ -263,6 +276,10 @@ def classification(
     return _label_task("classification", inputs, target, label_smoothing, z_loss, loss_from, loss_block)
 
 
+#: The batch keys of packed rows a language model is given by name (see :class:`Task`).
+PACKED_INPUTS = ("segments", "positions")
+
+
 def lm(
     label_smoothing: float = 0.0,
     per_token: Callable[[float], dict[str, float]] | None = None,
@@ -273,7 +290,8 @@ def lm(
 ) -> Task:
     """Next-token language modelling: cross-entropy of ``targets`` given ``tokens`` at every
     position (``mask`` marks the positions that count); ``accuracy`` of the next token.
-    ``per_token(mean loss)`` adds metrics such as perplexity or bits per character.
+    ``per_token(mean loss)`` adds metrics such as perplexity or bits per character. Packed rows'
+    ``segments`` and ``positions`` go to the model by name.
 
     ``z_loss``: PaLM's ``z_loss * logsumexp(logits)**2`` added to each position's training loss
     (evaluation reports the cross-entropy alone). ``loss_from``: ``auto`` computes the training
@@ -286,7 +304,17 @@ def lm(
         task = jaxnet.tasks.lm(z_loss=1e-4, loss_block=2048)
     """
     finalize = (lambda means: per_token(means["loss"])) if per_token is not None else None
-    return _label_task("lm", "tokens", "targets", label_smoothing, z_loss, loss_from, loss_block, finalize=finalize)
+    return _label_task(
+        "lm",
+        "tokens",
+        "targets",
+        label_smoothing,
+        z_loss,
+        loss_from,
+        loss_block,
+        finalize=finalize,
+        keyword_inputs=PACKED_INPUTS,
+    )
 
 
 def masked_lm(
@@ -329,6 +357,7 @@ def masked_lm(
         loss_block,
         transform=corrupt,
         extra_inputs=1,
+        keyword_inputs=PACKED_INPUTS,
     )
 
 

@@ -1,13 +1,13 @@
 """Write the committed plan records: the published runs the expected step is fitted on and checked
 against, every shipped experiment compiled for one H100, gpt2_small on 1 and 8 H100s (fsdp=8) and on
-one H200, and the families `jaxnet study devices` compares on one H200, from this CPU-only machine
-(XLA deviceless compilation).
+one H200, llama3_8b on 8 H100s (fsdp=8) with and without model.remat, and the families `jaxnet study
+devices` compares on one H200, from this CPU-only machine (XLA deviceless compilation).
 
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
-    python scripts/record_plans.py gpt2         # only gpt2_small's (or: others, devices, or one NAME)
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, others, devices, or one NAME)
 
-Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>]-<date>.json: the dict of
+Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>][-<label>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date (a record of an earlier date for the
 same plan is removed). Memory, FLOPs, bytes and kernels come from the compiled program; the step
 time is a PREDICTION (a roofline bound), not measured, and the expected step an estimate from it.
@@ -55,10 +55,31 @@ GPT2 = [
     ("gpt2_small", ["mesh.fsdp=8", "--tokens", "10e9", "--price", "3"], "h100", 8),
     ("gpt2_small", [], "h200", 1),
 ]
+# Llama 3 8B on a node of 8 H100s: the largest batch of 8,192-token sequences with and without
+# recomputing each block's activations, and the time and cost of 1 B tokens at $3 per GPU-hour (at
+# one sequence a GPU, and at the largest batch that fits with remat).
+LLAMA = [
+    ("llama3_8b", ["mesh.fsdp=8", "--max-batch", "--tokens", "1e9", "--price", "3"], "h100", 8),
+    (
+        "llama3_8b",
+        ["mesh.fsdp=8", "model.remat=true", "--max-batch", "--tokens", "1e9", "--price", "3"],
+        "h100",
+        8,
+        "remat",
+    ),
+    # the largest batch the search above finds with remat (7 sequences a GPU): its step, time and cost
+    (
+        "llama3_8b",
+        ["mesh.fsdp=8", "model.remat=true", "train.batch_size=56", "--tokens", "1e9", "--price", "3"],
+        "h100",
+        8,
+        "remat-b56",
+    ),
+]
 # The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.
 DEVICES = [(name, [], "h200", 1) for name in ("cnn_fashion_mnist", "lstm_ptb_small", "transformer_shakespeare")]
 # Experiments whose shape comes from a checkpoint that is not shipped (a Hugging Face GPT-2): not planned.
-UNPLANNED = {"gpt2_finetune"}
+UNPLANNED = {"gpt2_finetune", "hf_finetune"}
 # The options of jaxnet plan a record may carry after its overrides, and the keyword of jaxnet.plan each sets.
 OPTIONS = {"--tokens": "tokens", "--epochs": "epochs", "--price": "price"}
 
@@ -176,17 +197,20 @@ def host(report: dict) -> str:
     return f"{machine}, compiling for {report['gpus']} x {report['device_kind']}"
 
 
-def records(which: str) -> list[tuple[str, list[str], str, int]]:
+def records(which: str) -> list[tuple]:
     if which == "gpt2":
         return GPT2
+    if which == "llama":
+        return LLAMA
     if which == "gpt2-max-batch":
         return GPT2[:1]
     if which == "devices":
         return DEVICES
     if which in config.list_experiments():
         return [(which, [], "h100", 1)]
-    others = [(name, [], "h100", 1) for name in config.list_experiments() if name not in {"gpt2_small", *UNPLANNED}]
-    return others + DEVICES if which == "others" else GPT2 + others + DEVICES
+    own = {"gpt2_small", "llama3_8b", *UNPLANNED}  # planned in GPT2 and LLAMA; no shape of their own
+    others = [(name, [], "h100", 1) for name in config.list_experiments() if name not in own]
+    return others + DEVICES if which == "others" else GPT2 + LLAMA + others + DEVICES
 
 
 def main(argv: list[str]) -> int:
@@ -195,7 +219,7 @@ def main(argv: list[str]) -> int:
     which = argv[0] if argv else "all"
     if which in ("published", "all"):
         published(date)
-    for name, overrides, target, gpus in records(which) if which != "published" else []:
+    for name, overrides, target, gpus, *label in records(which) if which != "published" else []:
         max_batch = "--max-batch" in overrides
         overrides = [o for o in overrides if o != "--max-batch"]
         options = {}
@@ -215,7 +239,7 @@ def main(argv: list[str]) -> int:
             report = planner.plan(cfg, target, gpus, dataset=PLACEHOLDERS[name](cfg), **options)
             report["caveats"].insert(0, f"planned on zero data of the dataset's shapes: {e}")
         report.update(command=command, date=date, host=host(report))
-        suffix = f"{target}x{gpus}" if gpus > 1 else target
+        suffix = (f"{target}x{gpus}" if gpus > 1 else target) + "".join(f"-{x}" for x in label)
         path = out / f"plan-{name}-{suffix}-{date}.json"
         write(path, report)
         print(planner.describe(report), flush=True)

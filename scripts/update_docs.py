@@ -505,7 +505,8 @@ def render_plan() -> str:
     if not files:
         return "No plan records yet: `python scripts/record_plans.py` writes them."
     rows = [json.loads(f.read_text()) | {"_file": f"benchmarks/results/{f.name}"} for f in files]
-    rows.sort(key=lambda r: (r["experiment"] != "gpt2_small", r["experiment"], r["target"], r["gpus"]))
+    first = {"gpt2_small": 0, "llama3_8b": 1}  # the multi-GPU plans first, side by side
+    rows.sort(key=lambda r: (first.get(r["experiment"], 2), r["experiment"], r["target"], r["gpus"], r["command"]))
     lines = [
         "| command | GPUs | batch | fits | memory per device (args + temp) | GFLOP/step per device | "
         "kernels/step | **expected** step | **predicted** step (bound) | compute / memory / launch / communication "
@@ -677,6 +678,92 @@ def render_devices() -> str:
     )
 
 
+def render_import_memory() -> str:
+    """The host memory of importing a Hugging Face checkpoint (the newest
+    benchmarks/results/import-memory-*.json, written by scripts/measure_import.py)."""
+    files = sorted((ROOT / "benchmarks" / "results").glob("import-memory-*.json"))
+    if not files:
+        return "No import measurement yet: `python scripts/measure_import.py` writes it."
+    r = json.loads(files[-1].read_text())
+    rel = f"benchmarks/results/{files[-1].name}"
+    lines = [
+        "| checkpoint (bfloat16) | files | parameters placed | **held beyond them, placed as read** (jaxnet) "
+        "| held beyond them, gathered first | import time (placed) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        placed, gathered = row["placed"], row["gathered"]
+        lines.append(
+            f"| {row['checkpoint_bytes'] / 1e9:.2f} GB ({row['layers']} blocks) | {row['files']} "
+            f"| {placed['placed_bytes'] / 1e9:.2f} GB | **{placed['overhead'] / 1e6:,.0f} MB** "
+            f"| {gathered['overhead'] / 1e6:,.0f} MB | {placed['seconds']:.1f} s |"
+        )
+    v = r["versions"]
+    growth = r["checkpoint_growth"] / 1e9
+    lines += [
+        "",
+        f"From the smaller checkpoint to the larger ({growth:.2f} GB more), what jaxnet's import holds beyond the "
+        f"parameters grows by {r['overhead_placed_growth'] / 1e6:,.0f} MB; the largest tensor is "
+        f"{r['largest_tensor_bytes_bf16'] / 1e6:,.0f} MB in bfloat16. Peak resident memory (VmHWM) of a fresh "
+        "process, reset just before the import, minus the resident memory before it and the bytes placed; "
+        f"{r['device']}; jax {v['jax']}, safetensors {v['safetensors']}; {r['date']}; `{r['command']}` "
+        f"([{files[-1].name}]({rel})).",
+    ]
+    return "\n".join(lines)
+
+
+def render_open_models_result() -> str:
+    """llama_shakespeare beside gpt2_shakespeare (their newest training records)."""
+    results = load_results()
+    rows = [_latest(results, kind="training", experiment=n) for n in ("gpt2_shakespeare", "llama_shakespeare")]
+    rows = [r for r in rows if r is not None]
+    if len(rows) < 2:
+        return "Not recorded yet: `python scripts/record_result.py llama_shakespeare` writes it."
+    return training_table(rows)
+
+
+def render_llama_plan() -> str:
+    """llama3_8b's plans on 8 H100s (with and without model.remat) beside gpt2_small's on the same node."""
+    files = [f for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json")) if not f.name.startswith(PUB)]
+    rows = []
+    for f in files:
+        r = json.loads(f.read_text())
+        if r.get("experiment") == "llama3_8b" or (r.get("experiment") == "gpt2_small" and r.get("gpus") == 8):
+            rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
+    if not rows:
+        return "No plan of llama3_8b yet: `python scripts/record_plans.py llama` writes them."
+    rows.sort(key=lambda r: (r["experiment"] != "llama3_8b", r["command"]))
+    lines = [
+        "| command | parameters | tokens a step | fits | memory per device | largest batch that fits "
+        "(`--max-batch`) | **expected** step | **predicted** step (bound) | **predicted** MFU bound "
+        "| goal: **expected** time, GPU-hours, cost | compile |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m, p, g = r["memory"], r["prediction"], r.get("goal") or {}
+        tokens = r["input_rate"].get("tokens_per_step")
+        cost = f", ${g['cost_usd']:,.0f}" if g.get("cost_usd") is not None else ""
+        goal = f"{g['goal']}: {g['wall_s'] / 3600:,.1f} h, {g['gpu_hours']:,.0f} GPU-h{cost}" if g else "-"
+        mfu = f"{100 * p['mfu_bound']:.0f} %" if p.get("mfu_bound") else "-"
+        lines.append(
+            f"| `{r['command']}` | {r['parameters'] / 1e9:.2f} B | {tokens:,} | {'yes' if r['fits'] else '**no**'} "
+            f"| {m['total'] / 2**30:.1f} GiB of {m['device'] / 2**30:.1f} | {largest(r)} "
+            f"| {1e3 * p['expected_step_s']:,.0f} ms | {1e3 * p['predicted_step_s']:,.0f} ms ({p['bound']}) | {mfu} "
+            f"| {goal} | {r['compile_s']:.0f} s ([record]({r['_file']})) |"
+        )
+    v = rows[0]["versions"]
+    lines += [
+        "",
+        f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; "
+        f"{rows[0]['date']}); the step, MFU, time and cost are **predictions** (the bound) and **estimates** (the "
+        "expected step: the bound over the efficiency fitted on published runs, [Planning for GPUs](plan.md)), not "
+        "measurements; the cost is at $3 per GPU-hour, for the tokens a step of each row's batch (8 sequences of "
+        "8,192 tokens is one per GPU); the largest batch is a search over compiles (`--max-batch`). Memory is "
+        "what XLA's compiled program says (cuDNN workspaces not counted).",
+    ]
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "headline": headline,
     "results": render,
@@ -688,6 +775,9 @@ BLOCKS = {
     "plan": render_plan,
     "published": render_published,
     "devices": render_devices,
+    "import-memory": render_import_memory,
+    "open-models-result": render_open_models_result,
+    "llama-plan": render_llama_plan,
 }
 
 

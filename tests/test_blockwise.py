@@ -23,11 +23,12 @@ import optax
 import pytest
 
 from jaxnet import blockwise, config, tasks
+from jaxnet.data import packing
 from jaxnet.data.text import from_text
 from jaxnet.errors import UserError
 from jaxnet.models.adapters import features_apply
 from jaxnet.models.common import Head
-from jaxnet.models.transformer import TransformerLanguageModel, TransformerSpec
+from jaxnet.models.transformer import PRESETS, TransformerLanguageModel, TransformerSpec
 from jaxnet.train.loop import Run
 from jaxnet.train.step import make_grad_fn
 from tests.conftest import cpu_env
@@ -167,6 +168,49 @@ def test_the_train_step_from_features_equals_the_step_from_logits(tied, used, ma
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
         w = dict(jax.tree_util.tree_leaves_with_path(want_grads))[path]
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7, err_msg=str(path))
+
+
+def test_packed_chat_rows_of_a_llama_shape_train_as_each_example_alone():
+    """Packed rows (segments, positions) with a chat corpus's loss mask, on the Llama shape (RMSNorm,
+    SwiGLU, grouped-query rotary attention, an untied output without bias, a padded vocabulary):
+    the step from features (the default) equals each example in a row of its own from position 0,
+    its logits through optax, the padding ids cut off: the model gets the rows' keywords, the
+    blocks count the masked positions only."""
+    spec = TransformerSpec(
+        vocab=40, context=16, layers=1, width=16, heads=4, kv_heads=2, vocab_used=33, **PRESETS["llama"]
+    )
+    model = TransformerLanguageModel(spec)
+    assert not spec.tie_embeddings and spec.bias == "none"
+    r = np.random.default_rng(3)
+    lengths = [6, 5, 3]  # 5 + 4 + 2 = 11 positions of 16: 5 of padding
+    examples = [r.integers(0, 33, n) for n in lengths]
+    trained = [r.integers(0, 2, n).astype(np.float32) for n in lengths]  # the assistant's tokens
+    p = packing.pack(np.array(lengths), seq_len=16)
+    assert p.rows == 1
+    batch = packing.assemble(p, np.array([0]), lambda e, n: (examples[e][:n], trained[e][:n]))
+    batch["tokens"][0, 11:] = 7  # what padding holds must not matter
+    params = model.init(jax.random.PRNGKey(1), jnp.zeros((1, 16), jnp.int32))["params"]
+    task = tasks.lm(loss_block=4)  # 4 blocks of the 16 positions
+    assert task.from_features is not None and set(task.model_keywords(batch)) == {"segments", "positions"}
+    (loss, _), grads = jax.jit(make_grad_fn(model, task))(params, {}, batch, jax.random.PRNGKey(0))
+
+    alone = {k: np.zeros((len(examples), max(lengths) - 1), t) for k, t in
+             (("tokens", np.int32), ("targets", np.int32), ("mask", np.float32))}  # fmt: skip
+    for i, (ids, mask) in enumerate(zip(examples, trained, strict=True)):
+        alone["tokens"][i, : len(ids) - 1], alone["targets"][i, : len(ids) - 1] = ids[:-1], ids[1:]
+        alone["mask"][i, : len(ids) - 1] = mask[1:]
+
+    def reference(params):
+        logits = model.apply({"params": params}, alone["tokens"])[..., :33]
+        per_token = optax.softmax_cross_entropy_with_integer_labels(logits, alone["targets"])
+        return jnp.sum(per_token * alone["mask"]) / np.sum(alone["mask"])
+
+    want, want_grads = jax.jit(jax.value_and_grad(reference))(params)
+    assert np.sum(alone["mask"]) == np.sum(batch["mask"]) > 0
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
+    flat, flat_want = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)]) for g in (grads, want_grads))
+    assert np.abs(flat_want).max() > 0.01
+    np.testing.assert_allclose(flat, flat_want, rtol=2e-5, atol=1e-6 * np.abs(flat_want).max())
 
 
 class OwnLanguageModel(nn.Module):

@@ -174,7 +174,7 @@ def test_tensors_are_checked_before_any_is_read_then_read_one_at_a_time(tmp_path
     source = write_gpt2(tmp_path / "gpt2", n_layer=2)
     reads = []
     original = files.Tensors.read
-    monkeypatch.setattr(files.Tensors, "read", lambda self, name: reads.append(name) or original(self, name))
+    monkeypatch.setattr(files.Tensors, "read", lambda self, name, *a: reads.append(name) or original(self, name, *a))
     tensors = hf.read(f"hf:{source}").tensors()
     assert reads == []  # nothing read until asked for
     path, first = next(tensors)
@@ -219,7 +219,8 @@ def test_finetune_from_hf_then_export_and_transformers_reproduces_the_logits(tmp
     assert np.abs(logits[..., :245] - before).max() > 1e-3  # fine-tuning moved the weights
     out = tmp_path / "exported"
     assert cli.main(["export", "--workdir", str(run), "--format", "hf", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    # the source checkpoint's generation settings go with it (save_pretrained wrote them)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
     assert load_file(str(out / "model.safetensors"))["transformer.wte.weight"].shape == (245, 32)
     np.testing.assert_allclose(hf_logits(out, tokens), logits[..., :245], rtol=RTOL, atol=ATOL)
     # and the GPT-2 checkpoint samples before any training, from token ids
@@ -280,7 +281,7 @@ def train_argv(tmp_path: Path, source: Path, *extra: str) -> list[str]:
     "damage, message",
     [
         ("no weights", "has no weights (model.safetensors or pytorch_model.bin)"),
-        ("llama", "holds a llama, not GPT-2"),
+        ("gpt_neox", "holds a gpt_neox, not GPT-2, Llama, Qwen2 or Mistral"),
         ("extra tensor", "GPT-2 tensor h.1.mlp.c_fc.weight (16, 64) has no place"),
         ("wrong shape", "GPT-2 tensor wpe.weight has shape (9, 16), but config.json makes it (8, 16)"),
         ("no config", "has no config.json"),
@@ -292,8 +293,8 @@ def test_a_bad_checkpoint_is_one_line_exit_2_and_nothing_written(tmp_path, capsy
     tensors = load_file(str(source / "model.safetensors"))
     if damage == "no weights":
         (source / "model.safetensors").unlink()
-    elif damage == "llama":
-        (source / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 16}))
+    elif damage == "gpt_neox":
+        (source / "config.json").write_text(json.dumps({"model_type": "gpt_neox", "hidden_size": 16}))
     elif damage == "no config":
         (source / "config.json").unlink()
     else:
@@ -388,7 +389,7 @@ def test_export_refuses_a_bad_format_and_a_non_empty_directory_and_writes_nothin
 
 def test_a_model_gpt2_cannot_hold_is_refused():
     model = jaxnet.models.TransformerConfig(position="rotary")
-    with pytest.raises(jaxnet.UserError, match="GPT-2 cannot hold this model: model.position=rotary"):
+    with pytest.raises(jaxnet.UserError, match=r"can hold this model \(GPT-2: model.position=rotary"):
         hf.convert({}, model, context=8)
     with pytest.raises(jaxnet.UserError, match="holds a Transformer; this run trained a lstm"):
         hf.convert({}, jaxnet.models.LSTMConfig(), context=8)

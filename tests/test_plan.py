@@ -60,6 +60,9 @@ def test_transformers_compile_to_cudnn_attention_and_bf16_matmuls(spec):
     p = plan_of(spec)
     assert p["compute_dtype"] == "bfloat16"
     assert p["kernels"]["cudnn_attention"] == {"forward": 2, "backward": 2}
+    a = p["attention"]  # unpacked rows: the causal kernel, no mask as a bias (packed: tests/test_prepare_chat.py)
+    assert (a["kernel"], a["bias"], a["packed"], a["model_attention"]) == ("cudnn", False, False, "cudnn")
+    assert a["cudnn_calls"] == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"]
     assert set(p["kernels"]["matmul_dtypes"]) == {"bf16"}
     assert p["kernels"]["gemm_fusions"]["triton"] > 0
     assert p["fits"] and p["memory"]["device"] == 85520809984

@@ -294,7 +294,7 @@ def test_the_config_becomes_one_spec_and_presets_are_its_variants():
     assert cfg.build(outputs=70, seq_len=16).spec == spec  # the module takes the spec whole
     assert TransformerConfig.preset("gpt2", layers=2).norm_eps == 1e-5
     assert preset("bert_encoder", vocab=5, context=8).causal is False
-    assert set(PRESETS) == {"char_gpt", "gpt2", "bert_encoder"}
+    assert set(PRESETS) == {"char_gpt", "gpt2", "bert_encoder", "llama", "qwen2", "mistral"}
     # every preset field is a spec field and a config key: one name, both places
     spec_fields = {f.name for f in dataclasses.fields(TransformerSpec)}
     config_fields = {f.name for f in dataclasses.fields(TransformerConfig)}

@@ -395,6 +395,12 @@ def build_model(
                 (f"model.norm_eps={spec.norm_eps} (the twin's LayerNorm has 1e-6)", spec.norm_eps != 1e-6),
                 ("model.gelu=exact (the twin's GELU is the tanh form)", spec.gelu != "tanh"),
                 ("grouped-query attention (kv_heads < heads)", spec.kv_heads != spec.heads),
+                (f"model.norm={spec.norm} (the twin's is LayerNorm)", spec.norm != "layer"),
+                (f"model.mlp={spec.mlp} (the twin's MLP is GELU)", spec.mlp != "gelu"),
+                (f"model.bias={spec.bias} (the twin has every bias)", spec.bias != "all"),
+                ("model.head_dim other than width / heads", spec.head_dim * spec.heads != spec.width),
+                (f"model.rope_theta={spec.rope_theta} (the twin's is 10000)", spec.rope_theta != 10000.0),
+                ("model.rope_scaling=llama3", spec.rope_scaling != "none"),
             )
             if differs
         ]

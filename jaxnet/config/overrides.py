@@ -162,7 +162,6 @@ def from_dict(tree: dict[str, Any], saved: bool = False) -> Config:
     return cfg
 
 
-
 RUN_KEY = "_run"  # config.json's record of how the run was launched; not part of the config
 
 

@@ -79,8 +79,14 @@ class DataConfig(Checked):
     batching: str = field(
         "",
         "language models: 'stream' = contiguous streams carrying state across batches (LSTM), 'windows' = "
-        "random windows ('' = stream for lstm, windows otherwise)",
-        choices=("", "stream", "windows"),
+        "random windows, 'packed' = a corpus's whole examples packed into rows, none attending to another "
+        "(data.name=tokens; a chat corpus always is) ('' = stream for lstm, windows otherwise)",
+        choices=("", "stream", "windows", "packed"),
+    )
+    overlong: str = field(
+        "drop",
+        "data.batching=packed: an example longer than data.seq_len is dropped, or truncated to it (counted and said)",
+        choices=("drop", "truncate"),
     )
     val_size: int = field(5000, "image datasets: training examples held out for validation", low=0)
     augment: bool = field(
@@ -391,7 +397,7 @@ def settings_in_effect(
     if text and not cfg.data.tokenizer and cfg.data.name != "tokens":  # a corpus says its own
         out["data.tokenizer"] = default_tokenizer(cfg.data.name)
     if text and not cfg.data.batching:
-        out["data.batching"] = batching(cfg)
+        out["data.batching"] = batching(cfg) + (" (packed for a chat corpus)" if cfg.data.name == "tokens" else "")
     for axis, size in (mesh_sizes or {}).items():
         if getattr(cfg.mesh, axis) == -1:
             out[f"mesh.{axis}"] = str(size)
@@ -499,6 +505,11 @@ def validate(cfg: Config) -> None:
         raise UserError("language models need data.seq_len >= 1 (tokens per training sequence)")
     if cfg.data.name == "text" and not cfg.data.path:
         raise UserError("data.name=text needs data.path=FILE, the text file to train on")
+    if cfg.data.batching == "packed" and cfg.data.name != "tokens":
+        raise UserError(
+            f"data.batching=packed packs a prepared corpus's documents (data.name=tokens), not data.name="
+            f"{cfg.data.name}; prepare it with jaxnet prepare and train with data.name=tokens data.path=DIR"
+        )
     cfg.model.validate()
     if cfg.model.carries_state and cfg.optim.grad_accum > 1:
         raise UserError(

@@ -157,7 +157,10 @@ def open_shard(path: str | os.PathLike, expected_tokens: int | None = None) -> S
 def open_flat(path: str | os.PathLike, dtype: Any = np.uint16) -> Shard:
     """A headerless file of tokens (nanoGPT's ``train.bin``)."""
     path, dtype = Path(path), np.dtype(dtype)
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
     if size % dtype.itemsize:
         raise UserError(f"{path} is {size} bytes, not a whole number of {dtype} tokens")
     return Shard(path, 0, size // dtype.itemsize, dtype)

@@ -18,6 +18,15 @@ text, so a run resumes exactly, on any number of processes, and each process rea
 rows. Evaluation reads the first ``train.eval_tokens`` next-token predictions of a split in
 fixed-shape batches, a batch at a time.
 
+**Packed examples** (``data.batching=packed``; always for a chat corpus of ``jaxnet prepare
+chat``): the split's examples (conversations; a plain corpus's documents, found at its
+tokenizer's separator ids) are packed whole into rows of ``data.seq_len``
+(:mod:`jaxnet.data.packing`), an example longer than a row dropped or truncated
+(``data.overlong``). Batches carry ``segments`` and ``positions`` beside the tokens, so that no
+example attends to another and each starts at position 0, and ``mask`` (a chat corpus: the
+assistant's tokens; padding never). Evaluation walks the packed rows of a split in order (its
+first ``ceil(train.eval_tokens / data.seq_len)`` rows when capped).
+
 >>> ds = load(DataConfig(name="tokens", path="corpora/shakespeare-gpt2"))   # doctest: +SKIP
 >>> ds.describe()                                                           # doctest: +SKIP
 '1,482,404 training gpt2 tokens (3 shards), vocabulary 50,257'
@@ -37,6 +46,7 @@ import numpy as np
 
 from jaxnet import tokenizers
 from jaxnet.config import batching
+from jaxnet.data import packing as packing_lib
 from jaxnet.data import prepare as prepare_lib
 from jaxnet.data import shards as shards_lib
 from jaxnet.data import text as text_lib
@@ -61,8 +71,15 @@ class TokenDataset(text_lib.TextDataset):
         max_ids: dict[str, int | None] | None = None,
         notes: str = "",
         record: dict[str, Any] | None = None,
+        masks: dict[str, shards_lib.ShardedTokens] | None = None,
+        lengths: dict[str, np.ndarray] | None = None,
+        chat: dict[str, Any] | None = None,
     ):
         self.train, self.val, self.test = (splits[s] for s in SPLITS)
+        self.masks, self.chat = masks, chat  # a chat corpus: which tokens are the assistant's
+        self._lengths: dict[str, np.ndarray] = dict(lengths or {})  # each example's tokens, by split
+        self._packings: dict[tuple, packing_lib.Packing] = {}
+        self._packed_line = ""
         self.vocab, self.tokenizer, self.name, self.notes = vocab, tokenizer, name, notes
         self.record = dict(record) if record is not None else {"name": tokenizer, "vocab_size": len(vocab)}
         if len(set(vocab)) != len(vocab):
@@ -90,17 +107,97 @@ class TokenDataset(text_lib.TextDataset):
         return dict(self.record)
 
     def describe(self) -> str:
-        """One line for the run's first message."""
+        """One line for the run's first message (with how the examples were packed, once
+        :meth:`check` has packed them)."""
         shards = len(self.train.shards)
+        what = "chat " if self.chat else ""
         return (
-            f"{len(self.train):,} training {self.tokenizer} tokens ({shards} file{'s' * (shards != 1)}), "
-            f"vocabulary {len(self.vocab):,}{self.notes}"
+            f"{len(self.train):,} training {what}{self.tokenizer} tokens ({shards} file{'s' * (shards != 1)}), "
+            f"vocabulary {len(self.vocab):,}{self.notes}{self._packed_line}"
         )
+
+    # ---- packed examples
+
+    def packed(self, cfg: Any) -> bool:
+        """Whether batches are packed examples: ``data.batching=packed``, or a chat corpus (which
+        is never cut into windows: its conversations are its examples)."""
+        if self.chat is not None:
+            if cfg.data.batching not in ("", "packed"):
+                raise UserError(
+                    f"data.batching={cfg.data.batching}: {self.name} is a chat corpus, trained on whole conversations "
+                    "packed into rows; leave data.batching unset (or packed)"
+                )
+            return True
+        return cfg.data.batching == "packed"
+
+    def example_lengths(self, split: str) -> np.ndarray:
+        """Each example's token count in ``split``: a chat corpus's conversations (from its files),
+        else the documents between the tokenizer's separator ids (one pass over the split)."""
+        if split not in self._lengths:
+            self._lengths[split] = document_lengths(getattr(self, split), self.record, self.name)
+        return self._lengths[split]
+
+    def packing(self, cfg: Any, split: str) -> packing_lib.Packing:
+        """The examples of ``split`` packed into rows of ``data.seq_len`` (computed once)."""
+        key = (split, cfg.data.seq_len, cfg.data.overlong)
+        if key not in self._packings:
+            self._packings[key] = packing_lib.pack(self.example_lengths(split), cfg.data.seq_len, cfg.data.overlong)
+        return self._packings[key]
+
+    def _fetch(self, split: str) -> packing_lib.Fetch:
+        """``fetch(example, n)``: the first ``n`` ids of an example of ``split`` and which are trained."""
+        tokens, masks = getattr(self, split), (self.masks or {}).get(split)
+        starts = np.concatenate([[0], np.cumsum(self.example_lengths(split))])
+
+        def fetch(example: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+            at = int(starts[example])
+            return tokens.read(at, at + n), None if masks is None else masks.read(at, at + n)
+
+        return fetch
+
+    def check(self, cfg: Any) -> None:
+        """One-line errors for a batch the training split cannot fill; packed examples are packed
+        here, and the packing is said in :meth:`describe`."""
+        if not self.packed(cfg):
+            super().check(cfg)
+            return
+        p = self.packing(cfg, "train")
+        if not p.rows:
+            raise UserError(
+                f"no training example of {self.name} fits a row of data.seq_len={cfg.data.seq_len} "
+                f"({p.describe()}); raise data.seq_len or set data.overlong=truncate"
+            )
+        self._packed_line = f"; {p.describe()}"
+
+    def sample(self, cfg: Any) -> dict[str, np.ndarray]:
+        """A batch of one time step of zeros, with the keys of packed rows when they are packed."""
+        out = super().sample(cfg)
+        if self.packed(cfg):
+            zeros = out["tokens"]
+            out = {**out, "mask": zeros.astype(np.float32), "segments": zeros, "positions": zeros}
+        return out
+
+    def _packed_train(self, cfg: Any, start_step: int, rows: slice) -> Iterator[dict[str, np.ndarray]]:
+        p, fetch = self.packing(cfg, "train"), self._fetch("train")
+        step = start_step
+        while True:
+            chosen = packing_lib.epoch_rows(p.rows, cfg.seed, step, cfg.train.batch_size)[rows]
+            yield {**packing_lib.assemble(p, chosen, fetch), "reset": np.asarray(1, np.int32)}
+            step += 1
+
+    def _eval_packed_rows(self, cfg: Any, split: str) -> int:
+        p = self.packing(cfg, split)
+        cap = -(-cfg.train.eval_tokens // cfg.data.seq_len) if cfg.train.eval_tokens else p.rows
+        return min(p.rows, cap)
 
     def train_batches(self, cfg: Any, start_step: int, rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
         """Endless training batches from ``start_step`` on; only rows ``rows`` of each: the
         batches of :meth:`jaxnet.data.text.TextDataset.train_batches` for the same ids, window
-        rows read as contiguous copies (:meth:`~jaxnet.data.shards.ShardedTokens.windows`)."""
+        rows read as contiguous copies (:meth:`~jaxnet.data.shards.ShardedTokens.windows`);
+        packed rows (:mod:`jaxnet.data.packing`) when :meth:`packed`."""
+        if self.packed(cfg):
+            yield from self._packed_train(cfg, start_step, rows)
+            return
         if batching(cfg) != "windows":
             yield from super().train_batches(cfg, start_step, rows)
             return
@@ -116,6 +213,8 @@ class TokenDataset(text_lib.TextDataset):
 
     def eval_rows(self, cfg: Any, split: str) -> int:
         """Rows of an evaluation batch of ``split`` (0 = empty split)."""
+        if self.packed(cfg):
+            return min(cfg.train.eval_batch_size, self._eval_packed_rows(cfg, split)) if self.size(split) else 0
         n = self._predictions(cfg, split)
         if n < 1:
             return 0
@@ -138,6 +237,8 @@ class TokenDataset(text_lib.TextDataset):
         With window batching (the default) only the tokens of those rows are read; contiguous
         streams (``data.batching=stream``) read the whole capped split and keep the rows.
         """
+        if self.packed(cfg):
+            return self._packed_eval(cfg, split, batch_size, rows)
         tokens, n, seq_len = getattr(self, split), self._predictions(cfg, split), cfg.data.seq_len
         if n < 1:
             return iter(())
@@ -146,6 +247,43 @@ class TokenDataset(text_lib.TextDataset):
             batches = text_lib.eval_batches(ids, batch_size=batch_size, seq_len=seq_len, mode="stream")
             return ({k: v[rows] if np.ndim(v) else v for k, v in b.items()} for b in batches)
         return window_eval_batches(tokens, n, batch_size, seq_len, rows)
+
+    def _packed_eval(self, cfg: Any, split: str, batch_size: int, rows: slice) -> Iterator[dict[str, np.ndarray]]:
+        """The packed rows of ``split`` in order, ``batch_size`` a batch (the last filled with rows
+        of padding); only rows ``rows`` of each."""
+        if not self.size(split):
+            return
+        p, fetch, total = self.packing(cfg, split), self._fetch(split), self._eval_packed_rows(cfg, split)
+        for first in range(0, total, batch_size):
+            chosen = np.arange(first, first + batch_size)
+            chosen[chosen >= total] = -1
+            yield packing_lib.assemble(p, chosen[rows], fetch)
+
+
+def document_lengths(tokens: shards_lib.ShardedTokens, record: dict[str, Any], name: str) -> np.ndarray:
+    """The token counts of the documents of a split of a plain corpus: a document starts at each of
+    its tokenizer's ``before`` ids (GPT-2's end-of-text, a BOS), else ends after each of its
+    ``after`` ids; read in chunks, once.
+
+    >>> document_lengths(np.array([9, 1, 2, 9, 3]), {"before": [9]}, "x").tolist()
+    [3, 2]
+    """
+    before, after = list(record.get("before") or ()), list(record.get("after") or ())
+    if not before and not after:
+        raise UserError(
+            f"data.batching=packed needs {name}'s documents, but its tokenizer ({record.get('name')}) puts no id "
+            "between them; prepare it with jaxnet prepare (gpt2, byte, char or hf:DIR with an end-of-text token)"
+        )
+    separator, shift = (before[0], 0) if before else (after[-1], 1)
+    n = len(tokens)
+    found = []
+    chunk = 1 << 22
+    for at in range(0, n, chunk):
+        block = tokens[at : min(n, at + chunk)]
+        found.append(np.flatnonzero(np.asarray(block) == separator) + at + shift)
+    starts = np.unique(np.concatenate([[0], *found, [n]]))
+    starts = starts[starts <= n]
+    return np.diff(starts).astype(np.int64)
 
 
 def window_eval_batches(
@@ -242,6 +380,12 @@ def load(cfg: Any) -> TokenDataset:
             max_ids[s] = entry["max_id"]
         tok = manifest["tokenizer"]
         vocab = _padded(prepare_lib.corpus_vocab(tok), cfg.vocab_size, name)
+        if manifest.get("kind") == "chat":
+            masks, lengths = _chat_files(path, manifest)
+            chat = {k: v for k, v in manifest["chat"].items() if k != "template"}
+            return TokenDataset(
+                splits, vocab, tok["name"], name, max_ids, record=tok, masks=masks, lengths=lengths, chat=chat
+            )
         return TokenDataset(splits, vocab, tok["name"], name, max_ids, record=tok)
     if fmt == "nanogpt":
         files = {s: path / f"{s}.bin" for s in ("train", "val")}
@@ -272,6 +416,34 @@ def load(cfg: Any) -> TokenDataset:
         notes = "; no test split (llm.c shards have none)"
         return TokenDataset(splits, vocab, "gpt2", name, notes=notes, record=gpt2.record())
     raise UserError(f"data.format={fmt}: choose jaxnet, nanogpt or llmc")
+
+
+def _chat_files(path: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The assistant masks (one byte per token) and conversation lengths of a chat corpus's splits,
+    each file's size checked against the manifest."""
+    masks, lengths = {}, {}
+    for s in SPLITS:
+        files, counts = [], []
+        for x in manifest["splits"][s]["shards"]:
+            mask = shards_lib.open_flat(path / x["mask"]["file"], np.uint8)
+            if mask.count != x["tokens"]:
+                raise UserError(
+                    f"{mask.path} holds {mask.count:,} bytes but corpus.json says {x['tokens']:,} tokens; prepare the "
+                    "corpus again"
+                )
+            files.append(mask)
+            try:
+                counts.append(np.fromfile(path / x["lengths"]["file"], "<u4").astype(np.int64))
+            except OSError as e:
+                raise UserError(f"cannot read {path / x['lengths']['file']}: {e}; prepare the corpus again") from None
+            if len(counts[-1]) != x["conversations"] or counts[-1].sum() != x["tokens"]:
+                raise UserError(
+                    f"{path / x['lengths']['file']} does not hold the {x['conversations']:,} conversation lengths of "
+                    f"{x['file']}; prepare the corpus again"
+                )
+        masks[s] = shards_lib.ShardedTokens(files)
+        lengths[s] = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+    return masks, lengths
 
 
 def _nanogpt_meta(path: Path) -> tuple[list[str], str]:

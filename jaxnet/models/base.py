@@ -130,8 +130,10 @@ _PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
 
 def _traced_scalar(value: Any) -> bool:
     """A JAX array of shape () (a traced sweep number): checked by the program that reads it."""
-    return not isinstance(value, np.generic | np.ndarray) and getattr(value, "shape", None) == () and hasattr(
-        value, "dtype"
+    return (
+        not isinstance(value, np.generic | np.ndarray)
+        and getattr(value, "shape", None) == ()
+        and hasattr(value, "dtype")
     )
 
 

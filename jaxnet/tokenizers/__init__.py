@@ -74,7 +74,7 @@ def kind_of(name: str, what: str = "data.tokenizer", choices: tuple[str, ...] = 
 
 def get(name: str, what: str = "data.tokenizer") -> Any:
     """The tokenizer ``name`` names, built once (``hf:DIR`` reads ``DIR``'s files, again when
-    its ``tokenizer.json`` changes).
+    its ``tokenizer.json`` or a file its special ids come from changes).
 
     >>> get("byte").vocab_size
     257
@@ -84,13 +84,18 @@ def get(name: str, what: str = "data.tokenizer") -> Any:
     if not argument:
         return _built(kind, "", None)
     directory = os.path.abspath(os.path.expanduser(argument))
-    file = Path(directory) / "tokenizer.json"
-    stamp = (file.stat().st_mtime_ns, file.stat().st_size) if file.is_file() else None
-    return _built(kind, directory, stamp) if stamp else cls(directory)
+    files = [
+        Path(directory) / n
+        for n in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json")
+    ]
+    if not files[0].is_file():
+        return cls(directory)  # its own one-line error
+    stamp = tuple((f.stat().st_mtime_ns, f.stat().st_size) if f.is_file() else None for f in files)
+    return _built(kind, directory, stamp)
 
 
 @functools.cache
-def _built(kind: str, argument: str, stamp: tuple[int, int] | None) -> Any:
+def _built(kind: str, argument: str, stamp: tuple | None) -> Any:
     cls = kind_of(kind + (f":{argument}" if argument else ""))
     return cls(argument) if argument else cls()
 

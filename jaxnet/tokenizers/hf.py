@@ -185,6 +185,16 @@ class HF(Tokenizer):
         texts = [text_only(t, self.name) for t in texts]
         return [np.asarray(e.ids, dtype) for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
 
+    def encode_with_offsets(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """The ids of each text without special tokens added, with each token's character span
+        (start, end) in the text: what a chat template's assistant spans are matched against.
+
+        >>> HF("checkpoints/my-llama").encode_with_offsets(["Hi"])     # doctest: +SKIP
+        [([13347], [(0, 2)])]
+        """
+        encodings = self._tok.encode_batch([text_only(t, self.name) for t in texts], add_special_tokens=False)
+        return [(e.ids, e.offsets) for e in encodings]
+
     def record(self) -> dict[str, Any]:
         return {
             **super().record(),

@@ -11,7 +11,12 @@ position, not to what was learned, and is never taken over.
 ``save_pretrained`` wrote, read through :mod:`jaxnet.models.hf`): :func:`with_hf_shape` gives the
 Transformer that checkpoint's shape before the run is built, and :func:`load` takes its tensors
 onto the Transformer's paths as they are read (the vocabulary padded with masked rows where the
-data's is larger).
+data's is larger). A corpus must have been tokenized with the checkpoint's own tokenizer when the
+checkpoint has one (``tokenizer.json``; :func:`jaxnet.tokenizers.check_fits`).
+
+Every value is placed on the run's devices as it is read, split as the run splits that
+parameter (:func:`place`), so the host never holds more than one tensor of the source at a time:
+a sharded run of a large model never gathers it whole on one host.
 
 >>> cfg = with_hf_shape(cfg)                   # doctest: +SKIP
 >>> init = load(cfg, run, Path("runs/new"))   # doctest: +SKIP
@@ -28,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxnet import checkpoint, parallel
+from jaxnet import checkpoint, parallel, tokenizers
 from jaxnet.config import Config
 from jaxnet.errors import UserError
 from jaxnet.models import TransformerConfig, hf
@@ -44,7 +49,9 @@ def with_hf_shape(cfg: Config) -> Config:
 
     A ``model.*`` value left at the Transformer's default takes the checkpoint's; one the experiment
     or an override set to something else is a one-line :class:`UserError` naming both. ``data.seq_len``
-    0 becomes the checkpoint's context; a longer one than it has is refused.
+    0 becomes the checkpoint's context; a longer one than it has is refused. A token corpus
+    (``data.name=tokens``) of ``data.vocab_size`` 0 is padded to the checkpoint's vocabulary, and
+    one prepared with another tokenizer than the checkpoint's is refused before it is opened.
     """
     spec = cfg.train.init_from
     if not hf.is_hf(spec):
@@ -54,6 +61,10 @@ def with_hf_shape(cfg: Config) -> Config:
             f"train.init_from={spec} is a Hugging Face checkpoint, a Transformer; set model.name=transformer"
         )
     pretrained = hf.read(spec)
+    try:
+        pretrained.check()  # its tensors' names and shapes, before the run loads its data
+    except UserError as e:
+        raise UserError(f"train.init_from={spec}: {e}") from None
     fields = {**pretrained.keys, "vocab_used": pretrained.vocab}
     defaults = TransformerConfig()
     taken, conflicts = {}, []
@@ -78,7 +89,34 @@ def with_hf_shape(cfg: Config) -> Config:
             f"set data.seq_len={context} or less"
         )
     data = dataclasses.replace(cfg.data, seq_len=cfg.data.seq_len or context)
+    if data.name == "tokens":
+        _check_corpus(data.path, pretrained, spec)
+        if not data.vocab_size:  # the model has every id of the checkpoint (a tokenizer may use fewer)
+            data = dataclasses.replace(data, vocab_size=pretrained.vocab)
     return dataclasses.replace(cfg, model=model, data=data)
+
+
+def _check_corpus(path: str, pretrained: hf.Checkpoint, spec: str) -> None:
+    """Refuse a corpus made by ``jaxnet prepare`` with another tokenizer than the checkpoint's (or
+    more ids than it has), from its ``corpus.json``, before anything is opened."""
+    manifest = Path(path) / "corpus.json" if path else None
+    if manifest is None or not manifest.is_file():
+        return  # another layout, or no corpus yet: the dataset's own record is checked in load()
+    from jaxnet.data import prepare
+
+    record = prepare.read_manifest(manifest).get("tokenizer")
+    if isinstance(record, dict):
+        _fits(record, pretrained, spec)
+
+
+def _fits(record: dict[str, Any], pretrained: hf.Checkpoint, spec: str) -> None:
+    """:func:`jaxnet.tokenizers.check_fits` of a corpus's tokenizer record against the checkpoint
+    (its vocabulary, and its ``tokenizer.json`` when it has one), naming ``train.init_from``."""
+    directory = pretrained.directory if (pretrained.directory / "tokenizer.json").is_file() else None
+    try:
+        tokenizers.check_fits(record, pretrained.vocab, directory)
+    except UserError as e:
+        raise UserError(f"train.init_from={spec}: {e}") from None
 
 
 def parse(spec: str) -> tuple[Path, int | None]:
@@ -110,7 +148,7 @@ def variables(state: Any) -> dict[str, Any]:
     return {joined(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
+def load(cfg: Config, run: Any, workdir: Path) -> dict[str, jax.Array] | None:
     """The values this run starts from, by path (see the module's docstring), or None when
     ``train.init_from`` is unset or ``workdir`` already has checkpoints to resume from.
 
@@ -128,10 +166,16 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
         embedding = ours.get("params/embed/embedding")
         rows = None if embedding is None else embedding.shape[0]
         try:
-            theirs = {f"params/{path}": value for path, value in pretrained.tensors(rows)}
+            shapes = {f"params/{path}": shape for path, shape in pretrained.shapes(rows or pretrained.vocab).items()}
+            # as the file holds them (bfloat16, often): place() makes each the run's dtype
+            values = ((f"params/{path}", value) for path, value in pretrained.tensors(rows, dtype=None))
         except UserError as e:
             raise UserError(f"train.init_from={spec}: {e}") from None
-        _check_ids(run.dataset, pretrained.vocab, spec)
+        record = getattr(run.dataset, "tokenizer_record", None)
+        in_memory = isinstance(getattr(run.dataset, "train", None), np.ndarray)
+        if isinstance(record, dict) and ((source / "tokenizer.json").is_file() or not in_memory):
+            _fits(record, pretrained, spec)
+        _check_ids(run.dataset, pretrained.vocab, spec)  # ids in memory: each one the checkpoint predicts
         origin = f"{pretrained.table.title} checkpoint {source}"
     else:
         source, step = parse(spec)
@@ -141,16 +185,18 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
             saved = checkpoint.load_state(source, step)
         except UserError as e:
             raise UserError(f"train.init_from={spec}: {e}") from None
-        theirs = variables(saved)
+        found = variables(saved)
+        shapes = {n: tuple(np.shape(v)) for n, v in found.items()}
+        values = iter(found.items())
         origin = f"{source} (step {int(saved['step'])})"
     skip = re.compile(cfg.train.init_skip) if cfg.train.init_skip else None
     skipped = lambda name: skip is not None and skip.search(name) is not None
-    if skip is not None and not any(skipped(n) for n in [*ours, *theirs]):
+    if skip is not None and not any(skipped(n) for n in [*ours, *shapes]):
         raise UserError(
             f"train.init_skip={cfg.train.init_skip!r} matches no path of either run; the paths are {_some(list(ours))}"
         )
-    missing = [n for n in ours if n not in theirs and not skipped(n)]
-    extra = [n for n in theirs if n not in ours and not skipped(n)]
+    missing = [n for n in ours if n not in shapes and not skipped(n)]
+    extra = [n for n in shapes if n not in ours and not skipped(n)]
     if missing or extra:
         parts = [f"{source} lacks {_some(missing)}"] if missing else []
         parts += [f"this run lacks {_some(extra)}"] if extra else []
@@ -159,9 +205,9 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
             "leave them fresh with train.init_skip=REGEX, or start from a run of the same model"
         )
     wrong = [
-        f"{n} {tuple(theirs[n].shape)} there, {tuple(ours[n].shape)} here"
+        f"{n} {tuple(shapes[n])} there, {tuple(ours[n].shape)} here"
         for n in ours
-        if not skipped(n) and tuple(theirs[n].shape) != tuple(ours[n].shape)
+        if not skipped(n) and tuple(shapes[n]) != tuple(ours[n].shape)
     ]
     if wrong:
         more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
@@ -169,7 +215,13 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
             f"train.init_from={spec}: shapes differ: {'; '.join(wrong[:3])}{more}; "
             "leave them fresh with train.init_skip=REGEX"
         )
-    taken = {n: theirs[n] for n in ours if not skipped(n)}
+    taken = {}
+    try:
+        for name, value in values:  # read one at a time, placed, let go
+            if name in ours and not skipped(name):
+                taken[name] = place(value, ours[name])
+    except UserError as e:
+        raise UserError(f"train.init_from={spec}: {e}") from None
     if parallel.is_primary():
         fresh = len(ours) - len(taken)
         print(
@@ -177,6 +229,20 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, np.ndarray] | None:
             + (f", {fresh} fresh (train.init_skip)" if fresh else "")
         )
     return taken
+
+
+def place(value: Any, target: Any) -> jax.Array:
+    """``value`` (a host array) as the run holds the leaf ``target`` (a ``jax.ShapeDtypeStruct``
+    with its sharding): in its dtype, each device given only its own slice, so nothing but the
+    slices outlives ``value``::
+
+        array = place(np.zeros((8, 4), np.float32), jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=s))
+    """
+    host = np.asarray(value, target.dtype)
+    sharding = getattr(target, "sharding", None)
+    if sharding is None:
+        return jax.device_put(host)
+    return jax.make_array_from_callback(tuple(target.shape), sharding, lambda index: host[index])
 
 
 def _check_ids(dataset: Any, vocab: int, spec: str) -> None:

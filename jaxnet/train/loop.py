@@ -240,6 +240,7 @@ class Run:
         the abstract train state with the parameters' logical-axis boxes on."""
         tasks.check_inputs(self.task, self.sample)
         inputs = self.task.model_inputs(self.sample)
+        keywords = self.task.model_keywords(self.sample)
         name = self.model.name
 
         def apply(state: state_lib.TrainState) -> Any:
@@ -248,7 +249,7 @@ class Run:
             # shard_map around it; its outputs have the same shapes in evaluation mode.
             train = not self.replicas
             rngs = {"dropout": jax.random.PRNGKey(0)}
-            return self.model.apply(variables, *inputs, train=train, rngs=rngs, mutable=True)[0]
+            return self.model.apply(variables, *inputs, **keywords, train=train, rngs=rngs, mutable=True)[0]
 
         try:
             boxed = jax.eval_shape(lambda: self._create_state(unbox=False))
@@ -258,9 +259,12 @@ class Run:
         except Exception as e:
             shapes = ", ".join(f"{k} {np.asarray(v).dtype}{list(np.shape(v))}" for k, v in self.sample.items())
             message = (str(e).strip().splitlines() or [""])[0]
+            named = "".join(f", {k}=" for k in keywords)
+            packed = " (rows of packed examples: the model is given their segments and positions)" if keywords else ""
             raise UserError(
-                f"model {name} failed on a batch of ({shapes}) fed as {', '.join(self.task.inputs)}: "
-                f"{type(e).__name__}: {message}; check the model's __call__(inputs, train=...) and the task's inputs"
+                f"model {name} failed on a batch of ({shapes}) fed as {', '.join(self.task.inputs)}{named}: "
+                f"{type(e).__name__}: {message}; check the model's __call__(inputs{named}, train=...) and the task's "
+                f"inputs{packed}"
             ) from None
         tasks.check(self.task, name, outputs, self.sample)
         tasks.check_labels(self.task, name, outputs, self.sample, self.dataset)
@@ -277,10 +281,10 @@ class Run:
                 "use train.loss_from=auto (or a built-in cross-entropy task)"
             )
         if adapters.features_apply(self.model) is None:
+            methods = ", ".join(m + "()" for m in adapters.FEATURES_SEAM)
             raise UserError(
                 f"train.loss_from=features: model {self.model.name} does not offer its final hidden states and output "
-                f"layer apart (a Flax Linen module with {', '.join(m + '()' for m in adapters.FEATURES_SEAM)} methods); "
-                "use train.loss_from=auto or logits"
+                f"layer apart (a Flax Linen module with {methods} methods); use train.loss_from=auto or logits"
             )
 
     def _make_step(self) -> Any:
@@ -308,15 +312,19 @@ class Run:
 
     def _create_state(self, unbox: bool = True, seed: Any = None, init: dict | None = None) -> state_lib.TrainState:
         inputs = tuple(jnp.asarray(x) for x in self.task.model_inputs(self.sample))
+        keywords = {k: jnp.asarray(v) for k, v in self.task.model_keywords(self.sample).items()}
         seed = self.cfg.seed if seed is None else seed
-        return state_lib.create(self.model, self.tx, inputs, seed, unbox=unbox, init=init, **workers_of(self.cfg))
+        return state_lib.create(
+            self.model, self.tx, inputs, seed, unbox=unbox, init=init, keywords=keywords, **workers_of(self.cfg)
+        )
 
     def init_state(self, init: dict | None = None) -> state_lib.TrainState:
         """A fresh train state, created directly in place on the mesh; ``init`` (from
         :func:`jaxnet.train.init_from.load`) replaces the variables it names."""
         # The output shardings place every leaf; the models' activation marks are not needed here.
-        if init:  # an argument, not a constant folded into the program
-            return jax.jit(lambda values: self._create_state(init=values), out_shardings=self.state_shardings)(init)
+        if init:  # an argument, not a constant folded into the program; donated: the state takes its buffers
+            create = lambda values: self._create_state(init=values)  # noqa: E731
+            return jax.jit(create, out_shardings=self.state_shardings, donate_argnums=0)(init)
         return jax.jit(self._create_state, out_shardings=self.state_shardings)()
 
     def abstract_state(self) -> Any:
@@ -941,6 +949,34 @@ def evaluate(
     result = {"step": int(state.step), "split": split, **run.evaluate(state, split)}
     observe.write_json(workdir / "eval.json", result)
     return result
+
+
+def evaluate_pretrained(spec: str, split: str = "test", overrides: list[str] | None = None) -> dict[str, Any]:
+    """A Hugging Face checkpoint (``hf:PATH``) evaluated before any training on ``split`` of the
+    corpus ``data.path=DIR`` names (prepared with the checkpoint's tokenizer; a chat corpus gives
+    the mean loss over the assistant's tokens): the baseline a fine-tune is compared with. The
+    model's shape is the checkpoint's, ``data.seq_len`` its context unless given, evaluation
+    batches of ``train.eval_batch_size`` rows (default 8)::
+
+        evaluate_pretrained("hf:checkpoints/gpt2", "val", ["data.path=corpora/chats", "data.seq_len=1024"])
+    """
+    from jaxnet.models import TransformerConfig, hf
+
+    if not any(o.startswith("data.path=") and o != "data.path=" for o in overrides or ()):
+        raise UserError(
+            f"jaxnet eval --workdir {spec} needs data.path=DIR, a corpus prepared with its tokenizer "
+            f"(jaxnet prepare SOURCE --tokenizer {spec}, or jaxnet prepare chat FILE... --tokenizer {spec})"
+        )
+    cfg = Config()
+    cfg.model = TransformerConfig()
+    cfg.data.name, cfg.data.seq_len, cfg.train.eval_batch_size = "tokens", hf.read(spec).context, 8
+    cfg.train.init_from = str(spec)
+    cfg = config_lib.apply_overrides(cfg, ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])])
+    cfg = init_from.with_hf_shape(cfg)
+    config_lib.validate(cfg)
+    run = Run(cfg)
+    state = run.init_state(init_from.load(cfg, run, Path(os.devnull)))
+    return {"step": 0, "checkpoint": str(spec), "split": split, **run.evaluate(state, split)}
 
 
 def check_rebuildable(workdir: Path, *, model: Any = None, dataset: Any = None, task: Any = None) -> None:

@@ -43,6 +43,7 @@ def create(
     workers: int = 1,
     staleness: int = 0,
     init: dict[str, Any] | None = None,
+    keywords: dict[str, Any] | None = None,
 ) -> TrainState:
     """Initialise the model on ``sample_input`` (a batch of shape (1, ...), or a tuple of such
     batches for a model called on several inputs) and the optimizer.
@@ -54,10 +55,11 @@ def create(
     copy of the parameters and optimizer state per worker. ``init`` (``train.init_from``) maps
     variable paths (``params/Conv_0/kernel``, ``batch_stats/...``) to values that replace the
     fresh ones, before the optimizer state and the workers' copies are made from them.
+    ``keywords`` are sample inputs the model takes by name (a task's ``keyword_inputs``).
     """
     init_rng, run_rng = jax.random.split(jax.random.PRNGKey(seed))
     inputs = sample_input if isinstance(sample_input, tuple) else (sample_input,)
-    variables = model.init({"params": init_rng, "dropout": init_rng}, *inputs, train=False)
+    variables = model.init({"params": init_rng, "dropout": init_rng}, *inputs, **(keywords or {}), train=False)
     variables = dict(nn.unbox(variables) if unbox else variables)
     if init:
         variables = _replaced(variables, init)

@@ -104,7 +104,7 @@ def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
         t = task_of(task, batch)
         variables = {"params": params, **model_state}
-        kwargs = dict(train=True, rngs={"dropout": rng}, mutable=list(model_state))
+        kwargs = dict(**t.model_keywords(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state))
         if t.from_features is not None and features_apply is not None:
             (features, head), new_model_state = features_apply(variables, *t.model_inputs(batch), **kwargs)
             loss, metrics = t.from_features(features, head, batch)
@@ -438,10 +438,12 @@ def make_eval_step(
         t = task_of(task, batch)
         variables = {"params": state.params, **state.model_state, **carry}
         if carry:
-            outputs, carry = model.apply(variables, *t.model_inputs(batch), train=False, mutable=list(carry))
+            outputs, carry = model.apply(
+                variables, *t.model_inputs(batch), **t.model_keywords(batch), train=False, mutable=list(carry)
+            )
             carry = dict(carry)
         else:
-            outputs = model.apply(variables, *t.model_inputs(batch), train=False)
+            outputs = model.apply(variables, *t.model_inputs(batch), **t.model_keywords(batch), train=False)
         return t.eval_sums(outputs, batch), carry
 
     return eval_step

@@ -5,7 +5,8 @@ inputs: ``{"params": trainable parameters, **model state}`` (model state such as
 ``batch_stats`` is carried by the trainer from step to step). ``apply(variables, *inputs,
 train, rngs=None, mutable=False)`` computes the outputs of a batch; ``rngs`` is
 ``{"dropout": key}`` in training, and with ``mutable`` (anything but False) it returns
-``(outputs, new model state)``. This is Flax Linen's own convention, so a Linen module passes
+``(outputs, new model state)``. Inputs a task gives by name (``keywords``: packed rows'
+``segments`` and ``positions``) pass to the model by name. This is Flax Linen's own convention, so a Linen module passes
 through unchanged; each other kind of model is one small adapter in this package:
 
 * a Flax Linen module (:mod:`~jaxnet.models.adapters.linen`),
@@ -40,10 +41,16 @@ class Adapted(Protocol):
 
     name: str
 
-    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False) -> dict[str, Any]: ...
+    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False, **keywords: Any) -> dict[str, Any]: ...
 
     def apply(
-        self, variables: dict[str, Any], *inputs: Any, train: bool, rngs: dict | None = None, mutable: Any = False
+        self,
+        variables: dict[str, Any],
+        *inputs: Any,
+        train: bool,
+        rngs: dict | None = None,
+        mutable: Any = False,
+        **keywords: Any,
     ) -> Any: ...
 
 
@@ -82,9 +89,10 @@ def features_apply(model: Any) -> Callable[..., Any] | None:
     that offers its final hidden states and its output layer apart, else None.
 
     A Flax Linen module (bare or behind :func:`adapt`) offers them when its class defines the
-    methods ``features(*inputs, train=False)`` (the final hidden states), ``unembed(features)``
+    methods ``features(*inputs, train=False, **keywords)`` (the final hidden states; ``keywords``
+    are the task's inputs by name, e.g. packed rows' ``segments``), ``unembed(features)``
     (their logits) and ``head()`` (the output layer as a :class:`~jaxnet.models.common.Head`), as
-    the Transformer does; its outputs must be ``unembed(features(*inputs))``. A loss then
+    the Transformer does; its outputs must be ``unembed(features(*inputs, **keywords))``. A loss then
     computes the logits in pieces (:func:`jaxnet.blockwise.cross_entropy`)::
 
         apply = features_apply(model)
@@ -100,8 +108,8 @@ def features_apply(model: Any) -> Callable[..., Any] | None:
     return functools.partial(module.apply, method=_features_and_head)
 
 
-def _features_and_head(module: Any, *inputs: Any, train: bool = False) -> tuple[Any, Any]:
-    return module.features(*inputs, train=train), module.head()
+def _features_and_head(module: Any, *inputs: Any, train: bool = False, **keywords: Any) -> tuple[Any, Any]:
+    return module.features(*inputs, train=train, **keywords), module.head()
 
 
 __all__ = ["ACCEPTED", "FEATURES_SEAM", "Adapted", "Model", "adapt", "features_apply"]

@@ -33,25 +33,31 @@ class Equinox:
         self.names = names(params)
         self.initial = jax.tree.leaves(params)
 
-    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False) -> dict[str, Any]:
+    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False, **keywords: Any) -> dict[str, Any]:
         """The module's own inexact arrays, as ``params``."""
         return {"params": nested(self.names, self.initial)}
 
     def apply(
-        self, variables: dict[str, Any], *inputs: Any, train: bool, rngs: dict | None = None, mutable: Any = False
+        self,
+        variables: dict[str, Any],
+        *inputs: Any,
+        train: bool,
+        rngs: dict | None = None,
+        mutable: Any = False,
+        **keywords: Any,
     ) -> Any:
-        """The module vmapped over the batch: per-example keys in training, inference mode and
-        ``key=None`` in evaluation."""
+        """The module vmapped over the batch (``keywords`` too, each example's own): per-example
+        keys in training, inference mode and ``key=None`` in evaluation."""
         params = jax.tree.unflatten(self.treedef, leaves_at(self.names, variables["params"]))
         module = eqx.nn.inference_mode(eqx.combine(params, self.static), value=not train)
         key = (rngs or {}).get("dropout") if train else None
         rows = np.shape(inputs[0])[0]
         try:
             if key is None:
-                outputs = jax.vmap(lambda *x: module(*x, key=None))(*inputs)
+                outputs = jax.vmap(lambda kw, *x: module(*x, **kw, key=None))(keywords, *inputs)
             else:
                 keys = jax.random.split(key, rows)
-                outputs = jax.vmap(lambda k, *x: module(*x, key=k))(keys, *inputs)
+                outputs = jax.vmap(lambda k, kw, *x: module(*x, **kw, key=k))(keys, keywords, *inputs)
         except UserError:
             raise
         except Exception as e:

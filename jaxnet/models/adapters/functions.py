@@ -48,16 +48,22 @@ class Functions:
         self.model = model
         self.name = "Model"
 
-    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False) -> dict[str, Any]:
-        """``{"params": init(rngs["params"], *inputs)}``."""
-        return {"params": self.model.init(rngs["params"], *inputs)}
+    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False, **keywords: Any) -> dict[str, Any]:
+        """``{"params": init(rngs["params"], *inputs, **keywords)}``."""
+        return {"params": self.model.init(rngs["params"], *inputs, **keywords)}
 
     def apply(
-        self, variables: dict[str, Any], *inputs: Any, train: bool, rngs: dict | None = None, mutable: Any = False
+        self,
+        variables: dict[str, Any],
+        *inputs: Any,
+        train: bool,
+        rngs: dict | None = None,
+        mutable: Any = False,
+        **keywords: Any,
     ) -> Any:
-        """``apply(params, *inputs, train=train, rng=...)``, whose outputs must keep the batch axis."""
+        """``apply(params, *inputs, train=train, rng=..., **keywords)``, whose outputs must keep the batch axis."""
         rng = (rngs or {}).get("dropout") if train else None
-        outputs = self.model.apply(variables["params"], *inputs, train=train, rng=rng)
+        outputs = self.model.apply(variables["params"], *inputs, **keywords, train=train, rng=rng)
         rows = np.shape(inputs[0])[0] if inputs else None
         for leaf in jax.tree.leaves(outputs):
             if rows is not None and np.shape(leaf)[:1] != (rows,):

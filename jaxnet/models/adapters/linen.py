@@ -16,12 +16,18 @@ class Linen:
         self.module = module
         self.name = type(module).__name__
 
-    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False) -> Any:
+    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False, **keywords: Any) -> Any:
         """The module's variables (parameters with their logical-axis boxes, and its collections)."""
-        return self.module.init(rngs, *inputs, train=train)
+        return self.module.init(rngs, *inputs, **keywords, train=train)
 
     def apply(
-        self, variables: dict[str, Any], *inputs: Any, train: bool, rngs: dict | None = None, mutable: Any = False
+        self,
+        variables: dict[str, Any],
+        *inputs: Any,
+        train: bool,
+        rngs: dict | None = None,
+        mutable: Any = False,
+        **keywords: Any,
     ) -> Any:
         """The module's outputs, and with ``mutable`` its updated collections."""
-        return self.module.apply(variables, *inputs, train=train, rngs=rngs, mutable=mutable)
+        return self.module.apply(variables, *inputs, **keywords, train=train, rngs=rngs, mutable=mutable)

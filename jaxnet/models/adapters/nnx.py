@@ -63,7 +63,7 @@ class NNX:
         values = jax.tree.leaves(self.params.state)
         return self.params.to_dict([box(v, x) for v, x in zip(self.params.variables, values, strict=True)])
 
-    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False) -> dict[str, Any]:
+    def init(self, rngs: dict[str, Any], *inputs: Any, train: bool = False, **keywords: Any) -> dict[str, Any]:
         """The module's own parameters (boxed where it names their axes) and batch statistics."""
         variables = {PARAMS: self._boxed_params()}
         if self.stats.names:
@@ -71,7 +71,13 @@ class NNX:
         return variables
 
     def apply(
-        self, variables: dict[str, Any], *inputs: Any, train: bool, rngs: dict | None = None, mutable: Any = False
+        self,
+        variables: dict[str, Any],
+        *inputs: Any,
+        train: bool,
+        rngs: dict | None = None,
+        mutable: Any = False,
+        **keywords: Any,
     ) -> Any:
         """Outputs of the merged module in train or eval mode, and with ``mutable`` its new batch statistics."""
         params = self.params.from_dict(variables[PARAMS])
@@ -84,7 +90,7 @@ class NNX:
         key = (rngs or {}).get("dropout")
         if key is not None and self.streams:
             nnx.reseed(module, **{tag: jax.random.fold_in(key, i) for i, tag in enumerate(self.streams)})
-        outputs = module(*inputs)
+        outputs = module(*inputs, **keywords)
         if mutable is False:
             return outputs
         if not self.stats.names:

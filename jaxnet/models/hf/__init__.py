@@ -8,8 +8,9 @@ wherever a run directory is accepted: ``train.init_from``, :func:`jaxnet.load`,
 :func:`jaxnet.load_params`, ``jaxnet sample --workdir``; ``jaxnet export --format hf`` writes one.
 
 The pieces: ``files.py`` reads tensors one at a time and writes shards; ``table.py`` is what an
-architecture table is, with the converter every table shares; one file per architecture holds its
-table (``gpt2.py``). This facade is what the rest of jaxnet calls::
+architecture table is, with the converter every table shares; one file per architecture family
+holds its tables (``gpt2.py``; ``llama.py``: Llama, and Qwen2 and Mistral as small variations of
+it). This facade is what the rest of jaxnet calls::
 
     checkpoint = hf.read("hf:checkpoints/gpt2")      # config.json read, its table found
     checkpoint.model()                                 # TransformerConfig of its shape
@@ -40,14 +41,15 @@ import numpy as np
 from jaxnet.errors import UserError
 from jaxnet.models.hf import files
 from jaxnet.models.hf.gpt2 import GPT2
-from jaxnet.models.hf.table import Table, file_tensors, fill
+from jaxnet.models.hf.llama import Llama, Mistral, Qwen2
+from jaxnet.models.hf.table import Table, check, file_tensors, fill
 from jaxnet.models.transformer import TransformerConfig, TransformerLanguageModel, TransformerSpec
 
 PREFIX = "hf:"
 """How ``train.init_from``, :func:`jaxnet.load` and :func:`jaxnet.load_params` name a checkpoint directory."""
 
 #: Every architecture jaxnet reads and writes, by ``config.json``'s ``model_type``.
-TABLES: dict[str, Table] = {table.model_type: table for table in (GPT2(),)}
+TABLES: dict[str, Table] = {table.model_type: table for table in (GPT2(), Llama(), Qwen2(), Mistral())}
 
 
 def is_hf(spec: Any) -> bool:
@@ -64,7 +66,8 @@ def hf_dir(spec: str | os.PathLike) -> Path:
 
 
 def _titles() -> str:
-    return " or ".join(t.title for t in TABLES.values())
+    titles = [t.title for t in TABLES.values()]
+    return ", ".join(titles[:-1]) + " or " + titles[-1]
 
 
 def read_config(directory: Path) -> tuple[Table, dict[str, Any]]:
@@ -89,7 +92,14 @@ def read_config(directory: Path) -> tuple[Table, dict[str, Any]]:
             f"hf:{directory} holds a {kind or 'model of no model_type'}, not {_titles()} (config.json "
             f"model_type={kind!r}); jaxnet reads {names} checkpoints only"
         )
-    return TABLES[kind], config
+    table = TABLES[kind]
+    named = config.get("architectures") or []
+    if isinstance(named, list) and named and not set(named) & set(table.architectures):
+        raise UserError(
+            f"hf:{directory} is a {', '.join(map(str, named))} (config.json architectures); jaxnet reads "
+            f"{' and '.join(table.architectures)} of model_type {kind}, a language model's head"
+        )
+    return table, config
 
 
 class Checkpoint:
@@ -117,19 +127,25 @@ class Checkpoint:
         from the model itself (``jax.eval_shape`` of its ``init``)."""
         return dict(param_shapes(self.model().spec(rows, self.context)))
 
-    def tensors(self, rows: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
-        """Every parameter of this checkpoint's Transformer (path, float32 array), each read from
-        the files as it is handed out, all of them checked before the first is read (see
-        :func:`jaxnet.models.hf.table.fill`). ``rows`` (default the checkpoint's vocabulary) is
-        the model's vocabulary: the rows past the checkpoint's are zeros (padding, never
-        predicted: ``model.vocab_used``)."""
+    def tensors(self, rows: int | None = None, dtype: Any = np.float32) -> Iterator[tuple[str, np.ndarray]]:
+        """Every parameter of this checkpoint's Transformer (path, array of ``dtype``; None: as
+        the file holds it, e.g. bfloat16), each read from the files as it is handed out, all of
+        them checked before the first is read (see :func:`jaxnet.models.hf.table.fill`). ``rows``
+        (default the checkpoint's vocabulary) is the model's vocabulary: the rows past the
+        checkpoint's are zeros (padding, never predicted: ``model.vocab_used``)."""
         rows = self.vocab if rows is None else rows
         if rows < self.vocab:
             raise UserError(
                 f"the data's vocabulary has {rows} ids, fewer than this {self.table.title}'s {self.vocab}; tokenize "
                 "with the checkpoint's tokenizer (GPT-2's: data.tokenizer=gpt2)"
             )
-        return fill(self.table, self.keys, files.Tensors(self.directory), self.shapes(rows), self.vocab)
+        return fill(self.table, self.keys, files.Tensors(self.directory), self.shapes(rows), self.vocab, dtype)
+
+    def check(self) -> None:
+        """Every check :meth:`tensors` makes before reading (names, shapes; see
+        :func:`jaxnet.models.hf.table.check`), without reading any tensor: a bad checkpoint is
+        refused before a run loads its data."""
+        check(self.table, self.keys, files.Tensors(self.directory), self.shapes(self.vocab), self.vocab)
 
     def params(self, rows: int | None = None) -> dict[str, np.ndarray]:
         """:meth:`tensors` gathered, by path (``block_0/attention/query/kernel``)."""
@@ -169,34 +185,58 @@ def nested(flat: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def table_for(model: Any) -> Table:
-    """The table a run's model (its ``model.*`` config) is written with: the first that can hold
-    it, or a one-line :class:`UserError` saying why none can."""
+def table_for(model: Any, prefer: str | None = None) -> Table:
+    """The table a run's model (its ``model.*`` config) is written with: the table of model type
+    ``prefer`` (the architecture the run started from) if it can hold it, else the first that can,
+    or a one-line :class:`UserError` saying why none can."""
     if not isinstance(model, TransformerConfig):
         raise UserError(f"a Hugging Face {_titles()} checkpoint holds a Transformer; this run trained a {model.name}")
     keys = _keys(model)
     reasons = {}
-    for table in TABLES.values():
+    for table in sorted(TABLES.values(), key=lambda t: t.model_type != prefer):
         reasons[table.title] = table.refuse(keys)
         if not reasons[table.title]:
             return table
-    why = "; ".join(f"{'; '.join(r)}" for r in reasons.values())
-    raise UserError(f"{_titles()} cannot hold this model: {why}")
+    why = "; ".join(f"{title}: {', '.join(r)}" for title, r in reasons.items())
+    raise UserError(f"no Hugging Face architecture jaxnet writes can hold this model ({why})")
 
 
 def _keys(model: TransformerConfig) -> dict[str, Any]:
     return {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
 
 
-def convert(params: Any, model: TransformerConfig, context: int) -> tuple[dict[str, Any], Iterator]:
-    """The ``config.json`` and the file tensors (an iterator of (name, float32 array)) of a run's
+#: What a checkpoint directory holds beside its weights that an export carries over from the
+#: directory a run started from: its tokenizer and its generation settings (end ids).
+CARRIED_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+#: ``config.json`` entries an export carries over from the directory a run started from (the
+#: special ids, which jaxnet's keys do not hold).
+CARRIED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def convert(
+    params: Any, model: TransformerConfig, context: int, prefer: str | None = None
+) -> tuple[dict[str, Any], Iterator]:
+    """The ``config.json`` and the file tensors (an iterator of (name, array)) of a run's
     Transformer parameters ``params`` (nested dicts, on the host or a device) and its ``model.*``
-    config ``model`` with ``context`` positions; the vocabulary's padding rows past
-    ``model.vocab_used`` are dropped. A model no table can hold is a one-line :class:`UserError`."""
-    table = table_for(model)
+    config ``model`` with ``context`` positions, as architecture ``prefer`` (a ``model_type``)
+    when it can hold the model. The tensors are bfloat16 when every parameter is, else float32;
+    the vocabulary's padding rows past ``model.vocab_used`` are dropped. A model no table can hold
+    is a one-line :class:`UserError`."""
+    table = table_for(model, prefer)
     keys = _keys(model)
     rows = np.shape(params["embed"]["embedding"])[0]
     vocab = model.vocab_used if 0 < model.vocab_used < rows else rows
+    bf16 = all(np.dtype(getattr(x, "dtype", np.float32)) == jnp.bfloat16 for x in jax.tree.leaves(params))
+    dtype = jnp.bfloat16 if bf16 else np.float32
 
     def get(path: str) -> np.ndarray:
         node = params
@@ -204,7 +244,8 @@ def convert(params: Any, model: TransformerConfig, context: int) -> tuple[dict[s
             node = node[name]
         return np.asarray(jax.device_get(node))
 
-    return table.config(keys, vocab, context), file_tensors(table, keys, get, vocab)
+    config = {**table.config(keys, vocab, context), "torch_dtype": "bfloat16" if bf16 else "float32"}
+    return config, file_tensors(table, keys, get, vocab, dtype)
 
 
 def export(
@@ -214,15 +255,30 @@ def export(
     context: int,
     *,
     max_shard_bytes: int = files.MAX_SHARD_BYTES,
+    source: str | os.PathLike | None = None,
 ) -> Path:
     """Write a run's Transformer (parameters ``params``, ``model.*`` config ``model``, ``context``
     positions) as a Hugging Face checkpoint in ``directory`` (new or empty), in shards of at most
-    ``max_shard_bytes``, whole or not at all (see :func:`convert` and :func:`jaxnet.models.hf.files.write`)::
+    ``max_shard_bytes``, whole or not at all (see :func:`convert` and :func:`jaxnet.models.hf.files.write`).
+    ``source`` is the checkpoint directory the run started from (or whose tokenizer it read): its
+    architecture is written when it can hold the model, and its tokenizer files
+    (:data:`CARRIED_FILES`) and special ids (:data:`CARRIED_KEYS`) are carried over::
 
         export("out/gpt2", trained.params, trained.config.model, context=1024)
     """
-    config, tensors = convert(params, model, context)
-    return files.write(directory, config, tensors, max_shard_bytes=max_shard_bytes)
+    prefer, carried, extra = None, {}, {}
+    if source is not None:
+        origin = hf_dir(source)
+        try:
+            theirs = json.loads((origin / "config.json").read_text())
+        except (OSError, ValueError):
+            theirs = {}
+        prefer = theirs.get("model_type") if isinstance(theirs, dict) else None
+        carried = {k: theirs[k] for k in CARRIED_KEYS if isinstance(theirs, dict) and theirs.get(k) is not None}
+        extra = {name: origin / name for name in CARRIED_FILES if (origin / name).is_file()}
+    config, tensors = convert(params, model, context, prefer)
+    config.update(carried)
+    return files.write(directory, config, tensors, max_shard_bytes=max_shard_bytes, extra=extra)
 
 
 __all__ = ["PREFIX", "TABLES", "Checkpoint", "convert", "export", "hf_dir", "is_hf", "nested", "read", "table_for"]

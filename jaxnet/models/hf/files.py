@@ -3,8 +3,11 @@
 Reading (:class:`Tensors`): ``model.safetensors``, a sharded ``model.safetensors.index.json``
 (every file it names), or ``pytorch_model.bin`` (needs PyTorch). Safetensors files are opened
 lazily (``safetensors.safe_open``): a tensor's name and shape are known without reading it, and
-each tensor is read (and converted to float32: bfloat16 through ``ml_dtypes``, which gives numpy
-the type) only when asked for, so a reader never holds much more than one tensor.
+each tensor is read (in its own dtype or converted, e.g. to float32: bfloat16 through
+``ml_dtypes``, which gives numpy the type) only when asked for, so a reader never holds much more
+than one tensor. Each read opens the file and closes it again: ``safe_open`` memory-maps the file,
+and every page of a mapping that stays open counts in the process's resident memory, so a reader
+holding its files open would hold the whole checkpoint once every tensor was read.
 
 Writing (:func:`write`): ``config.json`` and the tensors, in shards of at most
 ``max_shard_bytes`` as ``transformers``' ``save_pretrained`` cuts them (in order; a tensor that
@@ -47,7 +50,7 @@ class Tensors:
 
     def __init__(self, directory: Path):
         self.directory = directory
-        self._files: dict[str, Any] = {}  # safetensors handles by file name, opened once
+        self._shapes: dict[str, tuple[int, ...]] = {}
         self._where: dict[str, str] = {}  # tensor name -> file name
         self._torch: dict[str, Any] | None = None
         if (directory / SAFETENSORS).is_file():
@@ -73,12 +76,12 @@ class Tensors:
 
         path = self.directory / name
         try:
-            handle = safe_open(str(path), framework="numpy")
-            keys = list(handle.keys())
+            with safe_open(str(path), framework="numpy") as handle:
+                shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
         except Exception as e:  # a missing, truncated or foreign file: safetensors raises its own types
             raise UserError(f"cannot read {path} as safetensors: {type(e).__name__}: {str(e)[:200]}") from None
-        self._files[name] = handle
-        self._where.update(dict.fromkeys(keys, name))
+        self._shapes.update(shapes)
+        self._where.update(dict.fromkeys(shapes, name))
 
     def names(self) -> list[str]:
         """Every tensor's name, in the files' order."""
@@ -88,18 +91,22 @@ class Tensors:
         """The shape of tensor ``name``, without reading it."""
         if self._torch is not None:
             return tuple(self._torch[name].shape)
-        return tuple(self._files[self._where[name]].get_slice(name).get_shape())
+        return self._shapes[name]
 
-    def read(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as a float32 numpy array."""
+    def read(self, name: str, dtype: Any = np.float32) -> np.ndarray:
+        """Tensor ``name`` as a numpy array of ``dtype`` (None: as the file holds it)."""
         if self._torch is not None:
-            return self._torch[name].float().numpy()
+            array = self._torch[name].float().numpy()  # numpy has no bfloat16 of torch's
+            return array if dtype is None else array.astype(dtype, copy=False)
+        from safetensors import safe_open
+
         file = self._where[name]
         try:
-            tensor = self._files[file].get_tensor(name)
+            with safe_open(str(self.directory / file), framework="numpy") as handle:
+                tensor = handle.get_tensor(name)  # a copy: the mapping is gone when the file closes
         except Exception as e:
             raise UserError(f"cannot read {name} from {self.directory / file}: {type(e).__name__}: {e}") from None
-        return np.asarray(tensor, np.float32)
+        return tensor if dtype is None else np.asarray(tensor, dtype)
 
 
 def _torch_state(path: Path) -> dict[str, Any]:
@@ -122,9 +129,11 @@ def write(
     tensors: Iterable[tuple[str, np.ndarray]],
     *,
     max_shard_bytes: int = MAX_SHARD_BYTES,
+    extra: dict[str, Path] | None = None,
 ) -> Path:
     """Write ``config.json`` and ``tensors`` (name, array: taken one at a time, a shard held at
-    once) into ``directory`` (absent or empty) as one step (see the module's docstring). A
+    once) into ``directory`` (absent or empty) as one step (see the module's docstring), with the
+    files ``extra`` names copied in beside them (file name -> source path: a tokenizer). A
     non-empty ``directory`` is refused (one line)::
 
         write("out/gpt2", config, [("wte.weight", wte), ...], max_shard_bytes=2 * 10**9)
@@ -140,6 +149,8 @@ def write(
         tmp.mkdir()
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         _write_shards(tmp, tensors, max_shard_bytes)
+        for name, path in (extra or {}).items():
+            shutil.copyfile(path, tmp / name)
         os.replace(tmp, directory)  # an empty directory there is replaced
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

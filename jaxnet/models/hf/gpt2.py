@@ -51,8 +51,6 @@ class GPT2(Table):
         refused = []
         if activation not in GELU:
             refused.append(f"activation_function={activation!r} (jaxnet has {', '.join(GELU)})")
-        if inner % width:
-            refused.append(f"n_inner={inner}, not a multiple of n_embd={width}")
         if width % heads:
             refused.append(f"n_embd={width} not divisible by n_head={heads}")
         if config.get("scale_attn_by_inverse_layer_idx"):
@@ -68,7 +66,7 @@ class GPT2(Table):
             "layers": int(config.get("n_layer", 12)),
             "width": width,
             "heads": heads,
-            "mlp_ratio": int(inner) // width,
+            **({"mlp_ratio": int(inner) // width} if inner % width == 0 else {"mlp_hidden": int(inner)}),
             "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
             "gelu": GELU[activation],
             "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
@@ -82,6 +80,13 @@ class GPT2(Table):
             different.append(f"model.position={keys['position']} (GPT-2 learns its positions)")
         if not keys["causal"]:
             different.append("model.causal=false (GPT-2 is causal)")
+        for key, want in (("norm", "layer"), ("mlp", "gelu"), ("bias", "all")):
+            if keys[key] != want:
+                different.append(f"model.{key}={keys[key]} (GPT-2: {want})")
+        if keys["kv_heads"] not in (0, keys["heads"]):
+            different.append(f"model.kv_heads={keys['kv_heads']} (GPT-2's keys and values have every head)")
+        if keys["head_dim"] not in (0, keys["width"] // keys["heads"]):
+            different.append(f"model.head_dim={keys['head_dim']} (GPT-2's is model.width / model.heads)")
         return different
 
     def config(self, keys: dict[str, Any], vocab: int, context: int) -> dict[str, Any]:
@@ -93,7 +98,7 @@ class GPT2(Table):
             "n_embd": keys["width"],
             "n_layer": keys["layers"],
             "n_head": keys["heads"],
-            "n_inner": keys["mlp_ratio"] * keys["width"],
+            "n_inner": keys["mlp_hidden"] or keys["mlp_ratio"] * keys["width"],
             "activation_function": {"tanh": "gelu_new", "exact": "gelu"}[keys["gelu"]],
             "layer_norm_epsilon": keys["norm_eps"],
             "resid_pdrop": keys["dropout"],

@@ -161,15 +161,14 @@ def _expanded(table: Table, keys: dict[str, Any]) -> list[Rule]:
     return [r for rule in table.rules(keys) for r in rule.expand(keys["layers"])]
 
 
-def fill(
+def check(
     table: Table, keys: dict[str, Any], tensors: Tensors, shapes: dict[str, tuple[int, ...]], vocab: int
-) -> Iterator[tuple[str, np.ndarray]]:
-    """Every model parameter (path, float32 array) from the file ``tensors``, one file tensor read
-    at a time. ``shapes`` are the model's parameter shapes by path (from ``jax.eval_shape`` of its
-    init), ``vocab`` the file's vocabulary. Everything is checked before the first read: a file
-    tensor no rule places, a rule's tensor the file lacks, a model parameter no rule fills, a
-    tensor of another shape than the model makes it: a one-line :class:`UserError` naming the first.
-    """
+) -> tuple[list[Rule], dict[str, str], dict[str, str]]:
+    """Check a checkpoint's tensors against the model without reading any: a file tensor no rule
+    places, a rule's tensor the file lacks, a model parameter no rule fills, a tensor of another
+    shape than the model makes it is a one-line :class:`UserError` naming the first. ``shapes``
+    are the model's parameter shapes by path (from ``jax.eval_shape`` of its init), ``vocab`` the
+    file's vocabulary. Returns the rules, the file's names (short -> saved) and the aliases."""
     names = {}
     ignored = re.compile(table.ignored)
     for name in tensors.names():
@@ -204,6 +203,21 @@ def fill(
                 f"{table.title} tensor {rule.file} has shape {have}, but config.json makes it {want} "
                 f"(jaxnet's {', '.join(rule.model)})"
             )
+    return rules, names, aliases
+
+
+def fill(
+    table: Table,
+    keys: dict[str, Any],
+    tensors: Tensors,
+    shapes: dict[str, tuple[int, ...]],
+    vocab: int,
+    dtype: Any = np.float32,
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Every model parameter (path, array of ``dtype``; None: the file's) from the file
+    ``tensors``, one file tensor read at a time, after :func:`check` (everything is checked before
+    the first read)."""
+    rules, names, aliases = check(table, keys, tensors, shapes, vocab)
     for alias, source in aliases.items():
         if not np.array_equal(tensors.read(names[alias]), tensors.read(names[source])):
             raise UserError(
@@ -211,15 +225,16 @@ def fill(
                 "to false in config.json, or save the model again"
             )
     for rule in rules:
-        arrays = rule.layout.to_model(tensors.read(names[rule.file]), [shapes[p] for p in rule.model], vocab)
+        arrays = rule.layout.to_model(tensors.read(names[rule.file], dtype), [shapes[p] for p in rule.model], vocab)
         yield from zip(rule.model, arrays, strict=True)
 
 
 def file_tensors(
-    table: Table, keys: dict[str, Any], get: Callable[[str], np.ndarray], vocab: int
+    table: Table, keys: dict[str, Any], get: Callable[[str], np.ndarray], vocab: int, dtype: Any = np.float32
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Every file tensor (saved name, float32 array) of a model of ``keys`` whose parameters ``get``
-    gives by path, with ``vocab`` ids (padding rows past it dropped), one at a time."""
+    """Every file tensor (saved name, array of ``dtype``: float32, or bfloat16) of a model of
+    ``keys`` whose parameters ``get`` gives by path, with ``vocab`` ids (padding rows past it
+    dropped), one at a time."""
     for rule in _expanded(table, keys):
-        arrays = [np.asarray(get(p), np.float32) for p in rule.model]
+        arrays = [np.asarray(get(p)).astype(dtype) for p in rule.model]
         yield table.file_name(rule.file), rule.layout.to_file(arrays, vocab)

@@ -1,7 +1,9 @@
-"""A GPT-style Transformer over tokens in Flax Linen: a causal decoder, or a bidirectional encoder.
+"""A Transformer over tokens in Flax Linen: a causal decoder (GPT-2's shape or Llama's), or a
+bidirectional encoder.
 
 One frozen :class:`TransformerSpec` describes the whole model and every module takes it whole;
-variants are presets of it (:data:`PRESETS`: ``char_gpt``, ``gpt2``, ``bert_encoder``). The files:
+variants are presets of it (:data:`PRESETS`: ``char_gpt``, ``gpt2``, ``bert_encoder``, ``llama``,
+``qwen2``, ``mistral``). The files:
 
 * ``spec.py``: :class:`TransformerSpec` and :data:`PRESETS`;
 * ``attention.py``: rotary positions, :func:`attend` (the one attention function, every kernel,
@@ -32,9 +34,16 @@ from typing import Any
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import ModelConfig, Unpacked, field, has_cudnn, register, register_migration
-from jaxnet.models.common import DTYPES, Projection
-from jaxnet.models.transformer.attention import SelfAttention, attend, attention_fn, head_major_attention, rotary
-from jaxnet.models.transformer.model import Block, TransformerLanguageModel, mask_unused_vocab, norm
+from jaxnet.models.common import DTYPES, Projection, mask_unused_vocab
+from jaxnet.models.transformer.attention import (
+    SelfAttention,
+    attend,
+    attention_fn,
+    head_major_attention,
+    rotary,
+    segment_mask,
+)
+from jaxnet.models.transformer.model import Block, TransformerLanguageModel, norm
 from jaxnet.models.transformer.spec import PRESETS, TransformerSpec, preset
 
 
@@ -44,8 +53,31 @@ class TransformerConfig(ModelConfig):
 
     layers: int = field(2, "number of Transformer blocks", low=1)
     width: int = field(200, "model width (embedding size)", low=1)
-    heads: int = field(4, "attention heads (must divide model.width)", low=1)
-    mlp_ratio: int = field(4, "MLP hidden size as a multiple of model.width", low=1)
+    heads: int = field(4, "attention heads (must divide model.width unless model.head_dim is set)", low=1)
+    kv_heads: int = field(
+        0,
+        "key/value heads (0 = model.heads); fewer is grouped-query attention, each serving model.heads / "
+        "model.kv_heads query heads (must divide model.heads)",
+        low=0,
+    )
+    head_dim: int = field(0, "size of each attention head (0 = model.width / model.heads)", low=0)
+    mlp_ratio: int = field(4, "MLP hidden size as a multiple of model.width (unless model.mlp_hidden is set)", low=1)
+    mlp_hidden: int = field(0, "MLP hidden units (0 = model.mlp_ratio x model.width; Llama 3 8B: 14336)", low=0)
+    mlp: str = field(
+        "gelu",
+        "the MLP: gelu = out(gelu(in(x))); swiglu = out(silu(gate(x)) * in(x)), Llama's",
+        choices=("gelu", "swiglu"),
+    )
+    norm: str = field(
+        "layer",
+        "the normalisation: layer = LayerNorm (scale and bias); rms = RMSNorm (scale only)",
+        choices=("layer", "rms"),
+    )
+    bias: str = field(
+        "all",
+        "which projections have a bias: all (GPT-2), qkv = only queries, keys and values (Qwen2), none (Llama)",
+        choices=("all", "qkv", "none"),
+    )
     dropout: float = field(0.0, "dropout rate (embeddings, attention and MLP outputs)", low=0.0, high=0.95)
     position: str = field("learned", "position encoding", choices=("learned", "rotary"))
     tie_embeddings: bool = field(False, "output layer shares the embedding matrix")
@@ -62,7 +94,20 @@ class TransformerConfig(ModelConfig):
         "the MLP's GELU: tanh = the tanh approximation (GPT-2's gelu_new), exact = x * Phi(x) with erf",
         choices=("tanh", "exact"),
     )
-    norm_eps: float = field(1e-6, "LayerNorm epsilon (GPT-2's is 1e-5)", low=0.0)
+    norm_eps: float = field(1e-6, "LayerNorm or RMSNorm epsilon (GPT-2's and Llama 3's are 1e-5)", low=0.0)
+    rope_theta: float = field(10000.0, "rotary positions: the base of their frequencies (Llama 3: 500000)", low=1.0)
+    rope_scaling: str = field(
+        "none",
+        "rotary positions: llama3 = rescale the frequencies as Llama 3.1 does (model.rope_factor, "
+        "model.rope_low_freq_factor, model.rope_high_freq_factor, model.rope_original_context)",
+        choices=("none", "llama3"),
+    )
+    rope_factor: float = field(8.0, "model.rope_scaling=llama3: the low frequencies are divided by it", low=1.0)
+    rope_low_freq_factor: float = field(1.0, "model.rope_scaling=llama3: low-frequency factor", low=0.0)
+    rope_high_freq_factor: float = field(4.0, "model.rope_scaling=llama3: high-frequency factor", low=0.0)
+    rope_original_context: int = field(
+        8192, "model.rope_scaling=llama3: the context the model was first trained at", low=1
+    )
     context: int = field(
         0, "rows of the learned position table and positions a decoding cache holds (0 = data.seq_len)", low=0
     )
@@ -81,12 +126,28 @@ class TransformerConfig(ModelConfig):
         """
         return cls(**{**PRESETS[name], **keys})
 
+    @property
+    def head_size(self) -> int:
+        """The size of one attention head: ``head_dim``, or ``width // heads``."""
+        return self.head_dim or self.width // self.heads
+
     def validate(self) -> None:
-        if self.width % self.heads:
-            raise UserError(f"model.width={self.width} is not divisible by model.heads={self.heads}")
-        if self.position == "rotary" and (self.width // self.heads) % 2:
+        if not self.head_dim and self.width % self.heads:
             raise UserError(
-                f"rotary positions need an even head size; model.width / model.heads = {self.width // self.heads}"
+                f"model.width={self.width} is not divisible by model.heads={self.heads}; change one, or set "
+                "model.head_dim"
+            )
+        if self.kv_heads and (self.kv_heads > self.heads or self.heads % self.kv_heads):
+            raise UserError(
+                f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}; give a divisor of it "
+                "(0 = model.heads)"
+            )
+        if self.position == "rotary" and self.head_size % 2:
+            raise UserError(f"rotary positions need an even head size; the head size is {self.head_size}")
+        if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise UserError(
+                f"model.rope_high_freq_factor={self.rope_high_freq_factor} must be above "
+                f"model.rope_low_freq_factor={self.rope_low_freq_factor}"
             )
 
     def for_backend(self, backend: str) -> TransformerConfig:
@@ -95,7 +156,7 @@ class TransformerConfig(ModelConfig):
         in about half the time), XLA's ``jax.nn.dot_product_attention`` otherwise; an explicit
         ``cudnn`` where it cannot run is a :class:`UserError`."""
         cfg = super().for_backend(backend)
-        head_dim = cfg.width // cfg.heads
+        head_dim = cfg.head_size
         fused_ok = has_cudnn(backend) and cfg.dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128
         xla = "xla_head_major" if backend == "cpu" else "xla"
         attention = cfg.attention if cfg.attention != "auto" else ("cudnn" if fused_ok else xla)
@@ -118,7 +179,12 @@ class TransformerConfig(ModelConfig):
             layers=self.layers,
             width=self.width,
             heads=self.heads,
-            mlp_hidden=self.mlp_ratio * self.width,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            mlp_hidden=self.mlp_hidden or self.mlp_ratio * self.width,
+            mlp=self.mlp,
+            norm=self.norm,
+            bias=self.bias,
             dropout=self.dropout,
             position=self.position,
             tie_embeddings=self.tie_embeddings,
@@ -127,6 +193,12 @@ class TransformerConfig(ModelConfig):
             remat=self.remat,
             gelu=self.gelu,
             norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta,
+            rope_scaling=self.rope_scaling,
+            rope_factor=self.rope_factor,
+            rope_low_freq_factor=self.rope_low_freq_factor,
+            rope_high_freq_factor=self.rope_high_freq_factor,
+            rope_original_context=self.rope_original_context,
             vocab_used=self.vocab_used,
             dtype=DTYPES[dtype],
             param_dtype=DTYPES[self.param_dtype],
@@ -148,20 +220,21 @@ class TransformerConfig(ModelConfig):
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Key/value heads split over ``tensor`` like the query heads where it divides them, whole
         on every tensor device otherwise (fewer key/value heads than tensor devices)."""
-        kv_heads = self.heads  # grouped-query attention: the spec's kv_heads
+        kv_heads = self.kv_heads or self.heads
         return (("kv_heads", "tensor" if kv_heads % mesh_shape.get("tensor", 1) == 0 else None),)
 
 
 def transformer_flops(spec: TransformerSpec, *, batch: int, causal: bool = True) -> float:
     """Forward FLOPs of :class:`TransformerLanguageModel` of ``spec`` on ``batch`` sequences of
     ``spec.context`` tokens (see :mod:`jaxnet.flops`): the projections (queries, keys and values
-    of their own head counts, the output, the MLP), the attention scores and weighted values
-    (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the logits."""
+    of their own head counts, the output, the MLP: two matrices, three for SwiGLU), the attention
+    scores and weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the logits."""
     length = spec.context
     tokens = batch * length
     w, hd = spec.width, spec.head_dim
     attention = w * spec.heads * hd + 2 * w * spec.kv_heads * hd + spec.heads * hd * w
-    projections = 2 * tokens * (attention + 2 * w * spec.mlp_hidden)
+    mlp = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
+    projections = 2 * tokens * (attention + mlp)
     pairs = length * (length + 1) / 2 if causal and spec.causal else length * length
     scores = 2 * 2 * batch * pairs * spec.heads * hd  # q.k and the weighted sum of v, over all heads
     logits = 2 * tokens * w * spec.vocab
@@ -191,5 +264,6 @@ __all__ = [
     "norm",
     "preset",
     "rotary",
+    "segment_mask",
     "transformer_flops",
 ]

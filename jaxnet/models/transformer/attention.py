@@ -26,20 +26,50 @@ from jaxnet.models.transformer.spec import TransformerSpec
 DECODE_KERNEL = None
 
 
-def rotary(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:
+def rotary(
+    x: jnp.ndarray,
+    positions: jnp.ndarray,
+    base: float = 10000.0,
+    llama3: tuple[float, float, float, int] | None = None,
+) -> jnp.ndarray:
     """Rotary position embedding of ``x`` (batch, time, heads, head_dim) at ``positions`` (time,),
     or (batch, time) when each row has its own.
 
     The two halves of the head dimension are rotated as pairs by angles ``position * base**(-2i/d)``,
     so the product of a rotated query and key depends only on their distance (the half-split
-    convention of transformers' Llama, so its q/k weights need no permutation).
+    convention of transformers' Llama, so its q/k weights need no permutation). ``llama3``
+    (factor, low and high frequency factors, original context) rescales the frequencies as Llama
+    3.1 does (:func:`llama3_frequencies`)::
+
+        q = rotary(q, jnp.arange(q.shape[1]), base=500000.0, llama3=(8.0, 1.0, 4.0, 8192))
     """
     half = x.shape[-1] // 2
     freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    if llama3 is not None:
+        freqs = llama3_frequencies(freqs, *llama3)
     angles = positions.astype(jnp.float32)[..., None] * freqs
     cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # (..., time, 1, half)
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+def llama3_frequencies(
+    freqs: jnp.ndarray, factor: float, low_freq_factor: float, high_freq_factor: float, original_context: int
+) -> jnp.ndarray:
+    """Rotary frequencies rescaled as Llama 3.1 rescales them (Meta's ``apply_scaling``, transformers'
+    ``rope_type: llama3``): wavelengths shorter than ``original_context / high_freq_factor`` are
+    kept, those longer than ``original_context / low_freq_factor`` divided by ``factor``, and those
+    between interpolated smoothly between the two::
+
+        llama3_frequencies(500000.0 ** (-jnp.arange(64) / 64), 8.0, 1.0, 4.0, 8192)
+    """
+    wavelength = 2 * math.pi / freqs
+    low, high = original_context / low_freq_factor, original_context / high_freq_factor
+    scaled = jnp.where(wavelength > low, freqs / factor, freqs)
+    smooth = (original_context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= high) & (wavelength <= low)
+    return jnp.where(medium, smoothed, scaled)
 
 
 def head_major_attention(
@@ -107,6 +137,17 @@ def attend(
     return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask)
 
 
+def segment_mask(segments: jnp.ndarray) -> jnp.ndarray:
+    """Which keys each query may see in rows of packed examples: ``segments`` (batch, time) numbers
+    the examples of a row (0 for padding) -> (batch, 1, time, time), True where query and key belong
+    to the same example (padding sees padding only, so no row of the softmax is empty); with the
+    causal rule, attention stays inside each example::
+
+        segment_mask(jnp.array([[1, 1, 2, 0]]))[0, 0].astype(int)   # [[1,1,0,0],[1,1,0,0],[0,0,1,0],[0,0,0,1]]
+    """
+    return segments[:, None, :, None] == segments[:, None, None, :]
+
+
 def _packed_draw(key: jax.Array, spec: TransformerSpec, index: int, std: float = 0.02) -> Any:
     """Kernel initialiser of part ``index`` (0 queries, 1 keys, 2 values) of one N(0, std) draw of
     shape (width, 3, heads, head_dim) from ``key``: the weights a run started from when the three
@@ -160,6 +201,7 @@ class SelfAttention(nn.Module):
                 ("embed", axis, "kv"),
                 dtype=s.dtype,
                 param_dtype=s.param_dtype,
+                use_bias=s.biased("qkv"),
                 kernel_init=init,
                 name=name,
             )
@@ -174,7 +216,7 @@ class SelfAttention(nn.Module):
             # like each: the numbers of the packed kernel of before, and a third of the products.
             weights = [p.weights((s.width,)) for p in projections]
             kernel = jnp.stack([k for k, _ in weights], axis=1)
-            bias = jnp.stack([b for _, b in weights])
+            bias = jnp.stack([b for _, b in weights]) if s.biased("qkv") else None
             qkv = nn.with_logical_constraint(project(x, kernel, bias, 1, s.dtype), ("batch", None, None, "heads", None))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         else:
@@ -182,7 +224,7 @@ class SelfAttention(nn.Module):
             q = nn.with_logical_constraint(q, ("batch", None, "heads", None))
             k, v = (nn.with_logical_constraint(a, ("batch", None, "kv_heads", None)) for a in (k, v))
         if s.position == "rotary":
-            q, k = rotary(q, positions), rotary(k, positions)
+            q, k = (rotary(a, positions, s.rope_theta, s.rope_llama3) for a in (q, k))
         if decode:
             if not s.causal:
                 raise ValueError("decoding with a key/value cache needs a causal model (causal=True)")
@@ -202,6 +244,7 @@ class SelfAttention(nn.Module):
             ("heads", "kv", "embed"),
             contract=2,
             std=s.out_std,
+            use_bias=s.biased("out"),
             dtype=s.dtype,
             param_dtype=s.param_dtype,
             name="out",

@@ -1,23 +1,28 @@
 """The Transformer language model: blocks of attention and MLP on a :class:`TransformerSpec`.
 
 token embedding (+ learned position embedding, or rotary positions inside attention) ->
-dropout -> ``layers`` pre-LayerNorm blocks -> LayerNorm = the *features*; the *unembedding*
+dropout -> ``layers`` pre-norm blocks -> norm = the *features*; the *unembedding*
 turns features into float32 logits (the transposed token embedding, or an ``output`` projection),
 the padding ids past ``vocab_used`` masked. A block is::
 
-    x = x + dropout(attention(layernorm(x)))      # self-attention (causal by default)
-    x = x + dropout(mlp(layernorm(x)))            # width -> mlp_hidden -> width, GELU
+    x = x + dropout(attention(norm(x)))      # self-attention (causal by default)
+    x = x + dropout(mlp(norm(x)))            # width -> mlp_hidden -> width, GELU or SwiGLU
+
+The norm is LayerNorm or RMSNorm (``spec.norm``), the MLP GELU or SwiGLU (``spec.mlp``), and
+which projections have a bias is ``spec.bias``: GPT-2 is LayerNorm, GELU, biases everywhere;
+Llama is RMSNorm, SwiGLU, no biases (:data:`~jaxnet.models.transformer.spec.PRESETS`).
 
 Every linear layer is a :class:`~jaxnet.models.common.Projection`. Parameters, by path (the
 names the checkpoints, ``train.init_from``, ``optim.freeze`` and the Hugging Face tables use)::
 
     embed/embedding                 (vocab, width)
     position                        (context, width)              learned positions only
-    block_N/norm_1/{scale,bias}     (width,)                      norm_2 likewise, before the MLP
+    block_N/norm_1/{scale,bias}     (width,)                      norm_2 likewise, before the MLP; RMSNorm: scale only
     block_N/attention/query/kernel  (width, heads, head_dim)      bias (heads, head_dim)
     block_N/attention/key/kernel    (width, kv_heads, head_dim)   value likewise
     block_N/attention/out/kernel    (heads, head_dim, width)      bias (width,)
     block_N/mlp_in/kernel           (width, mlp_hidden)           bias (mlp_hidden,)
+    block_N/mlp_gate/kernel         (width, mlp_hidden)           SwiGLU only; bias (mlp_hidden,)
     block_N/mlp_out/kernel          (mlp_hidden, width)           bias (width,)
     norm_out/{scale,bias}           (width,)
     output/kernel                   (width, vocab)                untied embeddings only
@@ -35,14 +40,23 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models.common import Head, Projection, lookup, mask_unused_vocab, normal
-from jaxnet.models.transformer.attention import SelfAttention
+from jaxnet.models.common import Head, Projection, lookup, normal
+from jaxnet.models.transformer.attention import SelfAttention, segment_mask
 from jaxnet.models.transformer.spec import TransformerSpec
 
 
 def norm(spec: TransformerSpec, name: str) -> nn.Module:
-    """The normalisation before each residual branch and before the unembedding: LayerNorm of
-    epsilon ``spec.norm_eps``, its scale and bias named along ``embed``."""
+    """The normalisation before each residual branch and before the unembedding, of epsilon
+    ``spec.norm_eps``: LayerNorm (``spec.norm="layer"``: scale and bias) or RMSNorm (``"rms"``:
+    x / sqrt(mean(x^2) + eps) * scale, in float32, as Llama's), its parameters named along ``embed``."""
+    if spec.norm == "rms":
+        return nn.RMSNorm(
+            epsilon=spec.norm_eps,
+            dtype=spec.dtype,
+            param_dtype=spec.param_dtype,
+            name=name,
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        )
     return nn.LayerNorm(
         epsilon=spec.norm_eps,
         dtype=spec.dtype,
@@ -54,19 +68,28 @@ def norm(spec: TransformerSpec, name: str) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm Transformer block: attention and MLP, each a residual branch with dropout."""
+    """Pre-norm Transformer block: attention and MLP, each a residual branch with dropout. The MLP
+    is ``mlp_out(gelu(mlp_in(x)))`` or, ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(x)) *
+    mlp_in(x))`` (Llama's gate, up and down projections)."""
 
     spec: TransformerSpec
 
     @nn.compact
-    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool) -> jnp.ndarray:
+    def __call__(
+        self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool, mask: jnp.ndarray | None = None
+    ) -> jnp.ndarray:
         s = self.spec
         drop = nn.Dropout(s.dropout, deterministic=not train)
-        x = x + drop(SelfAttention(s, name="attention")(norm(s, "norm_1")(x), positions, decode))
-        kw = dict(dtype=s.dtype, param_dtype=s.param_dtype)
-        y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(norm(s, "norm_2")(x))
+        x = x + drop(SelfAttention(s, name="attention")(norm(s, "norm_1")(x), positions, decode, mask))
+        kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"))
+        h = norm(s, "norm_2")(x)
+        y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
         y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
-        y = nn.gelu(y, approximate=s.gelu == "tanh")
+        if s.mlp == "swiglu":
+            gate = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_gate", **kw)(h)
+            y = nn.silu(nn.with_logical_constraint(gate, ("batch", None, "mlp"))) * y
+        else:
+            y = nn.gelu(y, approximate=s.gelu == "tanh")
         y = Projection((s.width,), ("mlp", "embed"), std=s.out_std, name="mlp_out", **kw)(y)
         return nn.with_logical_constraint(x + drop(y), ("batch", None, None))
 
@@ -101,6 +124,11 @@ class TransformerLanguageModel(nn.Module):
     context do not exist; :mod:`jaxnet.sample` slides the window. Only a causal model decodes.
     ``spec.remat`` recomputes each block's activations in the backward pass instead of keeping
     them: less memory for long contexts, about a third more compute.
+
+    **Packed rows** (:mod:`jaxnet.data.packing`): ``segments`` (batch, time) numbers the examples
+    of each row (0 for padding) and ``positions`` (batch, time) restarts at each: a token attends
+    only to its own example's tokens and sits at its position in it (rotary or learned), so each
+    example computes what it computes alone.
     """
 
     spec: TransformerSpec
@@ -128,17 +156,28 @@ class TransformerLanguageModel(nn.Module):
             )
         self.decode_positions = _DecodePositions()
 
-    def features(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
+    def features(
+        self,
+        tokens: jnp.ndarray,
+        train: bool = False,
+        decode: bool = False,
+        segments: jnp.ndarray | None = None,
+        positions: jnp.ndarray | None = None,
+    ) -> jnp.ndarray:
         """The final hidden states (batch, time, width) of token ids (batch, time), after the last
-        normalisation, in the compute dtype."""
+        normalisation, in the compute dtype; ``segments`` and ``positions`` of packed rows keep
+        their examples apart."""
         s = self.spec
-        positions = self.decode_positions(tokens.shape[1]) if decode else jnp.arange(tokens.shape[1])
+        if positions is None:
+            positions = self.decode_positions(tokens.shape[1]) if decode else jnp.arange(tokens.shape[1])
+        mask = None if segments is None else segment_mask(segments)
         x = lookup(self.embed, tokens, s.dtype)
         if s.position == "learned":
-            x = x + jnp.take(self.position, positions, axis=0).astype(s.dtype)[None]
+            table = jnp.take(self.position, positions, axis=0).astype(s.dtype)
+            x = x + (table if table.ndim == 3 else table[None])
         x = self.drop(x, deterministic=not train)
         for block in self.blocks:
-            x = block(x, positions, train, decode)
+            x = block(x, positions, train, decode, mask)
         return self.norm_out(x)
 
     def head(self) -> Head:
@@ -156,5 +195,12 @@ class TransformerLanguageModel(nn.Module):
         (..., width): :meth:`head`'s logits, the unused ids masked (:func:`mask_unused_vocab`)."""
         return nn.with_logical_constraint(self.head().logits(features), ("batch", None, "vocab"))
 
-    def __call__(self, tokens: jnp.ndarray, train: bool = False, decode: bool = False) -> jnp.ndarray:
-        return self.unembed(self.features(tokens, train, decode))
+    def __call__(
+        self,
+        tokens: jnp.ndarray,
+        train: bool = False,
+        decode: bool = False,
+        segments: jnp.ndarray | None = None,
+        positions: jnp.ndarray | None = None,
+    ) -> jnp.ndarray:
+        return self.unembed(self.features(tokens, train, decode, segments, positions))

@@ -1,6 +1,6 @@
 """The language models' training step with the whole logits and with the blockwise loss, planned for GPUs.
 
-    python scripts/measure_blockwise.py                  # gpt2_small on 1 and 8 H100s, and llama3_8b where it exists
+    python scripts/measure_blockwise.py                  # gpt2_small on 1 and 8 H100s, llama3_8b on 8
     python scripts/measure_blockwise.py --no-max-batch   # the same without the search for the largest batch
     python scripts/measure_blockwise.py gpt2_small       # one experiment
 
@@ -38,11 +38,12 @@ sys.path.insert(0, os.environ.get("JAXNET_PLAN_DIR") or os.path.join(sys.prefix,
 
 from jaxnet import config, planner  # noqa: E402
 
-#: (experiment, overrides, target, GPUs; None = the experiment's own mesh)
+#: (experiment, overrides, target, GPUs)
 PLANS = [
     ("gpt2_small", [], "h100", 1),
     ("gpt2_small", ["mesh.fsdp=8"], "h100", 8),
-    ("llama3_8b", [], "h100", None),
+    ("llama3_8b", ["mesh.fsdp=8"], "h100", 8),  # as scripts/record_plans.py plans it
+    ("llama3_8b", ["mesh.fsdp=8", "model.remat=true"], "h100", 8),
 ]
 WAYS = {"logits": "train.loss_from=logits", "blockwise": "train.loss_from=features"}
 

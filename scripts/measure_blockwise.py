@@ -38,12 +38,13 @@ sys.path.insert(0, os.environ.get("JAXNET_PLAN_DIR") or os.path.join(sys.prefix,
 
 from jaxnet import config, planner  # noqa: E402
 
-#: (experiment, overrides, target, GPUs)
+#: (experiment, overrides, target, GPUs, whether to search the largest batch). The search is a
+#: dozen compiles, minutes each on a shared 2-core CPU: made where the batch is the question.
 PLANS = [
-    ("gpt2_small", [], "h100", 1),
-    ("gpt2_small", ["mesh.fsdp=8"], "h100", 8),
-    ("llama3_8b", ["mesh.fsdp=8"], "h100", 8),  # as scripts/record_plans.py plans it
-    ("llama3_8b", ["mesh.fsdp=8", "model.remat=true"], "h100", 8),
+    ("gpt2_small", [], "h100", 1, True),
+    ("gpt2_small", ["mesh.fsdp=8"], "h100", 8, False),
+    ("llama3_8b", ["mesh.fsdp=8"], "h100", 8, True),  # as scripts/record_plans.py plans it
+    ("llama3_8b", ["mesh.fsdp=8", "model.remat=true"], "h100", 8, False),
 ]
 WAYS = {"logits": "train.loss_from=logits", "blockwise": "train.loss_from=features"}
 
@@ -82,7 +83,8 @@ def main() -> None:
     known = set(config.list_experiments())
     date = datetime.date.today().isoformat()
     rows, skipped = [], {}
-    for name, overrides, target, gpus in PLANS:
+    for name, overrides, target, gpus, search in PLANS:
+        search = search and not args.no_max_batch
         if args.experiments and name not in args.experiments:
             continue
         if name not in known:
@@ -94,14 +96,19 @@ def main() -> None:
             cfg = config.load_experiment(name, [*overrides, setting])
             flags = ["--target", target] + (["--gpus", str(gpus)] if gpus else [])
             command = shlex.join(["jaxnet", "plan", name, *overrides, setting, *flags])
-            command += "" if args.no_max_batch else " --max-batch"
+            command += " --max-batch" if search else ""
             print(command, flush=True)
             start = time.perf_counter()
-            report = planner.plan(cfg, target, gpus, max_batch=not args.no_max_batch)
+            report = planner.plan(cfg, target, gpus, max_batch=search, say=lambda line: print(line, flush=True))
             row.update(gpus=report["gpus"], mesh=report["mesh"], batch_size=report["batch_size"])
             row[way] = figures(report) | {"command": command, "seconds": round(time.perf_counter() - start, 1)}
             print(planner.describe(report), flush=True)
         rows.append(row)
+        write(args, date, rows, skipped)  # after each plan: a long run stopped early keeps what it did
+
+
+def write(args: argparse.Namespace, date: str, rows: list[dict], skipped: dict) -> None:
+    """The plans so far to ``benchmarks/results/blockwise-plans-<date>.json``, with the machine's load."""
     versions = planner._versions()
     record = {
         "kind": "blockwise-plans",
@@ -115,6 +122,7 @@ def main() -> None:
             "logits": "train.loss_from=logits: the whole logits, then the cross-entropy",
             "blockwise": "train.loss_from=features (the default): jaxnet.blockwise",
         },  # fmt: skip
+        "load_average_at_write": [round(x, 2) for x in os.getloadavg()],
         "skipped": skipped,
         "plans": rows,
     }
@@ -122,7 +130,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"blockwise-plans-{date}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ base = ["model.layers=1", "model.width=16", "model.heads=2", "data.seq_len=8", "
         "optim.warmup_steps=0", "optim.schedule=constant", "model.tie_embeddings=false", "train.z_loss=1e-3",
         "train.loss_block=8", "model.vocab_used=26"]
 out = {}
-for mesh in ("data=1 tensor=1", "data=1 tensor=2", "data=2 tensor=1"):
+for mesh in ("data=1 tensor=1", "data=1 tensor=2", "data=2 tensor=1", "data=1 fsdp=2"):
     for source in ("features", "logits"):
         overrides = base + [f"mesh.{kv}" for kv in mesh.split()] + [f"train.loss_from={source}"]
         cfg = config.load_experiment("transformer_shakespeare:smoke", overrides)
@@ -296,11 +296,12 @@ def two_device_runs():
     return json.loads(result.stdout.split("RESULTS", 1)[1])
 
 
-@pytest.mark.parametrize("mesh", ["data=1 tensor=2", "data=2 tensor=1"])
+@pytest.mark.parametrize("mesh", ["data=1 tensor=2", "data=2 tensor=1", "data=1 fsdp=2"])
 def test_across_two_devices_the_loss_and_gradients_equal_one_device_from_logits(two_device_runs, mesh):
     """The vocabulary split over tensor devices (the log-sum-exp and the hidden states' gradient
-    reduced across them in every block) or the batch over data devices (each device's partial
-    gradient of the output layer, reduced once): the same step as the whole logits on one device."""
+    reduced across them in every block) or the batch over data or FSDP devices (each device's
+    partial gradient of the output layer, reduced once; with FSDP the output layer gathered whole
+    first): the same step as the whole logits on one device."""
     runs = two_device_runs
     assert runs[f"{mesh} sizes"] == ({"batch": 1, "vocab": 2} if "tensor=2" in mesh else {"batch": 2, "vocab": 1})
     want = runs["data=1 tensor=1 logits"]

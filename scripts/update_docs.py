@@ -799,9 +799,8 @@ def render_blockwise() -> str:
             "*blockwise*: the default.",
             "",
         ]
-    tagged = [r for r in results if r["_file"].endswith("-blockwise.json")]
-    cpu = _latest(tagged, kind="compare-commits")
-    if cpu:
+    tagged = [r for r in results if r.get("kind") == "compare-commits" and "-blockwise" in r["_file"]]
+    for cpu in tagged:  # every run of the comparison, none picked over another
         r = cpu["results"]["gpt2_shakespeare"]
         loads = [x["load_average"] for side in r["rounds"].values() for x in side]
         rss, temp, ms = r["median_peak_rss_mib"], r["xla_temp_mib"], r["median_ms_per_step"]

@@ -207,8 +207,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Training speed of the standard experiments, each measured in alternation with its "
         "yardsticks; prints a table and writes benchmarks/results/<device>-<date>.json.",
     )
-    bench.add_argument("families", nargs="*", metavar="FAMILY", help="cnn, lstm, transformer (default), resnet, gpt2")
-    bench.add_argument("--full", action="store_true", help="every family: adds resnet, and gpt2 on a GPU")
+    bench.add_argument(
+        "families", nargs="*", metavar="FAMILY", help="cnn, lstm, transformer (default), resnet, gpt2_shakespeare, gpt2"
+    )
+    bench.add_argument("--full", action="store_true", help="every family: adds resnet, gpt2_shakespeare and gpt2 (GPU)")
     bench.add_argument("--smoke", action="store_true", help="the smoke variants, a few steps: checks it all works")
     bench.add_argument("--rounds", type=int, default=3, help="alternations of all measurements (median reported)")
     bench.add_argument("--seconds", type=float, default=3.0, help="length of one timed measurement")

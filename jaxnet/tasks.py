@@ -30,8 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxnet import optim
+from jaxnet import blockwise, optim
 from jaxnet.errors import UserError
+from jaxnet.models.common import Head
 
 Batch = Mapping[str, Any]
 Fn = Callable[[Any, Batch], jnp.ndarray]
@@ -58,6 +59,12 @@ class Task:
     model by name when a batch has them (``model(*inputs, segments=..., positions=...)``): the
     language-model tasks name ``segments`` and ``positions``, which rows of packed examples carry
     (:mod:`jaxnet.data.packing`), so any model that takes them keeps its examples apart.
+    ``from_features``: the training loss and metrics computed from the model's final hidden states
+    and output layer instead of its outputs, ``(features, head, batch) -> (loss, metrics)`` with the
+    same values as ``loss`` and ``metrics`` on the logits (the built-in label tasks:
+    :func:`jaxnet.blockwise.cross_entropy`, which never holds the whole logits); the train step uses
+    it for a model that offers them (:func:`jaxnet.models.adapters.features_apply`), giving the
+    model the same ``keyword_inputs``, and ``loss`` on the outputs for any other.
     """
 
     inputs: str | tuple[str, ...]
@@ -71,6 +78,7 @@ class Task:
     extra_inputs: int = 0
     labels: str | None = None
     keyword_inputs: tuple[str, ...] = ()
+    from_features: Callable[[jnp.ndarray, Head, Batch], tuple[jnp.ndarray, dict[str, jnp.ndarray]]] | None = None
 
     def __post_init__(self) -> None:
         keys = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs)
@@ -135,14 +143,23 @@ class Task:
 # Losses and metrics the built-in tasks share.
 
 
-def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray, label_smoothing: float = 0.0) -> jnp.ndarray:
-    """Per-example softmax cross-entropy in float32, with optional label smoothing."""
+def cross_entropy(
+    logits: jnp.ndarray, labels: jnp.ndarray, label_smoothing: float = 0.0, z_loss: float = 0.0
+) -> jnp.ndarray:
+    """Per-example softmax cross-entropy in float32, with optional label smoothing (spread over the
+    ids a padded vocabulary uses: those :func:`~jaxnet.models.common.mask_unused_vocab` masked get
+    none) and PaLM's z-loss, ``z_loss * logsumexp(logits)**2`` added."""
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     if optim.off(label_smoothing):  # no one-hot matrix: it costs as much as the softmax for a 10k vocabulary
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    targets = jax.nn.one_hot(labels, logits.shape[-1])
-    targets = targets * (1.0 - label_smoothing) + label_smoothing / logits.shape[-1]
-    return optax.softmax_cross_entropy(logits, targets)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    else:
+        used = logits > jnp.finfo(logits.dtype).min
+        targets = jax.nn.one_hot(labels, logits.shape[-1]) * (1.0 - label_smoothing)
+        targets = targets + used * (label_smoothing / jnp.sum(used, axis=-1, keepdims=True))
+        loss = optax.softmax_cross_entropy(logits, targets)
+    if not optim.off(z_loss):
+        loss = loss + z_loss * jax.nn.logsumexp(logits, axis=-1) ** 2
+    return loss
 
 
 def hits(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
@@ -197,9 +214,25 @@ def positions(batch: Batch, key: str) -> jnp.ndarray:
     return counted.reshape(rows, -1).sum(-1)
 
 
-def _label_task(name: str, inputs: str, target: str, label_smoothing: float, **extra: Any) -> Task:
+#: ``loss_from`` of the built-in label tasks: where their training loss is computed from.
+LOSS_FROM = ("auto", "features", "logits")
+
+
+def _label_task(
+    name: str,
+    inputs: str,
+    target: str,
+    label_smoothing: float,
+    z_loss: float = 0.0,
+    loss_from: str = "auto",
+    loss_block: int = 0,
+    **extra: Any,
+) -> Task:
+    if loss_from not in LOSS_FROM:
+        raise UserError(f"loss_from={loss_from!r}: choose one of {', '.join(LOSS_FROM)}")
+
     def loss(logits: jnp.ndarray, batch: Batch) -> jnp.ndarray:
-        return _masked_mean(cross_entropy(logits, batch[target], label_smoothing), batch)
+        return _masked_mean(cross_entropy(logits, batch[target], label_smoothing, z_loss), batch)
 
     def plain_loss(logits: jnp.ndarray, batch: Batch) -> jnp.ndarray:
         return _masked_mean(cross_entropy(logits, batch[target]), batch)
@@ -207,43 +240,99 @@ def _label_task(name: str, inputs: str, target: str, label_smoothing: float, **e
     def accuracy(logits: jnp.ndarray, batch: Batch) -> jnp.ndarray:
         return _masked_mean(hits(logits, batch[target]), batch)
 
+    def from_features(features: jnp.ndarray, head: Head, batch: Batch) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
+        labels = batch[target]
+        weights = expand_mask(jnp.asarray(batch["mask"], jnp.float32), labels.shape) if "mask" in batch else None
+        loss_sum, hit_sum = blockwise.cross_entropy(
+            features, head, labels, weights, label_smoothing=label_smoothing, z_loss=z_loss, block=loss_block
+        )
+        count = jnp.maximum(jnp.sum(weights), 1.0) if weights is not None else labels.size
+        return loss_sum / count, {"accuracy": hit_sum / count}
+
     return Task(
         inputs=inputs,
         loss=loss,
         metrics={"accuracy": accuracy},
         name=name,
-        eval_loss=None if optim.off(label_smoothing) else plain_loss,
+        eval_loss=None if optim.off(label_smoothing) and optim.off(z_loss) else plain_loss,
         weight=lambda batch: positions(batch, target),  # the loss and accuracy are means over the labels
         labels=target,
+        from_features=None if loss_from == "logits" else from_features,
         **extra,
     )
 
 
-def classification(inputs: str = "image", target: str = "label", label_smoothing: float = 0.0) -> Task:
-    """Softmax cross-entropy over integer classes; ``accuracy`` metric."""
-    return _label_task("classification", inputs, target, label_smoothing)
+def classification(
+    inputs: str = "image",
+    target: str = "label",
+    label_smoothing: float = 0.0,
+    *,
+    z_loss: float = 0.0,
+    loss_from: str = "auto",
+    loss_block: int = 0,
+) -> Task:
+    """Softmax cross-entropy over integer classes; ``accuracy`` metric. ``z_loss``, ``loss_from``
+    and ``loss_block`` as for :func:`lm`."""
+    return _label_task("classification", inputs, target, label_smoothing, z_loss, loss_from, loss_block)
 
 
 #: The batch keys of packed rows a language model is given by name (see :class:`Task`).
 PACKED_INPUTS = ("segments", "positions")
 
 
-def lm(label_smoothing: float = 0.0, per_token: Callable[[float], dict[str, float]] | None = None) -> Task:
+def lm(
+    label_smoothing: float = 0.0,
+    per_token: Callable[[float], dict[str, float]] | None = None,
+    *,
+    z_loss: float = 0.0,
+    loss_from: str = "auto",
+    loss_block: int = 0,
+) -> Task:
     """Next-token language modelling: cross-entropy of ``targets`` given ``tokens`` at every
     position (``mask`` marks the positions that count); ``accuracy`` of the next token.
     ``per_token(mean loss)`` adds metrics such as perplexity or bits per character. Packed rows'
-    ``segments`` and ``positions`` go to the model by name."""
+    ``segments`` and ``positions`` go to the model by name.
+
+    ``z_loss``: PaLM's ``z_loss * logsumexp(logits)**2`` added to each position's training loss
+    (evaluation reports the cross-entropy alone). ``loss_from``: ``auto`` computes the training
+    loss from the model's final hidden states and output layer in blocks, never holding the whole
+    logits (:func:`jaxnet.blockwise.cross_entropy`), where the model offers them (the Transformer),
+    from its logits otherwise; ``features`` the same (a model that cannot is an error when the run
+    is built); ``logits`` always from the logits. ``loss_block``: tokens of one device per block (0 =
+    automatic). Evaluation, ``predict`` and sampling always see the logits::
+
+        task = jaxnet.tasks.lm(z_loss=1e-4, loss_block=2048)
+    """
     finalize = (lambda means: per_token(means["loss"])) if per_token is not None else None
-    return _label_task("lm", "tokens", "targets", label_smoothing, finalize=finalize, keyword_inputs=PACKED_INPUTS)
+    return _label_task(
+        "lm",
+        "tokens",
+        "targets",
+        label_smoothing,
+        z_loss,
+        loss_from,
+        loss_block,
+        finalize=finalize,
+        keyword_inputs=PACKED_INPUTS,
+    )
 
 
-def masked_lm(vocab_size: int, mask_rate: float = 0.15, label_smoothing: float = 0.0) -> Task:
+def masked_lm(
+    vocab_size: int,
+    mask_rate: float = 0.15,
+    label_smoothing: float = 0.0,
+    *,
+    z_loss: float = 0.0,
+    loss_from: str = "auto",
+    loss_block: int = 0,
+) -> Task:
     """BERT's masked language modelling over token windows.
 
     ``mask_rate`` of the positions are chosen; of those 80 % become the mask token (id
     ``vocab_size``), 10 % a random token and 10 % stay as they are; the model predicts the
     original token at the chosen positions only (``mask``). The corruption is drawn on the host
-    from the batch's own random stream, so it is the same on a resumed run.
+    from the batch's own random stream, so it is the same on a resumed run. ``z_loss``,
+    ``loss_from`` and ``loss_block`` as for :func:`lm`.
     """
 
     def corrupt(batch: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -263,6 +352,9 @@ def masked_lm(vocab_size: int, mask_rate: float = 0.15, label_smoothing: float =
         "tokens",
         "targets",
         label_smoothing,
+        z_loss,
+        loss_from,
+        loss_block,
         transform=corrupt,
         extra_inputs=1,
         keyword_inputs=PACKED_INPUTS,
@@ -311,15 +403,19 @@ def from_name(
     mask_rate: float = 0.15,
     label_smoothing: float = 0.0,
     per_token: Callable[[float], dict[str, float]] | None = None,
+    z_loss: float = 0.0,
+    loss_from: str = "auto",
+    loss_block: int = 0,
 ) -> Task:
     """The built-in task ``name`` set up for the data (``vocab_size`` for masked_lm, ``per_token``
-    metrics for lm)."""
+    metrics for lm) and the loss settings (see :func:`lm`)."""
+    loss = dict(z_loss=z_loss, loss_from=loss_from, loss_block=loss_block)
     if name == "classification":
-        return classification(label_smoothing=label_smoothing)
+        return classification(label_smoothing=label_smoothing, **loss)
     if name == "lm":
-        return lm(label_smoothing, per_token)
+        return lm(label_smoothing, per_token, **loss)
     if name == "masked_lm":
-        return masked_lm(vocab_size, mask_rate, label_smoothing)
+        return masked_lm(vocab_size, mask_rate, label_smoothing, **loss)
     if name == "regression":
         return regression()
     near = difflib.get_close_matches(name, BUILT_IN, n=1)
@@ -329,6 +425,13 @@ def from_name(
     )
 
 
+def loss_settings(cfg: Any) -> dict[str, Any]:
+    """The ``train.*`` keys of the built-in tasks' loss: ``label_smoothing``, ``z_loss``,
+    ``loss_from`` and ``loss_block``, as :func:`from_name` takes them."""
+    t = cfg.train
+    return dict(label_smoothing=t.label_smoothing, z_loss=t.z_loss, loss_from=t.loss_from, loss_block=t.loss_block)
+
+
 def builtin(cfg: Any, default: str, allowed: tuple[str, ...], kind: str, **kwargs: Any) -> Task:
     """The built-in task ``cfg.task`` names (``default`` if unset), if it suits data of ``kind``."""
     name = cfg.task or default
@@ -336,7 +439,7 @@ def builtin(cfg: Any, default: str, allowed: tuple[str, ...], kind: str, **kwarg
         raise UserError(
             f"task={name} does not fit {kind} data (data.name={cfg.data.name}); use task={' or task='.join(allowed)}"
         )
-    return from_name(name, label_smoothing=cfg.train.label_smoothing, **kwargs)
+    return from_name(name, **loss_settings(cfg), **kwargs)
 
 
 def for_batch(batch: Batch) -> Task:
@@ -426,6 +529,7 @@ def _shapes(tree: Any) -> str:
 
 __all__ = [
     "BUILT_IN",
+    "LOSS_FROM",
     "Task",
     "check",
     "check_inputs",
@@ -438,6 +542,7 @@ __all__ = [
     "from_name",
     "hits",
     "lm",
+    "loss_settings",
     "masked_lm",
     "positions",
     "regression",

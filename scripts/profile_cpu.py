@@ -45,25 +45,41 @@ SETTINGS = {
 }
 
 
-def child(family: str, steps: int, steps_per_call: int) -> dict:
-    """Measure ``steps`` steps of ``family`` in this process (see the module docstring)."""
+def child(family: str, steps: int, steps_per_call: int, overrides: tuple[str, ...] = ()) -> dict:
+    """Measure ``steps`` steps of ``family`` in this process (see the module docstring).
+
+    ``family`` is a ``jaxnet bench`` case, or an experiment name (for a tree whose bench does not
+    list it: the same config as a case of it, evaluation and checkpoints off). ``overrides`` are
+    config ``key=value`` settings on top. Besides the times: the peak resident memory of the timed
+    steps (the process's high-water mark reset after the warm-up, so compilation and start-up do
+    not count), XLA's temporary bytes of the compiled step, and the losses of the warm-up steps."""
     import resource
     import time
 
     import jax
 
+    from jaxnet import bench
     from jaxnet import config as config_lib
-    from jaxnet.bench import CASES, case_config, case_dataset
     from jaxnet.data import pipeline
     from jaxnet.train.loop import Run
     from jaxnet.train.step import metric_zeros
 
-    case = CASES[family]
-    cfg = case_config(case, smoke=False)
+    if family in bench.CASES:
+        case = bench.CASES[family]
+        cfg = bench.case_config(case, smoke=False)
+        dataset = bench.case_dataset(case, cfg)
+    else:
+        from jaxnet import data
+        from jaxnet.train.loop import experiment_hooks
+
+        quiet = ["train.eval_every=0", "train.checkpoint_every=0", "train.progress=false"]
+        cfg = config_lib.load_experiment(family, quiet)
+        hooks = experiment_hooks(cfg)
+        dataset = hooks["data"](cfg) if "data" in hooks else data.load(cfg.data)
+    cfg = config_lib.apply_overrides(cfg, list(overrides))
     k = steps_per_call
     if k > 1:
         cfg = config_lib.apply_overrides(cfg, [f"train.steps_per_call={steps_per_call}", f"train.log_every={50 * k}"])
-    dataset = case_dataset(case, cfg)
     run = Run(cfg, dataset=dataset)
     state = run.init_state()
     source = run.call_batches(0, 10**9) if k > 1 else ((1, b) for b in run.train_batches(0))
@@ -76,13 +92,16 @@ def child(family: str, steps: int, steps_per_call: int) -> dict:
             program = run.train_calls.lower(state, batch, zeros).compile()
             compiled = lambda state, batch: program(state, batch, zeros)  # noqa: E731
         else:
-            compiled = run.train_step.lower(state, batch).compile()
+            program = compiled = run.train_step.lower(state, batch).compile()
         warm = max(3, 10 // k)
+        losses = []
         for _ in range(warm):
             state, metrics = compiled(state, batch)
             _, batch = next(batches)
+            losses.append(float(metrics["loss"]))
         jax.block_until_ready(metrics)
         calls = max(1, steps // k)
+        peak_reset = reset_peak_rss()
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         for i in range(calls):
             state, metrics = compiled(state, batch)
@@ -92,6 +111,7 @@ def child(family: str, steps: int, steps_per_call: int) -> dict:
         jax.block_until_ready((state, metrics))
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_SELF)
+        peak = status_kib("VmHWM")
     finally:
         batches.close()
     n = calls * k
@@ -104,7 +124,34 @@ def child(family: str, steps: int, steps_per_call: int) -> dict:
         "system_ms_per_step": round(1000 * system / n, 2),
         "cpu_percent": round(100 * (user + system) / wall, 1),
         "load_average": os.getloadavg()[0],
+        # the steps' own peak (reset after the warm-up), or the process's since it started
+        "peak_rss_mib": None if peak is None else round(peak / 1024, 1),
+        "peak_rss_of": "timed steps" if peak_reset else "whole process",
+        "xla_temp_mib": round(program.memory_analysis().temp_size_in_bytes / 2**20, 1),
+        "warmup_losses": losses,
     }
+
+
+def status_kib(field: str) -> int | None:
+    """A field of /proc/self/status in KiB (VmHWM: peak resident memory, VmRSS: resident now)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset the process's peak resident memory to what is resident now (Linux: 5 to
+    /proc/self/clear_refs); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def measure(family: str, setting: str, steps: int, steps_per_call: int) -> dict:
@@ -115,9 +162,7 @@ def measure(family: str, setting: str, steps: int, steps_per_call: int) -> dict:
             env.pop(key, None)
     code = f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import profile_cpu, json; "
     code += f"print('RESULT', json.dumps(profile_cpu.child({family!r}, {steps}, {steps_per_call})))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT
-    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -168,8 +213,6 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
-
-
 
 
 if __name__ == "__main__":

@@ -808,6 +808,95 @@ def render_lora_plan() -> str:
     return "\n".join(lines)
 
 
+def render_blockwise() -> str:
+    """The blockwise loss against the whole logits: the plans of scripts/measure_blockwise.py, the
+    CPU step of scripts/compare_commits.py (tag ``blockwise``) and the nanoGPT side by side."""
+    results = load_results()
+    body = []
+    plans = _latest(results, kind="blockwise-plans")
+    if plans:
+        v = plans["versions"]
+        body += [
+            "| plan | way | temporaries per device | memory per device | bytes per step | **predicted** step "
+            "(bound: compute / memory) | largest batch (`--max-batch`) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in plans["plans"]:
+            what = " ".join([row["experiment"], *row["overrides"], f"--target {row['target']} --gpus {row['gpus']}"])
+            for way in ("logits", "blockwise"):
+                w = row[way]
+                bounds = f"{1e3 * w['compute_s']:,.1f} / {1e3 * w['memory_s']:,.1f} ms"
+                biggest = w.get("max_batch", "-")
+                lines = (
+                    f"| `{what}` | {way} | {w['temp_bytes'] / 1e9:,.1f} GB | {w['total_bytes'] / 2**30:,.1f} GiB "
+                    f"| {w['bytes_per_step'] / 1e9:,.0f} GB | {1e3 * w['predicted_step_s']:,.1f} ms ({w['bound']}: "
+                    f"{bounds}) | {biggest} |"
+                )
+                body.append(lines)
+        body += [
+            "",
+            f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin "
+            f"{v.get('jax-cuda12-plugin', '?')}; {plans['date']}), batch as each experiment sets it: "
+            f"`{plans['command']}` "
+            f"([{plans['_file']}]({plans['_file']})). Memory and bytes from XLA's compiled programs; the steps are "
+            "**predictions** (the larger of the bounds), not measurements. *logits*: `train.loss_from=logits`; "
+            "*blockwise*: the default.",
+            "",
+        ]
+    tagged = [r for r in results if r.get("kind") == "compare-commits" and "-blockwise" in r["_file"]]
+    for cpu in tagged:  # every run of the comparison, none picked over another
+        r = cpu["results"]["gpt2_shakespeare"]
+        loads = [x["load_average"] for side in r["rounds"].values() for x in side]
+        rss, temp, ms = r["median_peak_rss_mib"], r["xla_temp_mib"], r["median_ms_per_step"]
+        user = r["median_user_cpu_ms_per_step"]
+        losses = r["warmup_losses"]
+        diff = max(abs(a - b) for a, b in zip(losses["before"], losses["after"], strict=True))
+        body += [
+            "| `gpt2_shakespeare` step on the CPU | before (whole logits) | after (blockwise) | after / before |",
+            "|---|---|---|---|",
+            f"| wall time per step, median | {ms['before']:,.0f} ms | {ms['after']:,.0f} ms "
+            f"| {r['after_over_before']:.3f} (paired rounds: {r['median_paired_ratio']:.3f}) |",
+            f"| user CPU time per step, median | {user['before']:,.0f} ms | {user['after']:,.0f} ms "
+            f"| {r['user_cpu_after_over_before']:.3f} |",
+            f"| peak resident memory of the timed steps, median | {rss['before']:,.0f} MiB | {rss['after']:,.0f} MiB "
+            f"| {rss['after'] / rss['before']:.3f} |",
+            f"| XLA's temporaries of the compiled step | {temp['before']:,.0f} MiB | {temp['after']:,.0f} MiB "
+            f"| {temp['after'] / temp['before']:.3f} |",
+            "",
+            f"{len(r['rounds']['before'])} rounds in alternation, fresh processes, {cpu['device']} "
+            f"({cpu['cpu_model']}), jax {cpu['versions']['jax']}, {cpu['date']}, load average (1 min) "
+            f"{min(loads):.1f} to {max(loads):.1f} (others' work on a shared machine): `{cpu['command']}` "
+            f"([{cpu['_file']}]({cpu['_file']})). The warm-up steps' losses on the same batches differ by at most "
+            f"{diff:.1e} ({len(losses['before'])} steps).",
+            "",
+        ]
+    nano = _latest(results, kind="nanogpt-side-by-side")
+    if nano:
+        m, v = nano["medians"], nano["versions"]
+        body += [
+            f"| {nano['steps']} steps of the same GPT on the same train.bin / val.bin | wall time | training steps' "
+            "time | median step | final validation loss (nats per token) |",
+            "|---|---|---|---|---|",
+        ]
+        for name in ("nanogpt", "jaxnet"):
+            x = m[name]
+            body.append(
+                f"| {name} | {x['wall_s']:,.0f} s | {x['train_s']:,.0f} s | {x['median_step_ms']:,.0f} ms "
+                f"| {x['val_loss']:.3f} |"
+            )
+        loads = nano["load_average"]
+        plot = Path(nano["_file"]).with_suffix(".png").as_posix()
+        body += [
+            "",
+            f"{nano['device']} ({nano['cpu']}), jax {v['jax']}, torch {v['torch']}, nanoGPT {v['nanogpt_commit'][:7]}, "
+            f"{nano['date']}, {len(nano['runs']['jaxnet'])} round(s), load average (1 min) {loads['min']:.1f} to "
+            f"{loads['max']:.1f}: `{nano['command']}` ([{nano['_file']}]({nano['_file']})). {nano['differences']}.",
+            "",
+            f"![nanoGPT and jaxnet side by side on the CPU]({plot})",
+        ]
+    return "\n".join(body).rstrip() or "Not recorded yet: `python scripts/measure_blockwise.py` writes the plans."
+
+
 BLOCKS = {
     "headline": headline,
     "results": render,
@@ -823,6 +912,7 @@ BLOCKS = {
     "open-models-result": render_open_models_result,
     "llama-plan": render_llama_plan,
     "lora-plan": render_lora_plan,
+    "blockwise": render_blockwise,
 }
 
 

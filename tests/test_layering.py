@@ -27,6 +27,7 @@ LAYERS = [
         "jaxnet.optim",
         "jaxnet.parallel",
         "jaxnet.tasks",
+        "jaxnet.blockwise",  # the tasks' cross-entropy from features and output layer
         "jaxnet.observe",
         "jaxnet.checkpoint",
         "jaxnet.xla_options",  # the compiler options of the steps: JAX alone

@@ -84,6 +84,12 @@ CASES = {
         synthetic="cifar10",
         doc="ResNet-20 on CIFAR-10-shaped images (32 x 32 x 3, random pixels), batch 128",
     ),
+    "gpt2_shakespeare": Case(
+        "gpt2_shakespeare",
+        "gpt2_shakespeare",
+        doc="4 x 128 GPT on Shakespeare in GPT-2's tokens, 16 x 128, vocabulary 50,304: the output layer is most "
+        "of the work",
+    ),
     "gpt2": Case(
         "gpt2",
         "transformer_shakespeare",
@@ -153,7 +159,10 @@ def case_dataset(case: Case, cfg: config_lib.Config) -> Any:
         return text_lib.TextDataset(
             train=tokens, val=tokens[:0], test=tokens[:0], vocab=[f"<{i}>" for i in range(vocab)], name="random"
         )
-    return data_lib.load(cfg.data)
+    from jaxnet.train.loop import experiment_hooks
+
+    hooks = experiment_hooks(cfg)  # an experiment's own data (gpt2_shakespeare's corpus, prepared on first use)
+    return hooks["data"](cfg) if "data" in hooks else data_lib.load(cfg.data)
 
 
 def _set_timing(cfg: config_lib.Config, interval: int) -> config_lib.Config:

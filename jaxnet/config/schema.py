@@ -227,6 +227,26 @@ class TrainConfig(Checked):
         low=0,
     )
     label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
+    z_loss: float = field(
+        0.0,
+        "weight of PaLM's z-loss, z * logsumexp(logits)^2 per predicted token, added to the training loss of the "
+        "cross-entropy tasks (0 = off; evaluation reports the cross-entropy alone)",
+        low=0.0,
+    )
+    loss_from: str = field(
+        "auto",
+        "where the cross-entropy tasks' training loss is computed from: features = the model's final hidden states "
+        "and output layer, the logits made and reduced in blocks and never held whole (jaxnet.blockwise); logits = "
+        "the model's outputs; auto = features where the model offers them (the Transformer), else logits. "
+        "Evaluation, predict and sampling always see the logits",
+        choices=("auto", "features", "logits"),
+    )
+    loss_block: int = field(
+        0,
+        "train.loss_from=features: tokens of one device per block (whole positions of its rows); 0 = automatic "
+        "(a block's float32 logits near 64 MiB on a CPU, 1 GiB on a GPU)",
+        low=0,
+    )
     progress: bool = field(True, "show a progress bar on a terminal (false: plain log lines)")
     trackers: tuple[str, ...] = field(
         ("tensorboard",),

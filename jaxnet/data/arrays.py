@@ -193,7 +193,7 @@ class ArrayDataset:
                 "your data has no default task: pass task=jaxnet.tasks.regression(...) (or classification, or your "
                 "own jaxnet.Task) to jaxnet.train, define task(cfg) in the experiment file, or set task=NAME"
             )
-        return tasks.from_name(cfg.task, label_smoothing=cfg.train.label_smoothing)
+        return tasks.from_name(cfg.task, **tasks.loss_settings(cfg))
 
     def eval_rows(self, cfg: Any, split: str) -> int:
         """Rows of an evaluation batch of ``split`` before rounding to the devices (0 = empty split)."""

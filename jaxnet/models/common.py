@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax import custom_batching, lax
@@ -189,3 +190,54 @@ class Projection(nn.Module):
         y = project(x, kernel, bias, self.contract, self.dtype)
         delta = self.adapter(x)
         return y if delta is None else y + delta
+
+
+# ---------------------------------------------------------------------------------------------
+# The output layer over a vocabulary
+
+
+def mask_unused_vocab(logits: jnp.ndarray, used: int) -> jnp.ndarray:
+    """``logits`` (..., vocab) with the ids at or above ``used`` (the padding of a vocabulary padded
+    to a round size) at the dtype's lowest number, so they are never predicted and their rows get
+    no gradient; ``logits`` itself when ``used`` is 0 or the whole vocabulary."""
+    vocab = logits.shape[-1]
+    if not 0 < used < vocab:
+        return logits
+    return jnp.where(jnp.arange(vocab) < used, logits, jnp.finfo(logits.dtype).min)
+
+
+@flax.struct.dataclass
+class Head:
+    """A model's output layer over a vocabulary, as arrays: ``logits = features @ kernel + bias`` in
+    float32, the ids at or above ``used`` masked (:func:`mask_unused_vocab`). What a model with
+    ``features`` and ``head`` methods hands a loss that computes the logits in pieces and never
+    whole (:func:`jaxnet.blockwise.cross_entropy`); its ``unembed`` is :meth:`logits`.
+
+    ``kernel`` is (width, vocab), or (vocab, width) with ``transposed`` (an output tied to the
+    token embedding); ``bias`` (vocab,) or None; ``dtype`` the compute dtype of the products::
+
+        head = Head(embedding, transposed=True, used=50257)   # GPT-2's tied output, padded vocabulary
+        logits = head.logits(features)                        # (..., vocab), float32
+    """
+
+    kernel: jax.Array
+    bias: jax.Array | None = None
+    transposed: bool = flax.struct.field(pytree_node=False, default=False)
+    used: int = flax.struct.field(pytree_node=False, default=0)
+    dtype: Any = flax.struct.field(pytree_node=False, default=jnp.float32)
+
+    @property
+    def vocab(self) -> int:
+        """The number of ids (columns of the logits), the padding included."""
+        return self.kernel.shape[0 if self.transposed else 1]
+
+    def logits(self, features: jnp.ndarray) -> jnp.ndarray:
+        """Logits (..., vocab) of ``features`` (..., width): the product in ``dtype``, then float32
+        (or ``dtype`` if wider), the unused ids masked."""
+        contract = 1 if self.transposed else 0
+        x, kernel = features.astype(self.dtype), self.kernel.astype(self.dtype)
+        logits = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (contract,)), ((), ())))
+        if self.bias is not None:
+            logits = logits + self.bias.astype(self.dtype)
+        logits = logits.astype(jnp.promote_types(self.dtype, jnp.float32))
+        return mask_unused_vocab(logits, self.used)

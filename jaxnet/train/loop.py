@@ -184,6 +184,7 @@ class Run:
             inner = self.model.inner if isinstance(self.model, lora_lib.Lora) else self.model  # a run's, rebuilt
             self.model = lora_lib.Lora(inner, self.lora)
             self.rules = lora_lib.RULES + tuple(self.rules)
+        self._check_loss_from(cfg.train.loss_from)
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
         updates_per_step = sgd.workers if sgd.sgd == "async" else 1
@@ -274,6 +275,23 @@ class Run:
         tasks.check(self.task, name, outputs, self.sample)
         tasks.check_labels(self.task, name, outputs, self.sample, self.dataset)
         return boxed
+
+    def _check_loss_from(self, loss_from: str) -> None:
+        """``train.loss_from=features`` needs a task that computes its loss from features and a model
+        that offers them."""
+        if loss_from != "features":
+            return
+        if self.task.from_features is None:
+            raise UserError(
+                f"train.loss_from=features: task {self.task.name!r} computes its loss from the model's outputs only; "
+                "use train.loss_from=auto (or a built-in cross-entropy task)"
+            )
+        if adapters.features_apply(self.model) is None:
+            methods = ", ".join(m + "()" for m in adapters.FEATURES_SEAM)
+            raise UserError(
+                f"train.loss_from=features: model {self.model.name} does not offer its final hidden states and output "
+                f"layer apart (a Flax Linen module with {methods} methods); use train.loss_from=auto or logits"
+            )
 
     def _make_step(self) -> Any:
         """The train step of ``parallel.sgd``: synchronous, asynchronous or local SGD."""

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxnet import tasks
+from jaxnet.models import adapters
 from jaxnet.tasks import Task, cross_entropy, hits  # noqa: F401  (re-exported)
 from jaxnet.train.state import TrainState
 
@@ -92,19 +93,24 @@ def reset_carry(model_state: dict, reset: jnp.ndarray) -> dict:
 def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
     """``grad_fn(params, model_state, batch, rng) -> ((loss, (model_state, metrics)), grads)``:
     the task's loss of ``batch`` in training mode, its metrics, and the gradient of the loss with
-    respect to ``params``."""
+    respect to ``params``.
+
+    A task with ``from_features`` on a model that offers its final hidden states and output layer
+    (:func:`jaxnet.models.adapters.features_apply`: the Transformer) computes them from those,
+    never holding the whole logits (the built-in cross-entropy tasks by default); any other pair,
+    from the model's outputs."""
+    features_apply = adapters.features_apply(model)
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
         t = task_of(task, batch)
-        outputs, new_model_state = model.apply(
-            {"params": params, **model_state},
-            *t.model_inputs(batch),
-            **t.model_keywords(batch),
-            train=True,
-            rngs={"dropout": rng},
-            mutable=list(model_state),
-        )
-        loss, metrics = t.train_values(outputs, batch)
+        variables = {"params": params, **model_state}
+        kwargs = dict(**t.model_keywords(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state))
+        if t.from_features is not None and features_apply is not None:
+            (features, head), new_model_state = features_apply(variables, *t.model_inputs(batch), **kwargs)
+            loss, metrics = t.from_features(features, head, batch)
+        else:
+            outputs, new_model_state = model.apply(variables, *t.model_inputs(batch), **kwargs)
+            loss, metrics = t.train_values(outputs, batch)
         return loss, (dict(new_model_state), metrics)
 
     return jax.value_and_grad(loss_fn, has_aux=True)

@@ -14,6 +14,9 @@ through unchanged; each other kind of model is one small adapter in this package
 * an Equinox module, called on one example (:mod:`~jaxnet.models.adapters.equinox`),
 * two pure functions, :class:`jaxnet.Model` (:mod:`~jaxnet.models.adapters.functions`).
 
+A Linen module may also offer its final hidden states and its output layer apart, for a loss that
+never holds the whole logits (:func:`features_apply`).
+
 >>> model = adapt(MLP())           # doctest: +SKIP
 >>> variables = model.init({"params": key, "dropout": key}, x[:1])  # doctest: +SKIP
 >>> model.apply(variables, x, train=False)                           # doctest: +SKIP
@@ -21,7 +24,9 @@ through unchanged; each other kind of model is one small adapter in this package
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from jaxnet.errors import UserError
@@ -75,4 +80,36 @@ def adapt(model: Any) -> Adapted:
     raise UserError(f"model is a {type(model).__name__}; pass {ACCEPTED}")
 
 
-__all__ = ["ACCEPTED", "Adapted", "Model", "adapt"]
+#: The methods a Linen module defines to offer its features and output layer apart.
+FEATURES_SEAM = ("features", "unembed", "head")
+
+
+def features_apply(model: Any) -> Callable[..., Any] | None:
+    """``apply(variables, *inputs, train, rngs=None, mutable=False) -> (features, head)`` of a model
+    that offers its final hidden states and its output layer apart, else None.
+
+    A Flax Linen module (bare or behind :func:`adapt`) offers them when its class defines the
+    methods ``features(*inputs, train=False, **keywords)`` (the final hidden states; ``keywords``
+    are the task's inputs by name, e.g. packed rows' ``segments``), ``unembed(features)``
+    (their logits) and ``head()`` (the output layer as a :class:`~jaxnet.models.common.Head`), as
+    the Transformer does; its outputs must be ``unembed(features(*inputs, **keywords))``. A loss then
+    computes the logits in pieces (:func:`jaxnet.blockwise.cross_entropy`)::
+
+        apply = features_apply(model)
+        features, head = apply(variables, tokens, train=False)
+    """
+    import flax.linen as nn
+
+    module = model.module if isinstance(model, Linen) else model
+    if not isinstance(module, nn.Module):
+        return None
+    if not all(callable(getattr(type(module), name, None)) for name in FEATURES_SEAM):
+        return None
+    return functools.partial(module.apply, method=_features_and_head)
+
+
+def _features_and_head(module: Any, *inputs: Any, train: bool = False, **keywords: Any) -> tuple[Any, Any]:
+    return module.features(*inputs, train=train, **keywords), module.head()
+
+
+__all__ = ["ACCEPTED", "FEATURES_SEAM", "Adapted", "Model", "adapt", "features_apply"]

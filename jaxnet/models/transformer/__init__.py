@@ -34,7 +34,7 @@ from typing import Any
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import ModelConfig, Unpacked, field, has_cudnn, register, register_migration
-from jaxnet.models.common import DTYPES, Projection
+from jaxnet.models.common import DTYPES, Projection, mask_unused_vocab
 from jaxnet.models.transformer.attention import (
     SelfAttention,
     attend,
@@ -43,7 +43,7 @@ from jaxnet.models.transformer.attention import (
     rotary,
     segment_mask,
 )
-from jaxnet.models.transformer.model import Block, TransformerLanguageModel, mask_unused_vocab, norm
+from jaxnet.models.transformer.model import Block, TransformerLanguageModel, norm
 from jaxnet.models.transformer.spec import PRESETS, TransformerSpec, preset
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models.common import Projection, lookup, normal
+from jaxnet.models.common import Head, Projection, lookup, normal
 from jaxnet.models.transformer.attention import SelfAttention, segment_mask
 from jaxnet.models.transformer.spec import TransformerSpec
 
@@ -65,16 +65,6 @@ def norm(spec: TransformerSpec, name: str) -> nn.Module:
         scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
     )
-
-
-def mask_unused_vocab(logits: jnp.ndarray, used: int) -> jnp.ndarray:
-    """``logits`` (..., vocab) with the ids at or above ``used`` (the padding of a vocabulary padded
-    to a round size) at the dtype's lowest number, so they are never predicted and their rows get
-    no gradient; ``logits`` itself when ``used`` is 0 or the whole vocabulary."""
-    vocab = logits.shape[-1]
-    if not 0 < used < vocab:
-        return logits
-    return jnp.where(jnp.arange(vocab) < used, logits, jnp.finfo(logits.dtype).min)
 
 
 class Block(nn.Module):
@@ -190,15 +180,20 @@ class TransformerLanguageModel(nn.Module):
             x = block(x, positions, train, decode, mask)
         return self.norm_out(x)
 
+    def head(self) -> Head:
+        """The output layer as arrays (:class:`~jaxnet.models.common.Head`): the token embedding,
+        transposed, or the ``output`` projection's kernel, with the unused ids past ``vocab_used``;
+        what a loss that computes the logits in pieces multiplies by."""
+        s = self.spec
+        if s.tie_embeddings:
+            return Head(self.embed.embedding, transposed=True, used=s.vocab_used, dtype=s.dtype)
+        kernel, bias = self.output.weights((s.width,))
+        return Head(kernel, bias, used=s.vocab_used, dtype=s.dtype)
+
     def unembed(self, features: jnp.ndarray) -> jnp.ndarray:
         """Logits (..., vocab), float32 (or the compute dtype if wider), of final hidden states
-        (..., width): the transposed token embedding, or the ``output`` projection when untied,
-        with the unused ids masked (:func:`mask_unused_vocab`)."""
-        s = self.spec
-        logits = self.embed.attend(features) if s.tie_embeddings else self.output(features)
-        logits = nn.with_logical_constraint(logits, ("batch", None, "vocab"))
-        logits = logits.astype(jnp.promote_types(s.dtype, jnp.float32))
-        return mask_unused_vocab(logits, s.vocab_used)
+        (..., width): :meth:`head`'s logits, the unused ids masked (:func:`mask_unused_vocab`)."""
+        return nn.with_logical_constraint(self.head().logits(features), ("batch", None, "vocab"))
 
     def __call__(
         self,

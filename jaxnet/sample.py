@@ -415,7 +415,7 @@ def sample(
     stops = codec.end_ids if codec.kind == "hf" else ()
     kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)
     if template is not None:
-        run = lambda start, stop_ids: generate(model, state.params, start, tokens, **{**kw, "stop_ids": stop_ids})
+        run = lambda start, stop_ids: generate(model, params, start, tokens, **{**kw, "stop_ids": stop_ids})
         return _chat(template, codec, chat, system, tokens, run)
     if ids is not None:
         start = np.asarray(ids, np.int32)

@@ -1,6 +1,6 @@
 """Record chat_shakespeare end to end on this machine, offline, and save the results file.
 
-    python scripts/record_chat_shakespeare.py [--pretrain-steps 120] [--steps 100] [--keep DIR]
+    python scripts/record_chat_shakespeare.py [--pretrain-steps 120] [--steps 100] [--lora-rank 8] [--keep DIR]
 
 Runs, each as the ``jaxnet`` command a user types, in a scratch directory (or ``--keep DIR``):
 
@@ -12,8 +12,9 @@ Runs, each as the ``jaxnet`` command a user types, in a scratch directory (or ``
    of the plays, into the experiment's default corpus;
 4. ``jaxnet eval --workdir hf:CKPT`` on the validation and test conversations: the loss over the
    assistant's tokens before fine-tuning;
-5. ``jaxnet train chat_shakespeare train.init_from=hf:CKPT``: the fine-tune;
-6. ``jaxnet sample --chat`` (greedy) of the checkpoint and of the fine-tune, on the first user
+5. ``jaxnet train chat_shakespeare train.init_from=hf:CKPT``: the fine-tune of every weight, and
+   the same with ``train.lora_rank=R`` (adapters alone, at ``--lora-lr``; ``--lora-rank 0`` skips it);
+6. ``jaxnet sample --chat`` (greedy) of the checkpoint and of the fine-tunes, on the first user
    turns of the test play.
 
 Writes ``docs/results/chat_shakespeare-<platform>-<date>.json``: every command, its wall time,
@@ -44,6 +45,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pretrain-steps", type=int, default=120, help="llama_shakespeare's train.steps (600)")
     parser.add_argument("--steps", type=int, default=100, help="chat_shakespeare's train.steps")
+    parser.add_argument("--lora-rank", type=int, default=8, help="the LoRA fine-tune's train.lora_rank (0: none)")
+    parser.add_argument("--lora-lr", type=float, default=3e-3, help="the LoRA fine-tune's optim.lr")
     parser.add_argument("--keep", type=Path, default=None, help="work in DIR (new) and leave everything there")
     args = parser.parse_args(argv)
     if args.keep is not None and args.keep.exists():
@@ -101,6 +104,17 @@ def main(argv: list[str]) -> int:
         for entry in replies:
             said = run("jaxnet", "sample", "--workdir", "runs/chat_shakespeare", "--chat", entry["user"], *greedy)
             entry["after fine-tuning"] = said.rstrip("\n")
+        lora = None
+        if args.lora_rank:
+            run("jaxnet", "train", "chat_shakespeare", "train.init_from=hf:checkpoints/llama-shakespeare",
+                f"train.lora_rank={args.lora_rank}", f"train.lora_alpha={2 * args.lora_rank}",
+                f"optim.lr={args.lora_lr}", f"train.steps={args.steps}", "train.eval_tokens=1000000",
+                "train.progress=false", "--workdir", "runs/chat_shakespeare_lora")  # fmt: skip
+            lora = json.loads((work / "runs/chat_shakespeare_lora/summary.json").read_text())
+            for entry in replies:
+                said = run("jaxnet", "sample", "--workdir", "runs/chat_shakespeare_lora", "--chat", entry["user"],
+                           *greedy)  # fmt: skip
+                entry["after LoRA fine-tuning"] = said.rstrip("\n")
         manifest = json.loads((work / "corpora/chat-shakespeare-llama-shakespeare/corpus.json").read_text())
     finally:
         if args.keep is None:
@@ -139,6 +153,22 @@ def main(argv: list[str]) -> int:
             "test_loss": chat["test"]["loss"],
             "compile_time_s": chat["compile_time_s"],
             "tokens_per_s": chat.get("tokens_per_s"),
+        },
+        "lora_fine_tuning": None
+        if lora is None
+        else {
+            "experiment": "chat_shakespeare",
+            "overrides": [
+                f"train.lora_rank={args.lora_rank}",
+                f"train.lora_alpha={2 * args.lora_rank}",
+                f"optim.lr={args.lora_lr}",
+            ],  # fmt: skip
+            "trained_parameters": lora["param_count"],
+            "steps": lora["step"],
+            "val_loss": lora["val"]["loss"],
+            "test_loss": lora["test"]["loss"],
+            "compile_time_s": lora["compile_time_s"],
+            "tokens_per_s": lora.get("tokens_per_s"),
         },
         "replies": replies,
     }

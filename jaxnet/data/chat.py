@@ -36,7 +36,6 @@ split the trained tokens and the conversations without any. Training reads it wi
 
 from __future__ import annotations
 
-import collections
 import gzip
 import hashlib
 import json
@@ -45,7 +44,6 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +52,7 @@ import numpy as np
 from jaxnet import tokenizers
 from jaxnet.data import packing as packing_lib
 from jaxnet.data import shards as shards_lib
-from jaxnet.data.prepare import FORMAT, SPLIT_SEED, SPLITS, read_manifest, write_json
+from jaxnet.data.prepare import FORMAT, SPLIT_SEED, SPLITS, in_order, read_manifest, write_json
 from jaxnet.errors import UserError
 from jaxnet.tokenizers import chat as chat_lib
 
@@ -509,25 +507,10 @@ def _lengths(out: Path, split: dict[str, Any]) -> np.ndarray:
 
 def _in_order(pool: Any, tok: Any, template: Any, tasks: Iterator[list], dtype: np.dtype, ahead: int) -> Iterator:
     """``(task, (ids, mask, lengths))`` for each task in order, at most ``ahead`` at once in workers."""
-    convs = lambda task: [(where, messages) for _, _, where, messages in task]
-    if pool is None:
-        for task in tasks:
-            yield task, encode(tok, template, convs(task), dtype)
-        return
-    queue: collections.deque = collections.deque()
-    try:
-        for task in tasks:
-            queue.append((task, pool.submit(worker_encode, convs(task), dtype)))
-            if len(queue) >= ahead:
-                task, future = queue.popleft()
-                yield task, future.result()
-        while queue:
-            task, future = queue.popleft()
-            yield task, future.result()
-    except BrokenProcessPool:
-        raise UserError(
-            "a jaxnet prepare worker process died (out of memory, or killed); run the same command again to continue"
-        ) from None
+    convs = lambda task: ([(where, messages) for _, _, where, messages in task], dtype)  # noqa: E731
+    here = lambda conversations, dtype: encode(tok, template, conversations, dtype)  # noqa: E731
+    died = "a jaxnet prepare worker process died (out of memory, or killed); run the same command again to continue"
+    yield from in_order(pool, tasks, convs, here, worker_encode, ahead, died)
 
 
 def _progress_bar(enabled: bool) -> Any:

@@ -335,14 +335,36 @@ def _in_order(
     """``(task, (its documents' ids one after another, each one's length))`` for each task, in
     order, at most ``ahead`` tasks encoding at once (so the source is read only that far ahead of
     the shards)."""
+    texts = lambda task: ([t for _, _, t in task], dtype)  # noqa: E731
+    died = (
+        "a jaxnet prepare worker process died (out of memory, or killed); run the same command again to continue, "
+        "with fewer --workers if memory ran out (a script that calls prepare with workers needs an "
+        "`if __name__ == '__main__':` guard: the workers are spawned)"
+    )
+    yield from in_order(pool, tasks, texts, encoder.encode_documents, tokenizer_base.worker_encode, ahead, died)
+
+
+def in_order(
+    pool: ProcessPoolExecutor | None,
+    tasks: Iterator[Any],
+    arguments: Any,
+    here: Any,
+    there: Any,
+    ahead: int,
+    died: str,
+) -> Iterator[tuple[Any, Any]]:
+    """``(task, result)`` for each of ``tasks`` in order: ``here(*arguments(task))`` in this process
+    without a ``pool``, else ``there(*arguments(task))`` in its workers, at most ``ahead`` at once
+    (so a source is read only that far ahead of what is written); a worker that dies is the one
+    line ``died``."""
     if pool is None:
         for task in tasks:
-            yield task, encoder.encode_documents([t for _, _, t in task], dtype)
+            yield task, here(*arguments(task))
         return
     queue: collections.deque = collections.deque()
     try:
         for task in tasks:
-            queue.append((task, pool.submit(tokenizer_base.worker_encode, [t for _, _, t in task], dtype)))
+            queue.append((task, pool.submit(there, *arguments(task))))
             if len(queue) >= ahead:
                 task, future = queue.popleft()
                 yield task, future.result()
@@ -350,11 +372,7 @@ def _in_order(
             task, future = queue.popleft()
             yield task, future.result()
     except BrokenProcessPool:
-        raise UserError(
-            "a jaxnet prepare worker process died (out of memory, or killed); run the same command again to continue, "
-            "with fewer --workers if memory ran out (a script that calls prepare with workers needs an "
-            "`if __name__ == '__main__':` guard: the workers are spawned)"
-        ) from None
+        raise UserError(died) from None
 
 
 def _progress_bar(enabled: bool) -> Any:

@@ -138,7 +138,22 @@ def write(
 
         write("out/gpt2", config, [("wte.weight", wte), ...], max_shard_bytes=2 * 10**9)
     """
-    directory = Path(directory)
+
+    def fill(tmp: Path) -> None:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        _write_shards(tmp, tensors, max_shard_bytes)
+        for name, content in (extra or {}).items():
+            if isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                shutil.copyfile(content, tmp / name)
+
+    return _write_whole(Path(directory), fill)
+
+
+def _write_whole(directory: Path, fill: Any) -> Path:
+    """``directory`` (absent or empty; else one line) written whole or not at all: ``fill(tmp)``
+    writes the files into a temporary directory beside it, which then takes its name."""
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         what = "is a file" if not directory.is_dir() else "is not empty"
         raise UserError(f"--out {directory} {what}; give a new or empty directory")
@@ -147,13 +162,7 @@ def write(
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     try:
         tmp.mkdir()
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        _write_shards(tmp, tensors, max_shard_bytes)
-        for name, content in (extra or {}).items():
-            if isinstance(content, bytes):
-                (tmp / name).write_bytes(content)
-            else:
-                shutil.copyfile(content, tmp / name)
+        fill(tmp)
         os.replace(tmp, directory)  # an empty directory there is replaced
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -172,25 +181,11 @@ def write_adapters(directory: str | os.PathLike, config: dict[str, Any], tensors
     """
     from safetensors.numpy import save_file
 
-    directory = Path(directory)
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        what = "is a file" if not directory.is_dir() else "is not empty"
-        raise UserError(f"--out {directory} {what}; give a new or empty directory")
-    if not directory.parent.is_dir():
-        raise UserError(f"--out {directory}: directory {directory.parent} does not exist")
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    try:
-        tmp.mkdir()
+    def fill(tmp: Path) -> None:
         (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
-        os.replace(tmp, directory)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write {directory}: {e.strerror or e}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
+
+    return _write_whole(Path(directory), fill)
 
 
 def _write_shards(directory: Path, tensors: Iterable[tuple[str, np.ndarray]], limit: int) -> list[str]:

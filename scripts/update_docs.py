@@ -484,6 +484,7 @@ def largest(r: dict) -> str:
 
 BOUNDS = ("compute", "memory", "launch", "communication")
 PUB = "plan-published-"
+MEASURED = "plan-vs-measured-"  # a GPU's measurements against the plans (render_plan_vs_measured)
 
 
 def input_rate(record: dict) -> str:
@@ -501,7 +502,11 @@ def render_plan() -> str:
     device memory and verdict from the compiled program, FLOPs from XLA's cost analysis, the
     kernels launched per step, and the step time (the largest of the compute, memory and launch
     bounds, which one named), MFU and input rate per host as the PREDICTIONS they are."""
-    files = [f for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json")) if not f.name.startswith(PUB)]
+    files = [
+        f
+        for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json"))
+        if not f.name.startswith((PUB, MEASURED))
+    ]
     if not files:
         return "No plan records yet: `python scripts/record_plans.py` writes them."
     rows = [json.loads(f.read_text()) | {"_file": f"benchmarks/results/{f.name}"} for f in files]
@@ -724,7 +729,11 @@ def render_open_models_result() -> str:
 
 def render_llama_plan() -> str:
     """llama3_8b's plans on 8 H100s (with and without model.remat) beside gpt2_small's on the same node."""
-    files = [f for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json")) if not f.name.startswith(PUB)]
+    files = [
+        f
+        for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json"))
+        if not f.name.startswith((PUB, MEASURED))
+    ]
     rows = []
     for f in files:
         r = json.loads(f.read_text())
@@ -903,6 +912,59 @@ def render_blockwise() -> str:
     return "\n".join(body).rstrip() or "Not recorded yet: `python scripts/measure_blockwise.py` writes the plans."
 
 
+def render_plan_vs_measured() -> str:
+    """jaxnet plan's predictions against a GPU's measurements of the same configs (the newest
+    benchmarks/results/plan-vs-measured-*.json made on a GPU, written by scripts/gpu_check.sh
+    --only plan) and that GPU check's tests and smokes (gpu-check-*.json)."""
+    results = ROOT / "benchmarks" / "results"
+    files = [f for f in sorted(results.glob("plan-vs-measured-*.json")) if "DRY" not in f.read_text()]
+    if not files:
+        return "Not measured on a GPU yet: `bash scripts/gpu_check.sh --only plan` on one writes it."
+    r = json.loads(files[-1].read_text())
+    lines = [
+        "| experiment (batch) | compiled memory: planned → measured | peak in use | bound (planned) "
+        "| expected step | **measured step** | measured / expected | MFU measured |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    made_with = set()
+    for name, row in r["configs"].items():
+        if "measured" not in row or "predicted" not in row:
+            lines.append(f"| {name} | not compared: {row.get('error') or row.get('no_prediction')} | | | | | | |")
+            continue
+        m, p, ratio = row["measured"], row["predicted"], row["ratio_measured_to_predicted"]
+        made_with.add(", ".join(f"{k} {v}" for k, v in p.get("made_with", {}).items()))
+        lines.append(
+            f"| {name} ({m['batch_size']}) | {p['memory_total'] / 2**30:.2f} → "
+            f"{m['memory_analysis']['total'] / 2**30:.2f} GiB (x{ratio['memory_analysis_total']}) "
+            f"| {m['peak_bytes_in_use'] / 2**30:.2f} GiB | {p['bound']}, {_ms(p['step_s'])} "
+            f"| {_ms(p['expected_step_s'])} | **{_ms(m['median_step_s'])}** | x{ratio['median_step_s_to_expected']} "
+            f"| {100 * p['compute_s'] / m['median_step_s']:.1f} % |"
+        )
+    facts = r.get("facts") or {}
+    gpu = (facts.get("gpus") or [r["device_kind"]])[0].split(",")
+    versions = ", ".join(f"{k} {facts[k]}" for k in ("jax", "jax-cuda13-plugin", "flax") if k in facts)
+    lines += [
+        "",
+        f"Measured on one {gpu[0]} (driver {gpu[1].strip() if len(gpu) > 1 else '?'}; {versions}; {r['date']}): "
+        f"the median of {r['steps_timed']} calls of the runner's jitted train step on one device-resident batch; "
+        f"memory from the compiled program and the device's peak bytes in use; MFU is the plan's compute bound "
+        f"(XLA's FLOPs at the data-sheet bf16 peak) over the measured step. Planned on a CPU without a GPU "
+        f"({'; '.join(sorted(made_with))}), the committed plan records. `{r['command']}` "
+        f"([{files[-1].name}](benchmarks/results/{files[-1].name})).",
+    ]
+    checks = sorted(results.glob("gpu-check-*.json"))
+    if checks:
+        c = json.loads(checks[-1].read_text())
+        lines += [
+            "",
+            f"The same GPU check's tests: {c['tests']['note']}; smokes (every experiment's smoke variant, "
+            f"checked to resolve to bf16 with cuDNN attention and LSTM): {c['smokes']['note']}; "
+            f"bench: {c['bench']['note'] or c['bench']['status']} "
+            f"([{checks[-1].name}](benchmarks/results/{checks[-1].name})).",
+        ]
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "headline": headline,
     "results": render,
@@ -919,6 +981,7 @@ BLOCKS = {
     "llama-plan": render_llama_plan,
     "lora-plan": render_lora_plan,
     "blockwise": render_blockwise,
+    "plan-vs-measured": render_plan_vs_measured,
 }
 
 

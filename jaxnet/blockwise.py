@@ -109,6 +109,7 @@ class _Plan:
     smoothing: bool
     z_loss: bool
     gather_label: bool
+    reuse_exp: bool
 
 
 def _mesh_sizes(name: str) -> int:
@@ -174,6 +175,10 @@ def _plan(rows: int, length: int, head: Head, block: int, smoothing: bool, z_los
         z_loss=z_loss,
         # The label's logit by a gather on a CPU (a second reduction costs it 5 % more time there)
         gather_label=platform == "cpu",
+        # The softmax's exponentials kept for its gradient on a CPU, where computing them twice over
+        # the block cost its step 13 % (gpt2_shakespeare, scripts/compare_commits.py); a GPU makes
+        # them again for free inside the gradient's fusion rather than write and read them
+        reuse_exp=platform == "cpu",
     )
 
 
@@ -240,7 +245,9 @@ def _blocks(
         logits = nn.with_logical_constraint(logits, ("batch", None, None, "vocab"))
         logits = mask_unused_vocab(logits, used)
         top = jnp.max(logits, axis=-1)
-        lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+        shifted = jnp.exp(logits - top[..., None])
+        total = jnp.sum(shifted, axis=-1)
+        lse = top + jnp.log(total)
         is_label = ids == y_b[..., None]
         if plan.gather_label:
             label_logit = jnp.take_along_axis(logits, y_b[..., None], axis=-1)[..., 0]
@@ -258,7 +265,10 @@ def _blocks(
         if not grads:
             return sums, None
         dkernel, dbias = carry[2:]
-        probs = jnp.exp(logits - lse[..., None])
+        if plan.reuse_exp:  # the exponentials the log-sum-exp made, scaled: no second exp over the block
+            probs = shifted * (1.0 / total)[..., None]
+        else:  # made again inside the gradient's fusion: no block-sized buffer of them between the two
+            probs = jnp.exp(logits - lse[..., None])
         if plan.z_loss:
             probs = probs * (1.0 + 2.0 * z * lse)[..., None]
         if plan.smoothing:

@@ -82,8 +82,12 @@ CASES = {  # tied, bias, used, smoothing, z_loss, mask, block (tokens; ROWS x LE
 }
 
 
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
 @pytest.mark.parametrize("case", CASES)
-def test_loss_gradients_and_hits_equal_the_whole_logits(case):
+def test_loss_gradients_and_hits_equal_the_whole_logits(case, platform, monkeypatch):
+    """Both ways a block is built: a CPU's (the label's logit gathered, the softmax's exponentials
+    kept for the gradient) and a GPU's (a second reduction, the exponentials made again)."""
+    monkeypatch.setattr(blockwise, "_platform", lambda: platform)
     tied, bias, used, smoothing, z_loss, mask, block = CASES[case]
     h, kernel, b, labels = draw(tied, bias)
     rng = np.random.default_rng(1)

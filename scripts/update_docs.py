@@ -879,7 +879,8 @@ def render_blockwise() -> str:
             "",
             f"{len(r['rounds']['before'])} rounds in alternation, fresh processes, {cpu['device']} "
             f"({cpu['cpu_model']}), jax {cpu['versions']['jax']}, {cpu['date']}, load average (1 min) "
-            f"{min(loads):.1f} to {max(loads):.1f} (others' work on a shared machine): `{cpu['command']}` "
+            f"{min(loads):.1f} to {max(loads):.1f} (others' work on a shared machine): `{cpu['command']}`, before "
+            f"{cpu['commits']['before'][:7]}, after {cpu['commits']['after'][:7]} "
             f"([{cpu['_file']}]({cpu['_file']})). The warm-up steps' losses on the same batches differ by at most "
             f"{diff:.1e} ({len(losses['before'])} steps).",
             "",

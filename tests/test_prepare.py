@@ -96,6 +96,40 @@ def test_prepare_with_two_workers_writes_the_same_bytes(tmp_path, monkeypatch, t
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
 
 
+def test_in_order_has_this_process_encode_while_the_pools_workers_are_full():
+    """The parent encodes a task whenever the pool's workers hold two each, the results come back in
+    the tasks' order whoever made them, and the source is read at most ``ahead`` tasks ahead."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    read, yielded, makers, gate = [], [], [], threading.Event()
+
+    def tasks():
+        for i in range(12):
+            assert len(read) - len(yielded) <= 4, "read more than ahead tasks ahead of what was yielded"
+            read.append(i)
+            yield i
+
+    def there(i):
+        gate.wait(5)  # the first worker tasks stay in hand until the parent has done one itself
+        time.sleep(0.005)
+        return ("there", i)
+
+    def here(i):
+        gate.set()
+        return ("here", i)
+
+    with ThreadPoolExecutor(1) as pool:
+        for task, result in prep.in_order(pool, tasks(), lambda i: (i,), here, there, 4, "died"):
+            yielded.append(task)
+            makers.append(result[0])
+            assert result[1] == task
+    assert yielded == read == list(range(12))
+    assert makers[:3] == ["there", "there", "here"]  # two in the worker's hand, the third done here
+    assert makers.count("there") >= 2 and makers.count("here") >= 1
+
+
 @pytest.mark.parametrize("where", ["in a shard's write", "after a shard, before the progress file"])
 def test_a_killed_prepare_continues_to_the_same_shards_and_leaves_no_half_shard_whole(tmp_path, monkeypatch, where):
     src = corpus_dir(tmp_path)
@@ -108,9 +142,11 @@ def test_a_killed_prepare_continues_to_the_same_shards_and_leaves_no_half_shard_
     def dying_write(path, write):
         calls["n"] += str(path).endswith(".bin")  # shards only
         if calls["n"] == 4 and where == "in a shard's write":  # dies with the file half written
+
             def half(f):
                 f.write(b"\0" * 1024 + b"\1" * 7)
                 raise KeyboardInterrupt
+
             return real_write(path, half)
         return real_write(path, write)
 
@@ -372,7 +408,7 @@ sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from jaxnet.data import prepare
 from jaxnet.errors import UserError
 try:
-    prepare.prepare({str(tmp_path / 'src')!r}, "byte", {str(tmp_path / 'out')!r}, workers=2, progress=False,
+    prepare.prepare({str(tmp_path / "src")!r}, "byte", {str(tmp_path / "out")!r}, workers=2, progress=False,
                     val_fraction=0.1, test_fraction=0.1)
 except UserError as e:
     print("ERROR", e)

@@ -395,14 +395,14 @@ def prepare_chat(
     pool = None
     if workers > 1:
         ctx = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(
-            workers,
+        pool = ProcessPoolExecutor(  # this process renders and tokenizes too (prepare.in_order)
+            workers - 1,
             mp_context=ctx,
             initializer=worker_init,
             initargs=(tok, template.source, template.variables, template.origin),
         )
     try:
-        for batch, (ids, mask, lengths) in _in_order(pool, tok, template, tasks(), dtype, 2 * max(1, workers)):
+        for batch, (ids, mask, lengths) in _in_order(pool, tok, template, tasks(), dtype, 4 * max(1, workers)):
             ends = np.cumsum(lengths.astype(np.int64))
             first = 0
             for last in range(1, len(batch) + 1):  # each run of one split's conversations

@@ -847,6 +847,7 @@ def input_rate(
     per_s = 1 / step_s if step_s else None
     return {
         "hosts": hosts,
+        "gpus_per_host": -(-gpus // hosts),
         "tokens_per_example": per_example,
         "tokens_per_step": rows * per_example if per_example else None,
         "examples_per_s_per_host": rows / hosts * per_s if per_s else None,
@@ -1609,7 +1610,9 @@ def _input_line(report: dict[str, Any]) -> str:
         _per_s(r["tokens_per_s_per_host"], "tokens"),
         None if r["bytes_per_s_per_host"] is None else f"{r['bytes_per_s_per_host'] / 1e6:,.1f} MB/s",
     ]
-    line = f"  input per host ({r['hosts']} host{'s' if r['hosts'] > 1 else ''}, 8 GPUs each at most): PREDICTED "
+    each = r.get("gpus_per_host")  # absent from plans recorded before it was
+    gpus = "8 GPUs each at most" if each is None else f"{each} GPU{'s' if each > 1 else ''} each"
+    line = f"  input per host ({r['hosts']} host{'s' if r['hosts'] > 1 else ''}, {gpus}): PREDICTED "
     line += ", ".join(x for x in rates if x)
     if "calibrated" in r:
         c = r["calibrated"]

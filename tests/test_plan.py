@@ -766,3 +766,17 @@ def test_a_real_plan_warns_of_many_epochs_and_launches():
     assert [w["kind"] for w in plan_of("transformer_shakespeare:smoke")["warnings"]] == ["launch_bound"]
     text = planner.describe({**p, "warnings": warned})
     assert sum(line.startswith("  WARNING: ") for line in text.splitlines()) == 2
+
+
+def test_the_input_line_names_the_gpus_each_host_has():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    run = SimpleNamespace(text=True, cfg=SimpleNamespace(data=SimpleNamespace(seq_len=128)))
+    batch = {"inputs": np.zeros((2, 128), np.int32)}
+    for gpus, want in ((1, "(1 host, 1 GPU each)"), (8, "(1 host, 8 GPUs each)"), (16, "(2 hosts, 8 GPUs each)")):
+        rate = planner.input_rate(run, batch, rows=64, gpus=gpus, step_s=0.1)
+        line = planner._input_line({"input_rate": rate})
+        assert want in line, line
+        assert f"{64 / rate['hosts'] / 0.1:,.0f} examples/s" in line

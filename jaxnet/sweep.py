@@ -516,7 +516,7 @@ def train_population(
             config_lib.save(c, d / "config.json", run={**environment, **({"optimizer": custom} if custom else {})})
             observe.write_json(d / run_record.INPUTS, run_record.inputs(pop.run))  # what jaxnet.load needs to predict
             if pop.text:
-                observe.write_json(d / "vocab.json", {"tokenizer": pop.dataset.tokenizer, "vocab": pop.dataset.vocab})
+                observe.write_json(d / run_record.VOCAB, run_record.vocab(pop.dataset))  # a chat corpus's template too
         for d, c in zip(dirs, pop.cfgs, strict=True):
             trackers.append(trackers_lib.build(c, d, start, store=d.parent, parent=parent))
             logs.append(observe.MetricsLog(d, resume_step=start, final=start == train_cfg.steps, trackers=trackers[-1]))

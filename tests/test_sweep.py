@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -18,6 +19,7 @@ from jaxnet.checkpoint import Checkpoints
 from jaxnet.data.text import from_text
 from jaxnet.errors import UserError
 from jaxnet.sweep import expand, parse, programs
+from jaxnet.train import record as run_record
 from jaxnet.train.loop import Run, train
 
 TIMINGS = ("steps_per_s", "examples_per_s", "tokens_per_s")
@@ -126,6 +128,16 @@ def test_language_model_members_with_dropout_train_like_alone(tmp_path):
     members = {m["name"]: m for m in record["members"]}
     assert_like_alone(members["optim.lr=3e-3-seed=5"], text, tmp_path / "alone")
     assert record["metric"] == "bpc" and record["configs"][0]["val_n"] == 2
+    for member in record["members"]:  # what a run alone writes, so sample and export read a member alike
+        assert json.loads((Path(member["workdir"]) / "vocab.json").read_text()) == run_record.vocab(text)
+
+
+def test_a_runs_vocab_json_keeps_a_chat_corpus_template():
+    """Runs and sweep members write vocab.json with the one function: a chat corpus's template kept."""
+    chat = SimpleNamespace(tokenizer="hf:/ckpt", vocab=["a", "b"], chat_template="{{ messages }}")
+    assert run_record.vocab(chat) == {"tokenizer": "hf:/ckpt", "chat_template": "{{ messages }}", "vocab": ["a", "b"]}
+    plain = SimpleNamespace(tokenizer="char", vocab=["a"])
+    assert run_record.vocab(plain) == {"tokenizer": "char", "vocab": ["a"]}
 
 
 def test_keys_that_change_the_program_split_the_grid():

@@ -725,9 +725,7 @@ def _train(
         config_lib.save(cfg, workdir / "config.json", run=environment)
         observe.write_json(workdir / record.INPUTS, record.inputs(run))
         if run.text:
-            template = {"chat_template": t} if (t := getattr(run.dataset, "chat_template", None)) else {}
-            vocab = {"tokenizer": run.dataset.tokenizer, **template, "vocab": run.dataset.vocab}
-            observe.write_json(workdir / "vocab.json", vocab)  # chat_template: the chat corpus's (sample --chat)
+            observe.write_json(workdir / record.VOCAB, record.vocab(run.dataset))
     else:
         log = observe.Quiet()
 

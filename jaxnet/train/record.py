@@ -71,6 +71,22 @@ def inputs(run: Any) -> dict[str, Any]:
     return record
 
 
+VOCAB = "vocab.json"
+"""The file of a language model's run directory that turns its ids back into text (and text into them)."""
+
+
+def vocab(dataset: Any) -> dict[str, Any]:
+    """The ``vocab.json`` record of a text dataset: its tokenizer, its vocabulary and, for a chat
+    corpus, the chat template it was rendered with (what ``jaxnet sample --chat`` renders prompts by).
+
+    >>> ids = np.zeros(4, np.int32)
+    >>> vocab(text_lib.TextDataset(ids, ids, ids, ["a", "b"], "char"))
+    {'tokenizer': 'char', 'vocab': ['a', 'b']}
+    """
+    template = {"chat_template": t} if (t := getattr(dataset, "chat_template", None)) else {}
+    return {"tokenizer": dataset.tokenizer, **template, "vocab": dataset.vocab}
+
+
 def read_inputs(workdir: Path) -> dict[str, Any]:
     """A run's ``inputs.json``, checked; a one-line :class:`UserError` if it is missing or malformed."""
     path = Path(workdir) / INPUTS

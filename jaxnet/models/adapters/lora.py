@@ -128,14 +128,14 @@ def adapter_paths(adapters: Any) -> list[str]:
     return sorted({n.rpartition("/")[0] for n in names})
 
 
-def merge(base: Any, adapters: Any, scale: float) -> dict:
-    """``base`` (nested parameters) with each adapted kernel replaced by ``W + scale * A B`` in
-    float32 (a copy; ``base`` is left as it is)::
+def merge(base: Any, adapters: Any, scale: float, paths: list[str] | None = None) -> dict:
+    """``base`` (nested parameters) with each adapted kernel (or those at ``paths``) replaced by
+    ``W + scale * A B`` in float32 (a copy; ``base`` is left as it is)::
 
         params = merge(base, state.params, Settings(rank=8, alpha=16).scale)
     """
     merged = _copy(nn.unbox(base))
-    for path in adapter_paths(adapters):
+    for path in adapter_paths(adapters) if paths is None else paths:
         kernel, pair = _get(merged, path), _get(adapters, path)
         delta = jnp.tensordot(jnp.asarray(pair["a"], jnp.float32), jnp.asarray(pair["b"], jnp.float32), axes=1)
         _set(merged, path, jnp.asarray(kernel, jnp.float32) + scale * delta)
@@ -214,14 +214,9 @@ class Lora:
         adapters, base = variables.pop("params"), variables.pop(BASE)
         if not self.found:  # a model applied without init: every adapted kernel merged
             self.found = dict.fromkeys(adapter_paths(adapters), False)
-        params, lora = base, {}
-        merged = [p for p, inside in self.found.items() if not inside]
-        if merged:
-            params = _copy(base)
-            for path in merged:
-                pair = _get(adapters, path)
-                delta = jnp.tensordot(pair["a"], pair["b"], axes=1)
-                _set(params, path, _get(base, path).astype(jnp.float32) + self.settings.scale * delta)
+        lora: dict = {}
+        merged = [p for p, inside in self.found.items() if not inside]  # kernels outside a Projection
+        params = merge(base, adapters, self.settings.scale, merged) if merged else base
         for path, inside in self.found.items():
             if inside:
                 _set(lora, path, _get(adapters, path))

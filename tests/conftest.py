@@ -19,6 +19,26 @@ if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 
+def fails(argv: list[str], capsys) -> str:
+    """Run ``jaxnet ARGV``; it must exit 2 with one ``jaxnet: error:`` line on stderr, which is returned."""
+    from jaxnet import cli
+
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jaxnet: error: ") and "\n" not in err, err
+    return err
+
+
+def said(argv: list[str], capsys) -> str:
+    """Run ``jaxnet ARGV``; it must exit 0, and what it printed on stdout is returned."""
+    from jaxnet import cli
+
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    return capsys.readouterr().out
+
+
 def cpu_env(devices: int = 1) -> dict[str, str]:
     """The environment of a subprocess on ``devices`` simulated CPU devices (with the tests' XLA flags)."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}

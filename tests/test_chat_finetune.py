@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from chat_corpora import CHATML, checkpoint, conversations, write_jsonl
+from conftest import fails, said
 from test_prepare_chat import stored
 
-from jaxnet import cli, tokenizers
+from jaxnet import tokenizers
 from jaxnet.errors import UserError
 from jaxnet.sample import chat_prompt, chat_template_of, end_of_turn
 from jaxnet.tokenizers import chat as chat_lib
@@ -37,18 +38,6 @@ LLAMA3ISH = (
 STRINGS = ["Hello world", " ROMEO: Wherefore art thou?\n\n  Grüße aus München, 東京 <|endoftext|> I'm  don't\tx"]
 
 
-def fails(argv: list[str], capsys) -> str:
-    capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("jaxnet: error: ") and "\n" not in err, err
-    return err
-
-
-def said(argv: list[str], capsys) -> str:
-    capsys.readouterr()
-    assert cli.main(argv) == 0
-    return capsys.readouterr().out
 
 
 def test_the_end_of_turn_is_what_a_template_writes_after_a_reply(tmp_path):

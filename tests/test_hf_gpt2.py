@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fails
 from safetensors.numpy import load_file, save_file
 
 import jaxnet
@@ -259,14 +260,6 @@ def write_gpt2(directory: Path, **overrides) -> Path:
     save_file(tensors, str(directory / "model.safetensors"))
     return directory
 
-
-def fails(argv: list[str], capsys) -> str:
-    """Run the command; it must exit 2 with one line on stderr, which is returned."""
-    capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("jaxnet: error: ") and "\n" not in err, err
-    return err
 
 
 def train_argv(tmp_path: Path, source: Path, *extra: str) -> list[str]:

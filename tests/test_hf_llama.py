@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import fails
 from safetensors.numpy import load_file, save_file
 
 import jaxnet
@@ -355,13 +356,6 @@ def broken(checkpoints, tmp_path: Path, name: str, config: dict | None = None, d
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory
 
-
-def fails(argv: list[str], capsys) -> str:
-    capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("jaxnet: error: ") and "\n" not in err, err
-    return err
 
 
 CASES = {

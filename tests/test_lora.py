@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import fails
 from test_hf_llama import ATOL, RTOL, learned_tokenizer, reference_logits, save, tokens_for
 
 import jaxnet
@@ -170,13 +171,6 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
     with pytest.raises(jaxnet.UserError, match="weights have changed since"):
         jaxnet.load(whole)
 
-
-def fails(argv: list[str], capsys) -> str:
-    capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("jaxnet: error: ") and "\n" not in err, err
-    return err
 
 
 def test_bad_lora_input_is_one_line_exit_2(tmp_path, capsys):

@@ -395,16 +395,15 @@ def sample(
     if not (workdir / "checkpoints").exists():  # a file there is named by Checkpoints below
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
     model = models.build(cfg.model, len(vocab), cfg.data.seq_len)
-    tx, _ = optim.build(cfg.optim, cfg.train.steps)
-    sample_input = jnp.zeros((cfg.train.batch_size, 1), jnp.int32)  # as the runner creates it
-    target = abstract_state(
-        lambda: state_lib.create(model, tx, sample_input, cfg.seed, **workers_of(cfg)), parallel.make_mesh(cfg.mesh)
-    )
     if cfg.train.lora_rank:  # LoRA adapters: merged into the base they were trained on, as jaxnet.load gives them
         from jaxnet.predict import load
 
         params = load(workdir).params
     else:
+        tx, _ = optim.build(cfg.optim, cfg.train.steps)
+        sample_input = jnp.zeros((cfg.train.batch_size, 1), jnp.int32)  # as the runner creates it
+        create = lambda: state_lib.create(model, tx, sample_input, cfg.seed, **workers_of(cfg))  # noqa: E731
+        target = abstract_state(create, parallel.make_mesh(cfg.mesh))
         ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
         try:
             state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only

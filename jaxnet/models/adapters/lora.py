@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnet.errors import UserError
-from jaxnet.models.adapters.paths import joined
+from jaxnet.models.adapters.paths import joined, leaves_at
 from jaxnet.models.common import LORA, Projection, adapting
 
 BASE = "lora_base"
@@ -105,9 +105,7 @@ def targets(params: Any, settings: Settings, model: str) -> list[str]:
 
 
 def _get(tree: Any, path: str) -> Any:
-    for name in path.split("/"):
-        tree = tree[name]
-    return tree
+    return leaves_at([tuple(path.split("/"))], tree)[0]
 
 
 def _set(tree: dict, path: str, value: Any) -> None:

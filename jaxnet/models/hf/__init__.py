@@ -301,6 +301,7 @@ def export_peft(
         export_peft("out/adapters", trained.adapters, trained.config.model, trained.lora, source="hf:base")
     """
     from jaxnet.models.adapters.lora import adapter_paths
+    from jaxnet.models.adapters.paths import leaves_at
 
     prefer = None
     if source is not None:
@@ -324,9 +325,7 @@ def export_peft(
                 "--format hf"
             )
         module = table.file_name(rule.file)[: -len(".weight")]
-        node = adapters
-        for name in path.split("/"):
-            node = node[name]
+        (node,) = leaves_at([tuple(path.split("/"))], adapters)
         a = np.asarray(jax.device_get(node["a"]), np.float32)
         b = np.asarray(jax.device_get(node["b"]), np.float32)
         tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)

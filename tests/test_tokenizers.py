@@ -118,6 +118,17 @@ def test_data_tokenizer_gpt2_splits_a_text_file_and_decodes_it(tmp_path):
 # The one interface
 
 
+def test_gpt2s_ranks_from_encoder_json_equal_tiktokens_from_both_files():
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+    from jaxnet.tokenizers import gpt2
+
+    files = {name: str(path) for name, path in gpt2.gpt2_files().items()}
+    theirs = data_gym_to_mergeable_bpe_ranks(files["vocab.bpe"], files["encoder.json"])
+    ours = gpt2.mergeable_ranks()
+    assert ours == theirs and len(ours) == gpt2.VOCAB_SIZE - 1 and ours[b" the"] == 262
+
+
 def test_each_tokenizer_encodes_documents_as_plain_python_and_tiktoken_do():
     import tiktoken  # noqa: F401 - the reference below is tiktoken's own batch encoder
 

@@ -130,6 +130,49 @@ def test_in_order_has_this_process_encode_while_the_pools_workers_are_full():
     assert makers.count("there") >= 2 and makers.count("here") >= 1
 
 
+class _SlowToUnpickle:
+    """Unpickled by calling ``time.sleep(0.6)``: a worker slow to read its start-up arguments."""
+
+    def __reduce__(self):
+        import time
+
+        return (time.sleep, (0.6,))
+
+
+# In a worker: what it imported of JAX, flax and jaxnet.data, and its BLAS threads (the task is the
+# builtin eval, which a worker unpickles without importing anything of the tests).
+WORKER_STATE = (
+    "([m for m in __import__('sys').modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax') "
+    "or m.startswith('jaxnet.data')], __import__('os').environ.get('OPENBLAS_NUM_THREADS'))"
+)
+
+
+def test_a_worker_reads_its_tokenizer_from_a_file_and_imports_nothing_of_jax():
+    """The first task is handed over at once though the worker takes 0.6 s to read its arguments
+    (through the pipe a spawned process starts from, this process waited until the child had read
+    them all: 0.1 s for GPT-2's encoding, time it could encode in); a prepare worker holds one BLAS
+    thread, has imported nothing of JAX or jaxnet.data, and encodes as this process does."""
+    import time
+
+    from jaxnet import tokenizers as toks
+    from jaxnet.tokenizers import base, workers
+
+    filler = b"x" * (1 << 20)  # past a pipe's 64 KiB: a writer waits for its reader
+    with workers.worker_pool(1, slice, (_SlowToUnpickle(), filler)) as pool:  # slice: any two arguments
+        started = time.perf_counter()
+        first = pool.submit(eval, "1 + 1")
+        handed = time.perf_counter() - started
+        assert first.result(timeout=60) == 2
+    assert handed < 0.3, f"the first task waited {handed:.2f} s for the worker to read its arguments"
+    gpt2 = toks.get("gpt2", "--tokenizer")
+    texts = ["Hello world", DOCS[0], DOCS[2]]
+    with workers.worker_pool(1, base.worker_init, (gpt2,)) as pool:
+        assert pool.submit(eval, WORKER_STATE).result(timeout=60) == ([], "1")
+        block, sizes = pool.submit(base.worker_encode, texts, np.dtype(np.uint16)).result(timeout=60)
+    here = gpt2.encode_documents(texts, np.uint16)
+    assert block.tolist() == here[0].tolist() and sizes.tolist() == here[1].tolist()
+
+
 @pytest.mark.parametrize("where", ["in a shard's write", "after a shard, before the progress file"])
 def test_a_killed_prepare_continues_to_the_same_shards_and_leaves_no_half_shard_whole(tmp_path, monkeypatch, where):
     src = corpus_dir(tmp_path)

@@ -162,6 +162,24 @@ def test_two_workers_write_the_same_corpus_as_one(tmp_path, made):
             assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes(), name
 
 
+def test_a_chat_worker_imports_nothing_of_jax_and_renders_as_this_process(made):
+    """A prepare chat worker starts from jaxnet.tokenizers alone (under jaxnet.data it imported JAX:
+    0.6 s of every worker start) and renders and tokenizes as this process does."""
+    from test_prepare import WORKER_STATE
+
+    from jaxnet.tokenizers import workers
+
+    tok = tokenizers.get(f"hf:{made['plain']}", "--tokenizer")
+    template = chat_template.load(tok.directory)
+    rows = [(f"train.jsonl:{i + 1}", m) for i, m in enumerate(conversations(3, seed=5))]
+    initargs = (tok, template.source, template.variables, template.origin)
+    with workers.worker_pool(1, chat_template.worker_init, initargs) as pool:
+        assert pool.submit(eval, WORKER_STATE).result(timeout=60) == ([], "1")
+        there = pool.submit(chat_template.worker_encode, rows, np.dtype(np.uint32)).result(timeout=60)
+    here = chat_template.encode_conversations(tok, template, rows, np.uint32)
+    assert [a.tolist() for a in there] == [a.tolist() for a in here] and there[1].sum() > 0
+
+
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, made, capsys):
     bare = checkpoint(tmp_path / "bare", template=None)
     empty_marks = checkpoint(tmp_path / "empty_marks", CHATML.replace("message['content'] + '<|im_end|>'", "''"))
@@ -308,7 +326,7 @@ def test_a_killed_prepare_continues_where_it_stopped(tmp_path, made, monkeypatch
     quiet = dict(progress=False, say=lambda *_: None, shard_tokens=1500)
     chat.prepare_chat([str(made["train"])], f"hf:{made['plain']}", tmp_path / "whole", **quiet)
     monkeypatch.setattr(chat, "TASK_CONVERSATIONS", 10)
-    real, calls = chat.encode, []
+    real, calls = chat.chat_lib.encode_conversations, []
 
     def dies(*args, **kw):
         calls.append(1)
@@ -316,13 +334,13 @@ def test_a_killed_prepare_continues_where_it_stopped(tmp_path, made, monkeypatch
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr(chat, "encode", dies)
+    monkeypatch.setattr(chat.chat_lib, "encode_conversations", dies)
     with pytest.raises(KeyboardInterrupt):
         chat.prepare_chat([str(made["train"])], f"hf:{made['plain']}", tmp_path / "killed", **quiet)
     progress = json.loads((tmp_path / "killed" / chat.PROGRESS).read_text())
     done = sum(progress["splits"][s]["done"] for s in ("train", "val", "test"))
     assert 0 < done < 60 and not (tmp_path / "killed" / "corpus.json").exists()
-    monkeypatch.setattr(chat, "encode", real)
+    monkeypatch.setattr(chat.chat_lib, "encode_conversations", real)
     chat.prepare_chat([str(made["train"])], f"hf:{made['plain']}", tmp_path / "killed", **quiet)
     whole = sorted(p.name for p in (tmp_path / "whole").iterdir())
     assert whole == sorted(p.name for p in (tmp_path / "killed").iterdir())

@@ -39,11 +39,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import multiprocessing
 import os
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +53,7 @@ from jaxnet.data import shards as shards_lib
 from jaxnet.data.prepare import FORMAT, SPLIT_SEED, SPLITS, in_order, read_manifest, write_json
 from jaxnet.errors import UserError
 from jaxnet.tokenizers import chat as chat_lib
+from jaxnet.tokenizers.workers import worker_pool
 
 ROLES = ("system", "user", "assistant", "tool")
 SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
@@ -182,45 +181,6 @@ def survey(path: str) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------------------------------
 # Encoding (in this process or in worker processes)
-
-_WORKER: tuple[Any, chat_lib.ChatTemplate] | None = None
-
-
-def worker_init(tokenizer: Any, template_source: str, variables: dict, origin: str) -> None:
-    """Start a worker process: no accelerator, no threads of the tokenizer's own, the template."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    global _WORKER
-    _WORKER = (tokenizer, chat_lib.ChatTemplate(template_source, variables, origin))
-
-
-def encode(
-    tokenizer: Any, template: chat_lib.ChatTemplate, conversations: Sequence[tuple[str, list]], dtype: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The conversations one after another: their ids (in ``dtype``), the assistant mask (uint8)
-    and each one's length. A template error names the conversation's line."""
-    texts, spans = [], []
-    for where, messages in conversations:
-        try:
-            text, found = template.assistant_spans(messages)
-        except UserError as e:
-            raise UserError(f"{where}: {e}") from None
-        texts.append(text)
-        spans.append(found)
-    encoded = tokenizer.encode_with_offsets(texts)
-    ids = [np.asarray(i, dtype) for i, _ in encoded]
-    masks = [chat_lib.overlap_mask(offsets, s) for (_, offsets), s in zip(encoded, spans, strict=True)]
-    lengths = np.asarray([len(i) for i in ids], np.uint32)
-    if not ids:
-        return np.zeros(0, dtype), np.zeros(0, np.uint8), lengths
-    return np.concatenate(ids), np.concatenate(masks), lengths
-
-
-def worker_encode(conversations: Sequence[tuple[str, list]], dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    assert _WORKER is not None, "worker_init first"
-    return encode(*_WORKER, conversations, dtype)
-
 
 # ---------------------------------------------------------------------------------------------
 # Preparing
@@ -392,39 +352,33 @@ def prepare_chat(
         workers = max(1, min(os.cpu_count() or 1, sum(counts.values()) // CONVERSATIONS_PER_WORKER))
     bar = _progress_bar(progress)
     started, total = time.perf_counter(), 0
-    pool = None
-    if workers > 1:
-        ctx = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(  # this process renders and tokenizes too (prepare.in_order)
-            workers - 1,
-            mp_context=ctx,
-            initializer=worker_init,
-            initargs=(tok, template.source, template.variables, template.origin),
-        )
-    try:
-        for batch, (ids, mask, lengths) in _in_order(pool, tok, template, tasks(), dtype, 4 * max(1, workers)):
-            ends = np.cumsum(lengths.astype(np.int64))
-            first = 0
-            for last in range(1, len(batch) + 1):  # each run of one split's conversations
-                if last < len(batch) and batch[last][0] == batch[first][0]:
-                    continue
-                split = batch[first][0]
-                a, b = (int(ends[first - 1]) if first else 0), int(ends[last - 1])
-                buffers[split].append((ids[a:b], mask[a:b], lengths[first:last]))
-                pending[split] += b - a
-                first = last
-                flush(split, final=False)
-            total += len(ids)
-            bar.update(len(ids))
-        for split in SPLITS:
-            flush(split, final=True)
-    except BaseException:
-        bar.leave = False
-        raise
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    # this process renders and tokenizes too (prepare.in_order)
+    initargs = (tok, template.source, template.variables, template.origin)
+    with worker_pool(workers - 1, chat_lib.worker_init, initargs) as pool:
+        try:
+            for batch, (ids, mask, lengths) in _in_order(pool, tok, template, tasks(), dtype, 4 * max(1, workers)):
+                ends = np.cumsum(lengths.astype(np.int64))
+                first = 0
+                for last in range(1, len(batch) + 1):  # each run of one split's conversations
+                    if last < len(batch) and batch[last][0] == batch[first][0]:
+                        continue
+                    split = batch[first][0]
+                    a, b = (int(ends[first - 1]) if first else 0), int(ends[last - 1])
+                    buffers[split].append((ids[a:b], mask[a:b], lengths[first:last]))
+                    pending[split] += b - a
+                    first = last
+                    flush(split, final=False)
+                total += len(ids)
+                bar.update(len(ids))
+            if pool is not None:  # every task is done: the workers exit while the last shards are written
+                pool.shutdown(wait=False)
+            for split in SPLITS:
+                flush(split, final=True)
+        except BaseException:
+            bar.leave = False
+            raise
+        finally:
+            bar.close()
     trained = {s: state["splits"][s]["trained"] for s in SPLITS}
     if not trained["train"]:
         for f in written:
@@ -508,9 +462,9 @@ def _lengths(out: Path, split: dict[str, Any]) -> np.ndarray:
 def _in_order(pool: Any, tok: Any, template: Any, tasks: Iterator[list], dtype: np.dtype, ahead: int) -> Iterator:
     """``(task, (ids, mask, lengths))`` for each task in order, at most ``ahead`` at once in workers."""
     convs = lambda task: ([(where, messages) for _, _, where, messages in task], dtype)  # noqa: E731
-    here = lambda conversations, dtype: encode(tok, template, conversations, dtype)  # noqa: E731
+    here = lambda conversations, dtype: chat_lib.encode_conversations(tok, template, conversations, dtype)  # noqa: E731
     died = "a jaxnet prepare worker process died (out of memory, or killed); run the same command again to continue"
-    yield from in_order(pool, tasks, convs, here, worker_encode, ahead, died)
+    yield from in_order(pool, tasks, convs, here, chat_lib.worker_encode, ahead, died)
 
 
 def _progress_bar(enabled: bool) -> Any:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import json
-import multiprocessing
 import os
 import time
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ from jaxnet.data import shards as shards_lib
 from jaxnet.data.sources import Source, find_files, kind
 from jaxnet.errors import UserError
 from jaxnet.tokenizers import base as tokenizer_base
+from jaxnet.tokenizers.workers import worker_pool
 
 __all__ = ["Source", "assign_splits", "find_files", "merge", "parse_shard", "prepare", "read_manifest"]
 
@@ -263,42 +263,39 @@ def prepare(
     started = time.perf_counter()
     total = 0
     encoder = tokenizers.from_record(tok)
-    pool = None
-    if workers > 1:  # spawned: the children import the tokenizer, nothing of an accelerator; this one is the Nth
-        ctx = multiprocessing.get_context("spawn")
-        init = tokenizer_base.worker_init
-        pool = ProcessPoolExecutor(workers - 1, mp_context=ctx, initializer=init, initargs=(encoder,))
-    try:
-        for batch, (block, sizes) in _in_order(pool, encoder, tasks(), dtype, 4 * workers):
-            touched = set()
-            ends = np.cumsum(sizes)
-            first = 0  # each run of consecutive documents of one split is one slice of the block
-            for last in range(1, len(batch) + 1):
-                if last < len(batch) and batch[last][0] == batch[first][0]:
-                    continue
-                split, k, _ = batch[first]
-                st = state["splits"][split]
-                ids = block[(ends[first - 1] if first else 0) : ends[last - 1]]
-                if k == st["docs_done"] and st["carry"] and not len(lengths[split]):
-                    ids = ids[st["carry"] :]  # its first tokens are already in a shard
-                buffers[split].append(ids)
-                lengths[split].append(sizes[first:last])
-                pending[split] += len(ids)
-                total += len(ids)
-                touched.add(split)
-                first = last
-            bar.update(len(block))
-            for split in sorted(touched):
-                flush(split, final=False)
-        for split in SPLITS:
-            flush(split, final=True)
-    except BaseException:
-        bar.leave = False  # an error's one line is all that stays on the terminal
-        raise
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    # spawned: the children import the tokenizer, nothing of an accelerator; this process is the Nth
+    with worker_pool(workers - 1, tokenizer_base.worker_init, (encoder,)) as pool:
+        try:
+            for batch, (block, sizes) in _in_order(pool, encoder, tasks(), dtype, 4 * workers):
+                touched = set()
+                ends = np.cumsum(sizes)
+                first = 0  # each run of consecutive documents of one split is one slice of the block
+                for last in range(1, len(batch) + 1):
+                    if last < len(batch) and batch[last][0] == batch[first][0]:
+                        continue
+                    split, k, _ = batch[first]
+                    st = state["splits"][split]
+                    ids = block[(ends[first - 1] if first else 0) : ends[last - 1]]
+                    if k == st["docs_done"] and st["carry"] and not len(lengths[split]):
+                        ids = ids[st["carry"] :]  # its first tokens are already in a shard
+                    buffers[split].append(ids)
+                    lengths[split].append(sizes[first:last])
+                    pending[split] += len(ids)
+                    total += len(ids)
+                    touched.add(split)
+                    first = last
+                bar.update(len(block))
+                for split in sorted(touched):
+                    flush(split, final=False)
+            if pool is not None:  # every task is done: the workers exit while the last shards are written
+                pool.shutdown(wait=False)
+            for split in SPLITS:
+                flush(split, final=True)
+        except BaseException:
+            bar.leave = False  # an error's one line is all that stays on the terminal
+            raise
+        finally:
+            bar.close()
     mine = np.isin(np.repeat(np.arange(len(src.files)), src.counts), list(files))  # each document: in this slice?
     kinds = np.asarray(split_of)
     manifest = {

@@ -175,18 +175,15 @@ def text_only(text: str | bytes, name: str) -> str:
 # A worker process of jaxnet prepare: the tokenizer object itself, pickled (a GPT-2 tokenizer with
 # its encoding, so that a worker starts in a fraction of a second), then batches of documents.
 # (Threads sharing one process encoded more slowly with two than with one here, tiktoken's own
-# included: benchmarks/results/prepare-cpu-*.json.)
+# included: benchmarks/results/prepare-cpu-*.json.) This module imports nothing heavier than
+# numpy, and so does a worker: it starts in jaxnet.tokenizers.workers, and its task functions live
+# here and in jaxnet.tokenizers.chat, never under jaxnet.data (whose package imports JAX, 0.6 s a
+# process).
 _WORKER: Tokenizer | None = None
 
 
 def worker_init(tokenizer: Tokenizer) -> None:
-    """Start a worker process: never an accelerator, no threads of the tokenizer's own (the
-    processes are the parallelism), and the corpus's tokenizer."""
-    import os
-
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    os.environ["RAYON_NUM_THREADS"] = "1"
+    """Keep the corpus's tokenizer for :func:`worker_encode`."""
     global _WORKER
     _WORKER = tokenizer
 

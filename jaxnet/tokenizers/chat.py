@@ -447,4 +447,54 @@ def load(directory: str | Path, file: str | Path | None = None) -> ChatTemplate:
     return ChatTemplate(found[name], variables, f"the chat template of hf:{directory}")
 
 
-__all__ = ["ChatTemplate", "load", "overlap_mask", "prepared", "sources", "special_tokens"]
+# ---------------------------------------------------------------------------------------------
+# Rendering and tokenizing conversations for jaxnet prepare chat, in its own process or in its
+# worker processes (this module imports nothing of jaxnet.data, and so nothing of JAX)
+
+_WORKER: tuple[Any, ChatTemplate] | None = None
+
+
+def worker_init(tokenizer: Any, template_source: str, variables: dict, origin: str) -> None:
+    """Keep a ``jaxnet prepare chat`` worker's tokenizer and template (started by
+    :func:`jaxnet.tokenizers.workers.start`) for :func:`worker_encode`."""
+    global _WORKER
+    _WORKER = (tokenizer, ChatTemplate(template_source, variables, origin))
+
+
+def encode_conversations(
+    tokenizer: Any, template: ChatTemplate, conversations: Sequence[tuple[str, list]], dtype: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The conversations one after another: their ids (in ``dtype``), the assistant mask (uint8)
+    and each one's length. A template error names the conversation's line."""
+    texts, spans = [], []
+    for where, messages in conversations:
+        try:
+            text, found = template.assistant_spans(messages)
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
+        texts.append(text)
+        spans.append(found)
+    encoded = tokenizer.encode_with_offsets(texts)
+    ids = [np.asarray(i, dtype) for i, _ in encoded]
+    masks = [overlap_mask(offsets, s) for (_, offsets), s in zip(encoded, spans, strict=True)]
+    lengths = np.asarray([len(i) for i in ids], np.uint32)
+    if not ids:
+        return np.zeros(0, dtype), np.zeros(0, np.uint8), lengths
+    return np.concatenate(ids), np.concatenate(masks), lengths
+
+
+def worker_encode(conversations: Sequence[tuple[str, list]], dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`encode_conversations` in a worker process started with :func:`worker_init`."""
+    assert _WORKER is not None, "worker_init first"
+    return encode_conversations(*_WORKER, conversations, dtype)
+
+
+__all__ = [
+    "ChatTemplate",
+    "encode_conversations",
+    "load",
+    "overlap_mask",
+    "prepared",
+    "sources",
+    "special_tokens",
+]

@@ -225,6 +225,34 @@ def test_a_killed_prepare_continues_to_the_same_shards_and_leaves_no_half_shard_
     assert a["splits"] == b["splits"]
 
 
+def test_a_shard_written_from_pieces_is_the_shard_of_their_concatenation(tmp_path):
+    pieces = [np.arange(5, dtype=np.uint32), np.zeros(0, np.uint32), np.arange(70_000, 70_003, dtype=np.uint32)]
+    a = shards.write_shard(tmp_path / "a.bin", pieces)
+    b = shards.write_shard(tmp_path / "b.bin", np.concatenate(pieces))
+    data = (tmp_path / "a.bin").read_bytes()
+    assert a == b == hashlib.sha256(data).hexdigest() and data == (tmp_path / "b.bin").read_bytes()
+    assert np.frombuffer(data[:12], "<i4").tolist() == [20240801, 7, 8] and len(data) == 1024 + 8 * 4
+    with pytest.raises(ValueError, match="all alike"):
+        shards.write_shard(tmp_path / "c.bin", [np.arange(2, dtype=np.uint16), np.arange(2, dtype=np.uint32)])
+
+
+def test_the_heap_is_frozen_for_a_prepare_and_a_callers_freeze_is_kept():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    with prep.frozen_heap():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with prep.frozen_heap():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_a_cut_shard_is_refused_by_its_header_and_by_the_manifest(tmp_path):
     path = tmp_path / "x_train_000000.bin"
     shards.write_shard(path, np.arange(100, dtype=np.uint16))
@@ -267,6 +295,10 @@ def test_prepare_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("jaxnet: error:") and "\n" not in err, err
     assert not (tmp_path / "o2" / "corpus.json").exists()
+    for bad in ['{"text": "two"} {"text": "values"}', '["text"]', '{"text": 3}', "{text: 1}"]:
+        (tmp_path / "rows.jsonl").write_text('{"text": "fine"}\n\n' + bad + "\n")  # refused as json.loads would
+        with pytest.raises(UserError, match="rows.jsonl:3 is not a JSON object with a string field 'text'"):
+            list(prep.Source(str(tmp_path / "rows.jsonl")).texts(0))
 
 
 # ---------------------------------------------------------------------------------------------

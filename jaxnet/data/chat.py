@@ -50,7 +50,7 @@ import numpy as np
 from jaxnet import tokenizers
 from jaxnet.data import packing as packing_lib
 from jaxnet.data import shards as shards_lib
-from jaxnet.data.prepare import FORMAT, SPLIT_SEED, SPLITS, in_order, read_manifest, write_json
+from jaxnet.data.prepare import AHEAD, FORMAT, SPLIT_SEED, SPLITS, frozen_heap, in_order, read_manifest, write_json
 from jaxnet.errors import UserError
 from jaxnet.tokenizers import chat as chat_lib
 from jaxnet.tokenizers.workers import worker_pool
@@ -354,9 +354,9 @@ def prepare_chat(
     started, total = time.perf_counter(), 0
     # this process renders and tokenizes too (prepare.in_order)
     initargs = (tok, template.source, template.variables, template.origin)
-    with worker_pool(workers - 1, chat_lib.worker_init, initargs) as pool:
+    with worker_pool(workers - 1, chat_lib.worker_init, initargs) as pool, frozen_heap():
         try:
-            for batch, (ids, mask, lengths) in _in_order(pool, tok, template, tasks(), dtype, 4 * max(1, workers)):
+            for batch, (ids, mask, lengths) in _in_order(pool, tok, template, tasks(), dtype, AHEAD * max(1, workers)):
                 ends = np.cumsum(lengths.astype(np.int64))
                 first = 0
                 for last in range(1, len(batch) + 1):  # each run of one split's conversations

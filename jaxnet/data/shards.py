@@ -70,20 +70,24 @@ def write_json(path: str | os.PathLike, record: dict) -> None:
     atomic_write(path, lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
 
 
-def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> str:
-    """Write ``tokens`` (uint16 or uint32) as an llm.c shard, atomically; returns its sha256."""
-    tokens = np.ascontiguousarray(tokens)
-    if tokens.dtype not in LAYOUTS:
-        raise ValueError(f"shard tokens must be uint16 or uint32, not {tokens.dtype}")
+def write_shard(path: str | os.PathLike, tokens: np.ndarray | Sequence[np.ndarray]) -> str:
+    """Write ``tokens`` (uint16 or uint32; an array, or arrays one after another) as an llm.c
+    shard, atomically; returns its sha256. The arrays are hashed and written as they lie in
+    memory, never copied into one (a 100-million-token shard is 200 MB)."""
+    parts = [np.ascontiguousarray(p) for p in ([tokens] if isinstance(tokens, np.ndarray) else tokens)]
+    dtypes = {p.dtype for p in parts} or {np.dtype(np.uint16)}
+    if len(dtypes) > 1 or next(iter(dtypes)) not in LAYOUTS:
+        raise ValueError(f"shard tokens must be uint16 or uint32, all alike, not {sorted(map(str, dtypes))}")
     header = np.zeros(HEADER_INTS, np.int32)
-    header[0], header[1] = LAYOUTS[tokens.dtype]
-    header[2] = len(tokens)
+    header[0], header[1] = LAYOUTS[next(iter(dtypes))]
+    header[2] = sum(len(p) for p in parts)
     digest = hashlib.sha256()
 
     def write(f: Any) -> None:
-        for part in (header.tobytes(), tokens.tobytes()):
-            digest.update(part)
-            f.write(part)
+        for part in (header, *parts):
+            data = memoryview(part).cast("B")
+            digest.update(data)
+            f.write(data)
 
     atomic_write(path, write)
     return digest.hexdigest()

@@ -33,7 +33,7 @@ CPU seconds, and the load average before and after. The results file keeps every
 medians: the speed-up from 1 to 2 workers and the ratio of tiktoken's batch encoder to prepare
 at the same number of threads (how far prepare stays from the tokenizer alone, per core).
 
-Writes benchmarks/results/prepare-cpu-DATE.json (device, library versions, date, command, load).
+Writes benchmarks/results/prepare-cpu-DATE[-TAG].json (device, library versions, date, command, load).
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="worker (thread) counts, comma-separated")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tmp", default=None, help="where the corpora are written (default: the system's)")
+    parser.add_argument("--tag", default="", help="a suffix for the results file: prepare-cpu-DATE-TAG.json")
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
     import numpy as np
@@ -222,7 +223,8 @@ def main() -> None:
     if model:
         record["device"]["cpu"] = model
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    path = Path(args.out) / f"prepare-cpu-{started.date().isoformat()}.json"
+    tag = f"-{args.tag}" if args.tag else ""
+    path = Path(args.out) / f"prepare-cpu-{started.date().isoformat()}{tag}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
 

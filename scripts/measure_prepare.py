@@ -1,15 +1,21 @@
 """How fast ``jaxnet prepare`` tokenizes with 1 and 2 workers, beside tiktoken's own batch encoder.
 
-    python scripts/measure_prepare.py                     # about 3 minutes on a 2-core machine
+    python scripts/measure_prepare.py                     # about 4 minutes on a 2-core machine
     python scripts/measure_prepare.py --rounds 3 --workers 1,2,4
+    python scripts/measure_prepare.py --corpora long4 --rounds 3 --tag large   # about 6 minutes
 
-Two corpora of real documents, built from text this machine has (never committed; written as
-JSONL into a temporary directory and deleted afterwards):
+Corpora of real documents, built from text this machine has (never committed; written as
+JSONL into a temporary directory and deleted afterwards); ``--corpora`` picks them (default
+``long,short``):
 
 long
     Python's own standard library sources (every ``*.py`` under the running interpreter's
     stdlib directory, one document per file) and Shakespeare's 42 works (one document each):
-    about 30 MB.
+    about 37 MB.
+long4
+    The long corpus's documents four times over, about 146 MB: the same text, so that what a
+    worker's start and the other fixed costs take can be told from the encoding, which grows
+    with the corpus.
 short
     Penn Treebank (one sentence a document, its three splits) and every non-empty line of the
     42 works (one line a document): about 10 MB, a few dozen characters a document.
@@ -68,8 +74,8 @@ def _cpu(who: int = resource.RUSAGE_SELF) -> float:
     return r.ru_utime + r.ru_stime
 
 
-def build_corpora(tmp: Path) -> dict[str, dict]:
-    """The two corpora as JSONL files under ``tmp``, with their documents kept for tiktoken."""
+def build_corpora(tmp: Path, names: list[str]) -> dict[str, dict]:
+    """The corpora ``names`` as JSONL files under ``tmp``, with their documents kept for tiktoken."""
     import importlib
 
     from jaxnet.data import text
@@ -91,7 +97,12 @@ def build_corpora(tmp: Path) -> dict[str, dict]:
     corpora = {
         "long": {"docs": sources + works, "what": f"{len(sources):,} stdlib *.py files of {stdlib} + 42 works"},
         "short": {"docs": sentences + lines, "what": "Penn Treebank sentences + each non-empty line of the 42 works"},
+        "long4": {"docs": (sources + works) * 4, "what": "the long corpus's documents four times over"},
     }
+    unknown = sorted(set(names) - set(corpora))
+    if unknown:
+        raise SystemExit(f"--corpora: no corpus {unknown[0]!r}; choose from {', '.join(corpora)}")
+    corpora = {name: corpora[name] for name in names}
     for name, c in corpora.items():
         path = tmp / f"{name}.jsonl"
         with open(path, "w", encoding="utf-8") as f:
@@ -166,6 +177,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="worker (thread) counts, comma-separated")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tmp", default=None, help="where the corpora are written (default: the system's)")
+    parser.add_argument("--corpora", default="long,short", help="comma-separated: long, short, long4")
     parser.add_argument("--tag", default="", help="a suffix for the results file: prepare-cpu-DATE-TAG.json")
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
@@ -179,7 +191,7 @@ def main() -> None:
     load_start = _load()
     tmp = Path(tempfile.mkdtemp(prefix="jaxnet-measure-prepare-", dir=args.tmp))
     try:
-        corpora = build_corpora(tmp)
+        corpora = build_corpora(tmp, args.corpora.split(","))
         samples: dict[str, dict[str, list]] = {name: {} for name in corpora}
         for r in range(args.rounds):
             for name, c in corpora.items():

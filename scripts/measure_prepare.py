@@ -1,8 +1,8 @@
 """How fast ``jaxnet prepare`` tokenizes with 1 and 2 workers, beside tiktoken's own batch encoder.
 
-    python scripts/measure_prepare.py                     # about 4 minutes on a 2-core machine
+    python scripts/measure_prepare.py                     # about 3 minutes on a 2-core machine
     python scripts/measure_prepare.py --rounds 3 --workers 1,2,4
-    python scripts/measure_prepare.py --corpora long4 --rounds 3 --tag large   # about 6 minutes
+    python scripts/measure_prepare.py --corpora long4 --rounds 3 --tag large   # about 3 minutes
 
 Corpora of real documents, built from text this machine has (never committed; written as
 JSONL into a temporary directory and deleted afterwards); ``--corpora`` picks them (default

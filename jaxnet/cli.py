@@ -492,7 +492,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         from jaxnet.train import evaluate
 
         if args.workdir.startswith("hf:"):  # a published checkpoint before any training
-            from jaxnet.train.loop import evaluate_pretrained
+            from jaxnet.train.evaluation import evaluate_pretrained
 
             if args.step is not None:
                 raise UserError(f"--step is for a run's checkpoints; {args.workdir} is one checkpoint")

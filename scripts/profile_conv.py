@@ -386,7 +386,10 @@ def main() -> None:
         "device": f"cpu ({os.cpu_count()} cores)",
         "cpu_model": observe.cpu_model(),
         "versions": {
-            "jax": jax.__version__, "jaxlib": jaxlib.__version__, "torch": torch, "python": sys.version.split()[0]
+            "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__,
+            "torch": torch,
+            "python": sys.version.split()[0],
         },  # fmt: skip
         "environment": {k: os.environ.get(k, "") for k in ("GLIBC_TUNABLES", "XLA_FLAGS")},
         "machine_shared": "yes: other jobs ran on the same cores (load average per round); ratios between "

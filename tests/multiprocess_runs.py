@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = str(ROOT / "scripts" / "launch_local.sh")
 
-_HEAD = r'''
+_HEAD = r"""
 import importlib.abc, importlib.util, json, os, sys, threading
 
 _DIR = os.environ["JAXNET_TEST_SPY"]
@@ -29,9 +29,9 @@ _LOCK, _LOCAL = threading.Lock(), threading.local()
 def _log(record):
     with _LOCK, open(os.path.join(_DIR, f"process-{_ID}.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
-'''
+"""
 
-_TAIL = r'''
+_TAIL = r"""
 
 class _After(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -50,7 +50,7 @@ class _After(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _After())
-'''
+"""
 
 
 def write_spy(site: Path, module: str, install: str) -> None:

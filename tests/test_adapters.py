@@ -280,7 +280,7 @@ def test_a_bad_model_is_one_line_before_anything_is_written(case, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-EXPERIMENT = '''
+EXPERIMENT = """
 import equinox as eqx
 import jax
 import numpy as np
@@ -315,7 +315,7 @@ def get_config(variant):
     return jaxnet.apply_overrides(
         jaxnet.Config(), ["data.name=arrays", "train.batch_size=8", "train.steps=4", "train.progress=false"]
     )
-'''
+"""
 
 
 def test_an_experiment_file_model_may_be_an_equinox_module_and_evaluates_from_its_run(tmp_path):

@@ -38,8 +38,6 @@ LLAMA3ISH = (
 STRINGS = ["Hello world", " ROMEO: Wherefore art thou?\n\n  Grüße aus München, 東京 <|endoftext|> I'm  don't\tx"]
 
 
-
-
 def test_the_end_of_turn_is_what_a_template_writes_after_a_reply(tmp_path):
     chatml = checkpoint(tmp_path / "chatml", CHATML)
     tok = tokenizers.get(f"hf:{chatml}")

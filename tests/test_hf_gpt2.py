@@ -69,8 +69,15 @@ def next_token_loss(logits: np.ndarray, tokens: np.ndarray) -> float:
 SHAPES = {
     "gpt2-like": dict(n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=61),
     "untied-exact-gelu": dict(
-        n_layer=3, n_embd=48, n_head=6, n_positions=24, vocab_size=50, tie_word_embeddings=False,
-        activation_function="gelu", layer_norm_epsilon=1e-3, n_inner=96,
+        n_layer=3,
+        n_embd=48,
+        n_head=6,
+        n_positions=24,
+        vocab_size=50,
+        tie_word_embeddings=False,
+        activation_function="gelu",
+        layer_norm_epsilon=1e-3,
+        n_inner=96,
     ),
     "one-head": dict(n_layer=1, n_embd=16, n_head=1, n_positions=8, vocab_size=33),
 }
@@ -259,7 +266,6 @@ def write_gpt2(directory: Path, **overrides) -> Path:
     (directory / "config.json").write_text(json.dumps(config))
     save_file(tensors, str(directory / "model.safetensors"))
     return directory
-
 
 
 def train_argv(tmp_path: Path, source: Path, *extra: str) -> list[str]:

@@ -357,7 +357,6 @@ def broken(checkpoints, tmp_path: Path, name: str, config: dict | None = None, d
     return directory
 
 
-
 CASES = {
     "sliding window": ("mistral-head-dim", {"sliding_window": 16}, "", "sliding_window=16, shorter than"),
     "qwen2 sliding window": ("qwen2-qkv-bias", {"use_sliding_window": True}, "", "use_sliding_window=true"),

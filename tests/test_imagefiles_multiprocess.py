@@ -33,7 +33,7 @@ RUN = [
 
 # Recorded per process in $JAXNET_TEST_SPY/process-ID.jsonl: every batch it decodes (training:
 # step; evaluation: split and index), the rows of it, the files read to make them, labels, mask.
-SPY = r'''
+SPY = r"""
 def _install(imagefiles):
     files, work = imagefiles.FileSource, imagefiles.BatchWork
     read, call = files.read, work.__call__
@@ -60,7 +60,7 @@ def _install(imagefiles):
         return batch
 
     files.read, work.__call__ = spy_read, spy_call
-'''
+"""
 
 
 def _names(split: str) -> list[str]:

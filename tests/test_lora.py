@@ -172,7 +172,6 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
         jaxnet.load(whole)
 
 
-
 def test_bad_lora_input_is_one_line_exit_2(tmp_path, capsys):
     run = ["--workdir", str(tmp_path / "run")]
     smoke = ["train", "transformer_shakespeare:smoke", "train.progress=false"]

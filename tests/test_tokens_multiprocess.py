@@ -32,7 +32,7 @@ RUN = [
 # Recorded per process in $JAXNET_TEST_SPY/process-ID.jsonl: every training batch (step, rows,
 # tokens, the token indices read to make it) and every evaluation batch (split, index, rows,
 # tokens, mask, indices read).
-SPY = r'''
+SPY = r"""
 def _install(tokens):
     import numpy as np
 
@@ -94,7 +94,7 @@ def _install(tokens):
 
     cls.train_batches, cls.eval_batches = train_batches, eval_batches
 
-'''
+"""
 
 
 _run, _records = multiprocess_runs.run, multiprocess_runs.records
@@ -110,9 +110,7 @@ def _global_batches(spy: Path) -> dict[int, np.ndarray]:
                 pieces.setdefault(r["step"], []).append((r["rows"][0], r["tokens"]))
     processes = len(_records(spy))
     return {
-        step: np.concatenate([np.asarray(t) for _, t in sorted(p)])
-        for step, p in pieces.items()
-        if len(p) == processes
+        step: np.concatenate([np.asarray(t) for _, t in sorted(p)]) for step, p in pieces.items() if len(p) == processes
     }
 
 

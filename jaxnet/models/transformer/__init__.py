@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxnet.errors import UserError
-from jaxnet.models.base import ModelConfig, Unpacked, field, has_cudnn, register, register_migration
+from jaxnet.models.base import Unpacked, has_cudnn, register, register_migration
 from jaxnet.models.common import DTYPES, Projection, mask_unused_vocab
 from jaxnet.models.transformer.attention import (
     SelfAttention,
@@ -44,79 +44,22 @@ from jaxnet.models.transformer.attention import (
     segment_mask,
 )
 from jaxnet.models.transformer.model import Block, TransformerLanguageModel, norm
-from jaxnet.models.transformer.spec import PRESETS, TransformerSpec, preset
+from jaxnet.models.transformer.spec import (
+    PRESETS,
+    Layer,
+    SpecError,
+    TransformerKeys,
+    TransformerSpec,
+    check,
+    preset,
+    spec_keys,
+)
 
 
 @dataclass
-class TransformerConfig(ModelConfig):
-    """``model.*`` keys of :class:`TransformerLanguageModel`; :meth:`spec` makes them its spec."""
-
-    layers: int = field(2, "number of Transformer blocks", low=1)
-    width: int = field(200, "model width (embedding size)", low=1)
-    heads: int = field(4, "attention heads (must divide model.width unless model.head_dim is set)", low=1)
-    kv_heads: int = field(
-        0,
-        "key/value heads (0 = model.heads); fewer is grouped-query attention, each serving model.heads / "
-        "model.kv_heads query heads (must divide model.heads)",
-        low=0,
-    )
-    head_dim: int = field(0, "size of each attention head (0 = model.width / model.heads)", low=0)
-    mlp_ratio: int = field(4, "MLP hidden size as a multiple of model.width (unless model.mlp_hidden is set)", low=1)
-    mlp_hidden: int = field(0, "MLP hidden units (0 = model.mlp_ratio x model.width; Llama 3 8B: 14336)", low=0)
-    mlp: str = field(
-        "gelu",
-        "the MLP: gelu = out(gelu(in(x))); swiglu = out(silu(gate(x)) * in(x)), Llama's",
-        choices=("gelu", "swiglu"),
-    )
-    norm: str = field(
-        "layer",
-        "the normalisation: layer = LayerNorm (scale and bias); rms = RMSNorm (scale only)",
-        choices=("layer", "rms"),
-    )
-    bias: str = field(
-        "all",
-        "which projections have a bias: all (GPT-2), qkv = only queries, keys and values (Qwen2), none (Llama)",
-        choices=("all", "qkv", "none"),
-    )
-    dropout: float = field(0.0, "dropout rate (embeddings, attention and MLP outputs)", low=0.0, high=0.95)
-    position: str = field("learned", "position encoding", choices=("learned", "rotary"))
-    tie_embeddings: bool = field(False, "output layer shares the embedding matrix")
-    causal: bool = field(True, "False = bidirectional encoder (BERT-style), every position attends to every other")
-    attention: str = field(
-        "auto",
-        "attention kernel; auto = cuDNN's fused kernel on an NVIDIA GPU in bfloat16, XLA's with the heads "
-        "moved first (xla_head_major) on a CPU, XLA's (jax.nn.dot_product_attention) otherwise",
-        choices=("auto", "xla", "xla_head_major", "cudnn"),
-    )
-    remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
-    gelu: str = field(
-        "tanh",
-        "the MLP's GELU: tanh = the tanh approximation (GPT-2's gelu_new), exact = x * Phi(x) with erf",
-        choices=("tanh", "exact"),
-    )
-    norm_eps: float = field(1e-6, "LayerNorm or RMSNorm epsilon (GPT-2's and Llama 3's are 1e-5)", low=0.0)
-    rope_theta: float = field(10000.0, "rotary positions: the base of their frequencies (Llama 3: 500000)", low=1.0)
-    rope_scaling: str = field(
-        "none",
-        "rotary positions: llama3 = rescale the frequencies as Llama 3.1 does (model.rope_factor, "
-        "model.rope_low_freq_factor, model.rope_high_freq_factor, model.rope_original_context)",
-        choices=("none", "llama3"),
-    )
-    rope_factor: float = field(8.0, "model.rope_scaling=llama3: the low frequencies are divided by it", low=1.0)
-    rope_low_freq_factor: float = field(1.0, "model.rope_scaling=llama3: low-frequency factor", low=0.0)
-    rope_high_freq_factor: float = field(4.0, "model.rope_scaling=llama3: high-frequency factor", low=0.0)
-    rope_original_context: int = field(
-        8192, "model.rope_scaling=llama3: the context the model was first trained at", low=1
-    )
-    context: int = field(
-        0, "rows of the learned position table and positions a decoding cache holds (0 = data.seq_len)", low=0
-    )
-    vocab_used: int = field(
-        0,
-        "ids the model predicts: logits of ids at or above it (a vocabulary padded to a round size) are masked "
-        "and never predicted (0 = every id)",
-        low=0,
-    )
+class TransformerConfig(TransformerKeys):
+    """``model.*`` keys of :class:`TransformerLanguageModel` (declared in :class:`TransformerKeys`),
+    with what the family owns beside its module; :meth:`spec` makes them its spec."""
 
     @classmethod
     def preset(cls, name: str, **keys: Any) -> TransformerConfig:
@@ -130,25 +73,6 @@ class TransformerConfig(ModelConfig):
     def head_size(self) -> int:
         """The size of one attention head: ``head_dim``, or ``width // heads``."""
         return self.head_dim or self.width // self.heads
-
-    def validate(self) -> None:
-        if not self.head_dim and self.width % self.heads:
-            raise UserError(
-                f"model.width={self.width} is not divisible by model.heads={self.heads}; change one, or set "
-                "model.head_dim"
-            )
-        if self.kv_heads and (self.kv_heads > self.heads or self.heads % self.kv_heads):
-            raise UserError(
-                f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}; give a divisor of it "
-                "(0 = model.heads)"
-            )
-        if self.position == "rotary" and self.head_size % 2:
-            raise UserError(f"rotary positions need an even head size; the head size is {self.head_size}")
-        if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
-            raise UserError(
-                f"model.rope_high_freq_factor={self.rope_high_freq_factor} must be above "
-                f"model.rope_low_freq_factor={self.rope_low_freq_factor}"
-            )
 
     def for_backend(self, backend: str) -> TransformerConfig:
         """Also ``attention=auto``: cuDNN's fused kernel on an NVIDIA GPU when the compute dtype is
@@ -173,35 +97,9 @@ class TransformerConfig(ModelConfig):
         positions: the one place the ``model.*`` keys become the model's settings. ``auto``
         settings must be resolved first (:meth:`for_backend`); ``auto`` attention is XLA's."""
         dtype = "float32" if self.dtype == "auto" else self.dtype
+        keys = {name: getattr(self, name) for name in spec_keys()}
         return TransformerSpec(
-            vocab=vocab,
-            context=context,
-            layers=self.layers,
-            width=self.width,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            mlp_hidden=self.mlp_hidden or self.mlp_ratio * self.width,
-            mlp=self.mlp,
-            norm=self.norm,
-            bias=self.bias,
-            dropout=self.dropout,
-            position=self.position,
-            tie_embeddings=self.tie_embeddings,
-            causal=self.causal,
-            attention="xla" if self.attention == "auto" else self.attention,
-            remat=self.remat,
-            gelu=self.gelu,
-            norm_eps=self.norm_eps,
-            rope_theta=self.rope_theta,
-            rope_scaling=self.rope_scaling,
-            rope_factor=self.rope_factor,
-            rope_low_freq_factor=self.rope_low_freq_factor,
-            rope_high_freq_factor=self.rope_high_freq_factor,
-            rope_original_context=self.rope_original_context,
-            vocab_used=self.vocab_used,
-            dtype=DTYPES[dtype],
-            param_dtype=DTYPES[self.param_dtype],
+            vocab=vocab, context=context, **keys, dtype=DTYPES[dtype], param_dtype=DTYPES[self.param_dtype]
         )
 
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
@@ -254,10 +152,14 @@ __all__ = [
     "Block",
     "Projection",
     "SelfAttention",
+    "Layer",
+    "SpecError",
     "TransformerConfig",
+    "TransformerKeys",
     "TransformerLanguageModel",
     "TransformerSpec",
     "attend",
+    "check",
     "attention_fn",
     "head_major_attention",
     "mask_unused_vocab",

@@ -73,12 +73,18 @@ def llama3_frequencies(
 
 
 def head_major_attention(
-    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, is_causal: bool = True, mask: jnp.ndarray | None = None
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    is_causal: bool = True,
+    mask: jnp.ndarray | None = None,
+    local_window_size: tuple[int, int] | None = None,
 ) -> jnp.ndarray:
     """``jax.nn.dot_product_attention``'s XLA softmax(QK^T / sqrt(d))V on (batch, time, heads,
     head_dim) queries and (batch, time, kv_heads, head_dim) keys and values, with the heads moved
     ahead of time first, equal to it up to float rounding. ``mask`` (broadcastable to (batch,
-    heads, time, time)) is True where a query may see a key.
+    heads, time, time)) is True where a query may see a key; ``local_window_size`` ``(left,
+    right)`` limits query ``i`` to keys ``i - left`` .. ``i + right``, as JAX's does.
 
     On a CPU, XLA runs this form's products and softmax (forward and backward) in about half the
     time of ``jax.nn.dot_product_attention``'s (scripts/profile_cpu.py).
@@ -96,6 +102,9 @@ def head_major_attention(
         logits = logits.reshape(batch, heads, length, -1)
     logits *= jnp.array(1.0 / math.sqrt(head_dim), logits.dtype)
     visible = jnp.tril(jnp.ones(logits.shape[-2:], bool)) if is_causal else None
+    if local_window_size is not None:
+        band = window_mask(logits.shape[-2], logits.shape[-1], *local_window_size)
+        visible = band if visible is None else visible & band
     if mask is not None:
         visible = mask if visible is None else visible & mask
     if visible is not None:
@@ -106,6 +115,16 @@ def head_major_attention(
     probs = probs.reshape(batch, kv_heads, heads // kv_heads, length, -1)
     out = jnp.einsum("bkgts,bksh->btkgh", probs, v)
     return out.reshape(batch, length, heads, head_dim)
+
+
+def window_mask(queries: int, keys: int, left: int, right: int = 0) -> jnp.ndarray:
+    """(queries, keys), True where key ``j`` lies within ``left`` positions before query ``i`` and
+    ``right`` after it (``i - left <= j <= i + right``)::
+
+        window_mask(4, 4, 1).astype(int)   # [[1,0,0,0],[1,1,0,0],[0,1,1,0],[0,0,1,1]]
+    """
+    i, j = jnp.arange(queries)[:, None], jnp.arange(keys)[None, :]
+    return (j >= i - left) & (j <= i + right)
 
 
 def attention_fn(kernel: str | None) -> Any:
@@ -125,16 +144,19 @@ def attend(
     causal: bool,
     kernel: str | None,
     mask: jnp.ndarray | None = None,
+    window: int = 0,
 ) -> jnp.ndarray:
     """softmax(Q K^T / sqrt(head_dim)) V: queries (batch, time, heads, head_dim), keys and values
     (batch, time', kv_heads, head_dim) with ``kv_heads`` dividing ``heads`` -> (batch, time,
-    heads, head_dim). ``causal`` hides later keys; ``mask`` (True where a query sees a key,
+    heads, head_dim). ``causal`` hides later keys; ``window`` (a local layer's) hides keys more
+    than ``window - 1`` positions before the query; ``mask`` (True where a query sees a key,
     broadcastable to (batch, heads, time, time')) hides others. ``kernel`` picks the computation
     (:func:`attention_fn`); every caller (training, evaluation, decoding) comes through here::
 
-        out = attend(q, k, v, causal=True, kernel="xla")
+        out = attend(q, k, v, causal=True, kernel="xla", window=4096)
     """
-    return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask)
+    local = {"local_window_size": (window - 1, 0)} if window else {}
+    return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask, **local)
 
 
 def segment_mask(segments: jnp.ndarray) -> jnp.ndarray:
@@ -168,6 +190,18 @@ class _PackedKey(nn.Module):
         return self.make_rng("params")
 
 
+def head_norm(spec: TransformerSpec, name: str) -> nn.Module:
+    """RMSNorm over each head's ``head_dim`` (``spec.qk_norm``: Qwen3's and Gemma 3's ``q_norm`` and
+    ``k_norm``), its scale of ``head_dim`` named along ``kv``."""
+    return nn.RMSNorm(
+        epsilon=spec.norm_eps,
+        dtype=spec.dtype,
+        param_dtype=spec.param_dtype,
+        name=name,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("kv",)),
+    )
+
+
 class SelfAttention(nn.Module):
     """Self-attention of a :class:`TransformerSpec`: queries, keys and values (each a
     :class:`~jaxnet.models.common.Projection`: ``query``, ``key``, ``value``; keys and values of
@@ -179,16 +213,19 @@ class SelfAttention(nn.Module):
     ``positions`` are the positions of ``x``'s tokens: (time,), or (batch, time) for rows that
     restart them. ``mask`` (True where a query may see a key, broadcastable to (batch, heads,
     time, time)) is added to the causal rule: examples packed into one row that must not see
-    each other.
+    each other. ``index`` is the block's number: its :class:`~jaxnet.models.transformer.spec.Layer`
+    says whether it attends to every earlier position or to a window, and its rotary base.
     """
 
     spec: TransformerSpec
+    index: int = 0
 
     @nn.compact
     def __call__(
         self, x: jnp.ndarray, positions: jnp.ndarray, decode: bool = False, mask: jnp.ndarray | None = None
     ) -> jnp.ndarray:
         s = self.spec
+        layer = s.layer(self.index)
         batch = x.shape[0]
         packed = None
         if s.kv_heads == s.heads and self.is_initializing():
@@ -225,8 +262,10 @@ class SelfAttention(nn.Module):
             q, k, v = (p(x) for p in projections)
             q = nn.with_logical_constraint(q, ("batch", None, "heads", None))
             k, v = (nn.with_logical_constraint(a, ("batch", None, "kv_heads", None)) for a in (k, v))
+        if s.qk_norm:  # each head's queries and keys, over its head_dim, before the positions
+            q, k = (head_norm(s, name)(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
         if s.position == "rotary":
-            q, k = (rotary(a, positions, s.rope_theta, s.rope_llama3) for a in (q, k))
+            q, k = (rotary(a, positions, layer.rope_theta, layer.rope_llama3) for a in (q, k))
         if decode:
             if not s.causal:
                 raise ValueError("decoding with a key/value cache needs a causal model (causal=True)")
@@ -237,10 +276,12 @@ class SelfAttention(nn.Module):
             cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, start, 0, 0))
             cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, start, 0, 0))
             filled = jnp.arange(s.context)[None, :] <= positions[:, None]  # (query, key)
+            if layer.window:
+                filled &= jnp.arange(s.context)[None, :] > positions[:, None] - layer.window
             visible = filled[None, None] if mask is None else filled[None, None] & mask
             out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible)
         else:
-            out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask)
+            out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask, window=layer.window)
         return Projection(
             (s.width,),
             ("heads", "kv", "embed"),

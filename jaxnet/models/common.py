@@ -241,3 +241,33 @@ class Head:
             logits = logits + self.bias.astype(self.dtype)
         logits = logits.astype(jnp.promote_types(self.dtype, jnp.float32))
         return mask_unused_vocab(logits, self.used)
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses a model adds to its task's (a router's load-balancing loss)
+
+#: The collection a model sows the losses it adds into (:func:`add_loss`).
+LOSSES = "losses"
+
+
+def add_loss(module: nn.Module, name: str, value: jnp.ndarray) -> None:
+    """Add ``value`` (a scalar, its coefficient applied) to the objective the train step minimises,
+    logged as ``name``: every module's losses of one name are summed (:func:`added_losses`). The
+    train step collects them; evaluation and prediction do not, so their ``loss`` is the task's
+    alone. Call it from a Linen module's ``__call__``::
+
+        add_loss(self, "router_z", 1e-3 * jnp.mean(jax.nn.logsumexp(router_logits, -1) ** 2))
+    """
+    if module.is_initializing():  # a model's variables never hold them
+        return
+    module.sow(LOSSES, name, jnp.asarray(value, jnp.float32), reduce_fn=lambda a, b: a + b, init_fn=lambda: 0.0)
+
+
+def added_losses(collection: Any) -> dict[str, jnp.ndarray]:
+    """The losses a model added (its :data:`LOSSES` collection after ``apply``), summed by name over
+    the modules that added them, in the order first met."""
+    totals: dict[str, jnp.ndarray] = {}
+    for path, value in jax.tree_util.tree_flatten_with_path(collection)[0]:
+        name = str(getattr(path[-1], "key", path[-1]))
+        totals[name] = totals[name] + value if name in totals else value
+    return totals

@@ -268,7 +268,7 @@ def sample_hf(
         template = chat_template_of(tok, None, spec)
 
         def run(start: np.ndarray, stop_ids: tuple[int, ...]) -> np.ndarray:
-            _, model, params = hf_model(spec, context=-(-(len(start) + tokens) // 256) * 256)
+            _, model, params = hf_model(checkpoint, context=-(-(len(start) + tokens) // 256) * 256)
             kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stop_ids)
             return generate(model, params, start, tokens, **kw)
 
@@ -291,7 +291,7 @@ def sample_hf(
         start = np.asarray([tok.start_id({})], np.int32)  # a new document
     # A rotary model is built with the positions this sample needs (a multiple of 256), not its
     # whole context: the decoding cache of a 128K-context model would not fit beside it.
-    _, model, params = hf_model(spec, context=-(-(len(start) + tokens) // 256) * 256)
+    _, model, params = hf_model(checkpoint, context=-(-(len(start) + tokens) // 256) * 256)
     out = generate(model, params, start, tokens, temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)
     if ids is not None or tok is None:
         return " ".join(map(str, out.tolist()))

@@ -226,6 +226,10 @@ def unknown_key(key: str, known: list[str], model_name: str) -> UserError:
     return UserError(f"unknown config key {key!r}{hint}")
 
 
+#: The keys every family has that say how a model is computed, not what (:meth:`ModelConfig.arithmetic`).
+_HOW = ("name", "dtype", "param_dtype")
+
+
 @dataclass
 class ModelConfig(Checked):
     """The fields every model family shares; each family's config subclasses it beside its module.
@@ -288,6 +292,14 @@ class ModelConfig(Checked):
                 return 2 * batch * (input_shape[0] * self.hidden + self.hidden * outputs)
         """
         return None
+
+    def arithmetic(self) -> dict[str, Any]:
+        """The keys that decide what this model computes (not how: kernels, dtypes, dropout,
+        rematerialisation), each resolved: two configs of equal arithmetic compute the same function
+        of the same parameters (a checkpoint format can hold a model when the config it writes reads
+        back to the same arithmetic). Every key but the dtypes by default; a family with keys of
+        another kind overrides it."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _HOW}
 
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Logical axis names of this family's parameters and activations that the shared table

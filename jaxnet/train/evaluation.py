@@ -81,22 +81,23 @@ def evaluate_pretrained(spec: str, split: str = "test", overrides: list[str] | N
 
         evaluate_pretrained("hf:checkpoints/gpt2", "val", ["data.path=corpora/chats", "data.seq_len=1024"])
     """
-    from jaxnet.models import TransformerConfig, hf
+    from jaxnet.models import hf, model_config
 
     if not any(o.startswith("data.path=") and o != "data.path=" for o in overrides or ()):
         raise UserError(
             f"jaxnet eval --workdir {spec} needs data.path=DIR, a corpus prepared with its tokenizer "
             f"(jaxnet prepare SOURCE --tokenizer {spec}, or jaxnet prepare chat FILE... --tokenizer {spec})"
         )
+    checkpoint = hf.read(spec)
     cfg = Config()
-    cfg.model = TransformerConfig()
-    cfg.data.name, cfg.data.seq_len, cfg.train.eval_batch_size = "tokens", hf.read(spec).context, 8
+    cfg.model = model_config(checkpoint.table.family)
+    cfg.data.name, cfg.data.seq_len, cfg.train.eval_batch_size = "tokens", checkpoint.context, 8
     cfg.train.init_from = str(spec)
     cfg = config_lib.apply_overrides(cfg, ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])])
-    cfg = init_from.with_hf_shape(cfg)
-    config_lib.validate(cfg)
-    run = Run(cfg)
-    state = run.init_state(init_from.load(cfg, run, Path(os.devnull)))
+    start = init_from.Start(init_from.with_hf_shape(cfg, checkpoint), checkpoint)
+    config_lib.validate(start.cfg)
+    run = Run(start.cfg)
+    state = run.init_state(start.load(run, Path(os.devnull)))
     return {"step": 0, "checkpoint": str(spec), "split": split, **run.evaluate(state, split)}
 
 

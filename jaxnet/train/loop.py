@@ -639,11 +639,11 @@ def train(
     """
     started = time.time()
     environment = observe.environment()  # at the start: the commit, versions and command the run was launched with
-    cfg = init_from.with_hf_shape(cfg)  # train.init_from=hf:PATH: the checkpoint's shape, before the model is built
-    config_lib.validate(cfg)
-    trackers_lib.check(cfg)
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
-    cfg = init_from.pin_lora_base(cfg, workdir)  # LoRA from RUN_DIR: the step its base is, kept for every resume
+    # train.init_from, read once: a checkpoint's shape, the config checked, a LoRA base pinned and hashed
+    start = init_from.prepare(cfg, workdir)
+    cfg = start.cfg
+    trackers_lib.check(cfg)
     cfg = schedule_extension(cfg, workdir, print if parallel.is_primary() else lambda *_: None)
     run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
@@ -669,9 +669,9 @@ def train(
             if ignored:
                 shown = ", ".join(f"{k}={getattr(cfg.optim, k.partition('.')[2])}" for k in ignored)
                 print(f"note: optimizer={custom['optimizer']} replaces the built-in optimizer; not used: {shown}")
-    if run.lora is not None and cfg.train.init_from:  # what the adapters adapt, with its hash: checked on resume
-        environment[init_from.BASE_RECORD] = init_from.check_base(cfg, workdir)
-    start_from = init_from.load(cfg, run, workdir)  # before the workdir is touched: a bad source writes nothing
+    if start.base is not None:  # what the adapters adapt, with its hash: checked on resume
+        environment[init_from.BASE_RECORD] = start.base
+    start_from = start.load(run, workdir)  # before the workdir is touched: a bad source writes nothing
     previous = _open_workdir(workdir, cfg, adopt)
     check_vocab(workdir, run.dataset)
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it

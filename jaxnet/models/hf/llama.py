@@ -137,17 +137,6 @@ class Llama(Table):
             keys["bias"] = "all"
         return keys
 
-    def refuse(self, keys: dict[str, Any]) -> list[str]:
-        different = []
-        for key, want in PRESETS[self.preset].items():
-            if key in ("tie_embeddings", "norm_eps", "rope_theta"):
-                continue  # each checkpoint's own
-            if key == "bias" and self.bias_keys and keys["bias"] == "all":
-                continue
-            if keys[key] != want:
-                different.append(f"model.{key}={keys[key]} ({self.title}: {want})")
-        return different
-
     def config(self, keys: dict[str, Any], vocab: int, context: int) -> dict[str, Any]:
         cfg = TransformerConfig(**{k: v for k, v in keys.items() if k in TransformerConfig.__dataclass_fields__})
         llama3 = cfg.rope_scaling == "llama3"

@@ -55,6 +55,10 @@ from jaxnet.models.transformer.spec import (
     spec_keys,
 )
 
+#: Keys of how a Transformer is computed or trained, or of its size in ids and positions, not
+#: of the function it computes (:meth:`TransformerConfig.arithmetic`); ``mlp_ratio`` is in ``mlp_hidden``.
+HOW = ("dropout", "attention", "remat", "vocab_used", "mlp_ratio")
+
 
 @dataclass
 class TransformerConfig(TransformerKeys):
@@ -101,6 +105,12 @@ class TransformerConfig(TransformerKeys):
         return TransformerSpec(
             vocab=vocab, context=context, **keys, dtype=DTYPES[dtype], param_dtype=DTYPES[self.param_dtype]
         )
+
+    def arithmetic(self) -> dict[str, Any]:
+        """The resolved spec's keys but those of how it is computed or trained (the kernel, the
+        dtypes, dropout, rematerialisation) and its size in ids and positions."""
+        spec = dataclasses.replace(self, attention="xla", dtype="float32").spec(vocab=1, context=1)
+        return {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
 
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -345,11 +344,8 @@ def sample(
         reply = sample("runs/chat", chat="Good morrow, sir.", temperature=0)
     """
     from jaxnet import config as config_lib
-    from jaxnet import models, optim, parallel
-    from jaxnet.checkpoint import Checkpoints
+    from jaxnet import models
     from jaxnet.data.text import TextDataset, read_vocab
-    from jaxnet.train import state as state_lib
-    from jaxnet.train.loop import abstract_state, workers_of
 
     if not hf.is_hf(workdir) and not (Path(workdir) / "config.json").is_file():
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
@@ -394,22 +390,10 @@ def sample(
         template = chat_template_of(dataset.codec, run_tokenizer(workdir, cfg)[1], str(workdir))
     if not (workdir / "checkpoints").exists():  # a file there is named by Checkpoints below
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
-    model = models.build(cfg.model, len(vocab), cfg.data.seq_len)
-    if cfg.train.lora_rank:  # LoRA adapters: merged into the base they were trained on, as jaxnet.load gives them
-        from jaxnet.predict import load
+    from jaxnet.predict import load
 
-        params = load(workdir).params
-    else:
-        tx, _ = optim.build(cfg.optim, cfg.train.steps)
-        sample_input = jnp.zeros((cfg.train.batch_size, 1), jnp.int32)  # as the runner creates it
-        create = lambda: state_lib.create(model, tx, sample_input, cfg.seed, **workers_of(cfg))  # noqa: E731
-        target = abstract_state(create, parallel.make_mesh(cfg.mesh))
-        ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
-        try:
-            state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only
-        finally:
-            ckpts.close()
-        params = state.params
+    trained = load(workdir)  # the one way a run's model is rebuilt and restored (LoRA adapters merged)
+    model, params = trained.model.module, trained.params
     codec = dataset.codec
     stops = codec.end_ids if codec.kind == "hf" else ()
     kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)

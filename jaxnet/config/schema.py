@@ -292,6 +292,12 @@ class MeshConfig(Checked):
     fsdp: int = field(
         1, "devices that split the batch and shard parameters and optimizer state (-1 = the rest)", low=-1
     )
+    expert: int = field(
+        1,
+        "devices that split a mixture's experts (must divide model.experts) and the batch; tokens travel to "
+        "their experts and back by all-to-all (-1 = the rest)",
+        low=-1,
+    )
     tensor: int = field(1, "devices that split attention heads and hidden units (-1 = the rest)", low=-1)
 
 
@@ -514,7 +520,7 @@ def validate(cfg: Config) -> None:
             "optim.schedule=warmup_cosine warms up over optim.warmup_steps, which is 0; set optim.warmup_steps=N "
             "(or optim.schedule=cosine for no warmup)"
         )
-    for axis in ("data", "fsdp", "tensor"):
+    for axis in ("data", "fsdp", "expert", "tensor"):
         if getattr(cfg.mesh, axis) == 0:
             raise UserError(f"mesh.{axis}=0: use a positive device count or -1 for the rest of the devices")
     text_data = cfg.data.name in TEXT_DATA

@@ -57,7 +57,17 @@ from jaxnet.models.transformer.spec import (
 
 #: Keys of how a Transformer is computed or trained, or of its size in ids and positions, not
 #: of the function it computes (:meth:`TransformerConfig.arithmetic`); ``mlp_ratio`` is in ``mlp_hidden``.
-HOW = ("dropout", "attention", "remat", "vocab_used", "mlp_ratio")
+HOW = (
+    "dropout",
+    "attention",
+    "remat",
+    "vocab_used",
+    "mlp_ratio",
+    "router_aux_loss",
+    "router_z_loss",
+    "capacity_factor",
+    "expert_matmul",
+)
 
 
 @dataclass
@@ -94,7 +104,8 @@ class TransformerConfig(TransformerKeys):
                 f"model.heads) that is a multiple of 8 up to 128; here the backend is {backend}, the dtype {cfg.dtype} "
                 f"and the head size {head_dim}. Use model.attention=auto"
             )
-        return dataclasses.replace(cfg, attention=attention)
+        matmul = cfg.expert_matmul if cfg.expert_matmul != "auto" else ("blocks" if backend == "cpu" else "ragged")
+        return dataclasses.replace(cfg, attention=attention, expert_matmul=matmul)
 
     def spec(self, vocab: int, context: int) -> TransformerSpec:
         """The :class:`TransformerSpec` of these keys over ``vocab`` token ids and ``context``

@@ -71,7 +71,7 @@ def _parse(key: str, value: Any, typ: Any) -> Any:
             items = list(value)
         else:
             raise fail("a comma-separated list")
-        if not items:
+        if not items and isinstance(value, str):  # an empty list comes only from config.json or Python
             raise fail("a non-empty comma-separated list, e.g. 32,64")
         return tuple(_parse(key, v, item_type) for v in items)
     raise TypeError(f"config field {key} has unsupported type {typ}")

@@ -492,8 +492,15 @@ def load_or_prepare(
     ``corpus.json``; any other ``data.path`` must already be a corpus, or it is a one-line error
     and nothing is written.
 
+    A config with ``data.mixture`` reads its corpora instead (:mod:`jaxnet.data.mixture`): they
+    are never prepared here.
+
     >>> ds = load_or_prepare(cfg.data, "shakespeare")    # doctest: +SKIP
     """
+    if cfg.mixture:
+        from jaxnet.data import mixture
+
+        return mixture.load(cfg)
     default = default_corpus(source, tokenizer) if default is None else default
     path = Path(cfg.path)
     ours = bool(cfg.path) and os.path.normpath(cfg.path) == os.path.normpath(default) and cfg.format in ("", "jaxnet")

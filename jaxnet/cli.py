@@ -6,6 +6,7 @@
                  [--members-at-once K] [--max-members N] [--add]
     jaxnet eval --workdir DIR [--split test|val] [--step N|best] [key=value ...]
     jaxnet eval --workdir hf:PATH data.path=CORPUS [--split test|val] [key=value ...]
+    jaxnet eval --workdir DIR|hf:PATH --task FILE... [--step N|best] [--json] [--batch-size N]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
                    [--cast]
     jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,... | --chat MESSAGE [--system TEXT]] [--tokens N]
@@ -122,6 +123,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "overrides", nargs="*", metavar="key=value", help="change the saved config, e.g. data.dir=DIR"
+    )
+    evaluate.add_argument(
+        "--task",
+        nargs="+",
+        action="extend",
+        metavar="FILE",
+        help="score benchmark tasks instead: JSONL files of multiple-choice rows (context, choices, gold) or "
+        "log-likelihood rows (context, continuation); prints acc and acc_norm per task and averaged",
+    )
+    evaluate.add_argument("--json", action="store_true", help="with --task: print the result as JSON")
+    evaluate.add_argument(
+        "--batch-size", type=int, default=0, metavar="N", help="with --task: requests per batch (0 = automatic)"
     )
 
     predict = commands.add_parser(
@@ -488,6 +501,16 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             add=args.add,
         )
         return 130 if record.get("interrupted_by") == "SIGINT" else 0
+    if args.command == "eval" and args.task:
+        if args.overrides:
+            raise UserError(f"--task scores the checkpoint as it is; {args.overrides[0]} has nothing to change")
+        if args.batch_size < 0:
+            raise UserError(f"--batch-size {args.batch_size}: give a number of requests of at least 1 (0 = automatic)")
+        from jaxnet import benchmarks
+
+        result = benchmarks.evaluate(args.workdir, args.task, step=args.step, batch_size=args.batch_size)
+        print(json.dumps(result) if args.json else benchmarks.table(result))
+        return 0
     if args.command == "eval":
         from jaxnet.train import evaluate
 

@@ -45,10 +45,18 @@ def write_corpus(root: Path, name: str, tokenizer: str = "byte") -> Path:
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("mixture")
+    rng = np.random.default_rng(0)
+    rows = []  # which word follows: one of the plays' words or one of the code's
+    for _ in range(12):
+        words = rng.choice(WORDS["plays"], 6).tolist()
+        choices = [" " + words[-1], " " + str(rng.choice(WORDS["code"]))]
+        rows.append({"context": " ".join(words[:-1]), "choices": choices, "gold": 0})
+    (root / "which.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {
         "plays": write_corpus(root, "plays"),
         "code": write_corpus(root, "code"),
         "code-char": write_corpus(root, "code-char", tokenizer="char"),
+        "task": root / "which.jsonl",
     }
 
 
@@ -62,6 +70,7 @@ def run_args(corpora: dict[str, Path], *extra: str) -> list[str]:
         "train.eval_every=100",
         "train.checkpoint_every=50",
         "train.progress=false",
+        f"train.eval_tasks={corpora['task']}",
         *extra,
     ]
 
@@ -252,5 +261,8 @@ def test_a_two_corpus_run_reads_its_weights_reports_each_corpus_and_resumes_afte
     assert {"loss", "plays/loss", "code/loss", "plays/bits_per_byte"} <= set(val)
     # the mixed loss is over both corpora's validation tokens together: between the two
     assert min(val["plays/loss"], val["code/loss"]) < val["loss"] < max(val["plays/loss"], val["code/loss"])
+    assert {"which/acc", "which/acc_norm", "tasks/acc"} <= set(val)  # train.eval_tasks, at each validation
+    at_100 = [r for r in observe.read_metrics(tmp_path / "whole" / "metrics.jsonl") if r["split"] == "val"][0]
+    assert at_100["step"] == 100 and 0 <= at_100["which/acc"] <= 1
     events = b"".join(p.read_bytes() for p in (tmp_path / "whole" / "tb").glob("events*"))
     assert b"train/tokens/plays" in events and b"val/code/loss" in events  # TensorBoard's tags

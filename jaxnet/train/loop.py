@@ -222,6 +222,10 @@ class Run:
             compiler_options=options,
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
+        if cfg.train.eval_tasks:  # read and encoded now: a bad task file is one line before any step
+            from jaxnet.train import eval_tasks
+
+            eval_tasks.check(self)
 
     def optimizer(self, cfg: Config) -> optim.UserOptimizer | None:
         """Your optimizer for ``cfg`` (a sweep member's, its numbers traced): the one given to the

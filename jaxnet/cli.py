@@ -27,6 +27,7 @@
     jaxnet prepare chat FILE... --tokenizer hf:DIR --out DIR [--val FILE] [--test FILE] [--chat-template FILE]
                    [--workers N] [--seq-lens N,...]
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
+    jaxnet lm-eval --model jaxnet --model_args workdir=DIR|hf:PATH --tasks TASK... [any lm-eval option]
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
@@ -135,6 +136,13 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="with --task: print the result as JSON")
     evaluate.add_argument(
         "--batch-size", type=int, default=0, metavar="N", help="with --task: requests per batch (0 = automatic)"
+    )
+
+    commands.add_parser(
+        "lm-eval",
+        add_help=False,
+        help="lm-evaluation-harness's own command line with jaxnet's model registered: jaxnet lm-eval --model jaxnet "
+        "--model_args workdir=RUN|hf:DIR --tasks ... [any lm-eval option] (pip install 'jaxnet[lm-eval]')",
     )
 
     predict = commands.add_parser(
@@ -689,7 +697,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jaxnet`` command; returns the exit code."""
+    words = sys.argv[1:] if argv is None else argv
     try:
+        if words[:1] == ["lm-eval"]:  # lm-eval parses its own options (jaxnet.harness)
+            from jaxnet import harness
+
+            return harness.main(list(words[1:]))
         return _run(parse_args(argv), argv)
     except UserError as e:
         return _leave_processes(2, f"jaxnet: error: {e}")

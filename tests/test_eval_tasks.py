@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,116 @@ def test_codec_encodes_pairs_as_the_harness_does():
     context, continuation = codec.pair("The capital of France is ", "Paris")
     assert codec.decode(context) == "The capital of France is" and codec.decode(continuation) == " Paris"
     assert codec.pair("", "Hello") == ([50256], codec.encode("Hello"))  # no context: the end-of-text id
+
+
+# --- lm-evaluation-harness as a client ------------------------------------------------------------
+
+TASK_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: {kind}
+{body}
+"""
+CHOICE_BODY = """doc_to_text: context
+doc_to_choice: choices
+doc_to_target: gold
+target_delimiter: ""
+metric_list:
+  - metric: acc
+  - metric: acc_norm"""
+ROLLING_BODY = """doc_to_text: ""
+doc_to_target: text
+metric_list:
+  - metric: word_perplexity
+  - metric: bits_per_byte"""
+
+
+@pytest.fixture(scope="module")
+def lm_eval_tasks(task_files, tmp_path_factory):
+    """Two local YAML tasks (the multiple-choice rows above; whole texts longer than the model's 64
+    positions, scored in rolling windows), and the datasets library kept offline in a directory of
+    its own. lm-eval's 14,000 built-in task files are left out of its task index (indexing them
+    costs 10-45 s a command here, and these tests use none of them)."""
+    pytest.importorskip("lm_eval", reason="the lm-eval extra is not installed")
+    import functools
+
+    from lm_eval.tasks import TaskManager
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(TaskManager, "__init__", functools.partialmethod(TaskManager.__init__, include_defaults=False))
+    root = tmp_path_factory.mktemp("lm-eval-tasks")
+    saved = {k: os.environ.get(k) for k in ("HF_DATASETS_CACHE", "HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+    os.environ.update(HF_DATASETS_CACHE=str(root / "cache"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    works = text.shakespeare_works()
+    texts = write_jsonl(root / "texts.jsonl", [{"text": works[5][1][i * 900 : i * 900 + 700]} for i in range(3)])
+    for name, kind, data, body in (
+        ("jaxnet_choices", "multiple_choice", task_files["choices"], CHOICE_BODY),
+        ("jaxnet_rolling", "loglikelihood_rolling", texts, ROLLING_BODY),
+    ):
+        (root / f"{name}.yaml").write_text(TASK_YAML.format(name=name, data=data, kind=kind, body=body))
+    yield root
+    patch.undo()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def lm_eval_results(out: Path) -> dict:
+    (path,) = out.rglob("results_*.json")
+    return json.loads(path.read_text())["results"]
+
+
+def test_lm_eval_with_jaxnet_agrees_with_jaxnet_eval_and_with_its_own_hf_model(
+    checkpoint, task_files, lm_eval_tasks, tmp_path, capsys
+):
+    from jaxnet import benchmarks, cli
+
+    common = ["--tasks", "jaxnet_choices,jaxnet_rolling", "--include_path", str(lm_eval_tasks), "--batch_size", "4"]
+    ours = ["lm-eval", "--model", "jaxnet", "--model_args", f"workdir=hf:{checkpoint}", *common]
+    assert cli.main([*ours, "--output_path", str(tmp_path / "jaxnet")]) == 0
+    theirs = ["lm-eval", "--model", "hf", "--model_args", f"pretrained={checkpoint},dtype=float32", "--device", "cpu"]
+    assert cli.main([*theirs, *common, "--output_path", str(tmp_path / "hf")]) == 0  # lm-eval's own model beside ours
+    capsys.readouterr()
+    jaxnet_results, hf_results = lm_eval_results(tmp_path / "jaxnet"), lm_eval_results(tmp_path / "hf")
+
+    direct = benchmarks.evaluate(f"hf:{checkpoint}", [str(task_files["choices"])])["tasks"]["choices"]
+    for metric in ("acc", "acc_norm"):
+        assert jaxnet_results["jaxnet_choices"][f"{metric},none"] == pytest.approx(direct[metric], abs=1e-12)
+        assert hf_results["jaxnet_choices"][f"{metric},none"] == pytest.approx(direct[metric], abs=1e-12)
+    for metric in ("word_perplexity,none", "bits_per_byte,none"):  # several windows a text
+        assert jaxnet_results["jaxnet_rolling"][metric] == pytest.approx(hf_results["jaxnet_rolling"][metric], rel=1e-5)
+
+
+def test_simple_evaluate_from_python_with_the_model_registered(checkpoint, task_files, lm_eval_tasks):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from jaxnet import benchmarks, harness
+
+    harness.register()
+    out = lm_eval.simple_evaluate(
+        model="jaxnet",
+        model_args=f"workdir=hf:{checkpoint}",
+        tasks=["jaxnet_choices"],
+        task_manager=TaskManager(include_path=str(lm_eval_tasks)),
+    )
+    direct = benchmarks.evaluate(f"hf:{checkpoint}", [str(task_files["choices"])])["tasks"]["choices"]
+    assert out["results"]["jaxnet_choices"]["acc_norm,none"] == pytest.approx(direct["acc_norm"], abs=1e-12)
+
+
+def test_generate_until_stops_at_its_text_and_equals_jaxnets_greedy_sampler(checkpoint):
+    from jaxnet import harness
+    from jaxnet.sample import generate
+
+    lm = harness.JaxnetLM(workdir=f"hf:{checkpoint}")
+    request = type("Instance", (), {"args": ("ROMEO: But soft", {"until": ["\n\n"], "max_gen_toks": 12})})()
+    (got,) = lm.generate_until([request])
+    ids = lm.codec.encode("ROMEO: But soft")
+    params = lm.scoring.trained.params
+    expected = lm.codec.decode(generate(lm.scoring.trained.model.module, params, np.asarray(ids), 12, temperature=0))
+    assert isinstance(got, str) and expected.startswith(got) and (got == expected or "\n\n" in expected)

@@ -19,7 +19,7 @@ import pytest
 from conftest import cpu_env, fails, said
 
 from jaxnet import config, observe
-from jaxnet.data import mixture
+from jaxnet.data import mixture, tokens
 from jaxnet.data.prepare import prepare
 from jaxnet.errors import UserError
 
@@ -120,7 +120,7 @@ def test_the_count_of_a_billion_rows_is_a_sum_of_floors_not_a_loop():
 
 def mixed(corpora, *overrides: str):
     cfg = config.load_experiment("gpt2_shakespeare:smoke", [*run_args(corpora)[1:], *overrides])
-    return cfg, mixture.load(cfg.data)
+    return cfg, tokens.load(cfg.data)
 
 
 def test_batches_are_a_function_of_seed_and_step_and_each_process_reads_its_rows(corpora):
@@ -129,10 +129,10 @@ def test_batches_are_a_function_of_seed_and_step_and_each_process_reads_its_rows
     resumed = [b for _, b in zip(range(23), ds.train_batches(cfg, 37), strict=False)]
     for a, b in zip(whole[37:], resumed, strict=True):
         np.testing.assert_array_equal(a["tokens"], b["tokens"])
-    halves = [next(mixture.load(cfg.data).train_batches(cfg, 41, rows)) for rows in (slice(0, 2), slice(2, 4))]
+    halves = [next(tokens.load(cfg.data).train_batches(cfg, 41, rows)) for rows in (slice(0, 2), slice(2, 4))]
     np.testing.assert_array_equal(np.concatenate([h["tokens"] for h in halves]), whole[41]["tokens"])
     np.testing.assert_array_equal(whole[5]["targets"][:, :-1], whole[5]["tokens"][:, 1:])
-    other = next(mixture.load(cfg.data).train_batches(config.apply_overrides(cfg, ["seed=1"]), 41))
+    other = next(tokens.load(cfg.data).train_batches(config.apply_overrides(cfg, ["seed=1"]), 41))
     assert not np.array_equal(other["tokens"], whole[41]["tokens"])
 
 
@@ -161,13 +161,13 @@ def test_a_pass_reads_every_window_of_a_corpus_once_then_the_next_pass_begins(co
 def test_mixture_end_stop_ends_the_run_where_a_corpus_runs_out_and_says_so(corpora):
     cfg, ds = mixed(corpora, "data.mixture_end=stop", "train.steps=5000")
     said = []
-    shorter = mixture.end_of_data(cfg, said.append)
+    shorter = mixture.end_of_data(cfg, tokens.load, said.append)
     windows, plan = ds.windows(cfg.data.seq_len), ds.plan(cfg)
     step = shorter.train.steps
     assert step < 5000 and "runs out at step" in said[0] and "data.mixture_end=stop" in said[0]
     assert (plan.before(step) <= windows).all() and (plan.before(step + 1) > windows).any()
     cycling = config.apply_overrides(cfg, ["data.mixture_end=cycle"])
-    assert mixture.end_of_data(cycling, said.append).train.steps == 5000
+    assert mixture.end_of_data(cycling, tokens.load, said.append).train.steps == 5000
 
 
 @pytest.mark.parametrize(

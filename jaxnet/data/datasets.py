@@ -152,9 +152,7 @@ def load(cfg: DataConfig) -> Dataset | TextDataset | ImageFiles:
     come with their own validation split (see :mod:`jaxnet.data.text`).
     """
     if cfg.mixture:  # several corpora by weight (jaxnet.data.mixture)
-        from jaxnet.data import mixture
-
-        return mixture.load(cfg)
+        return tokens.load(cfg)
     if cfg.name in TEXT_LOADERS:
         return TEXT_LOADERS[cfg.name](cfg)
     if cfg.name in FILE_LOADERS:

@@ -28,7 +28,7 @@ tokens together (the first ``train.eval_tokens`` predictions of each) and ``NAME
 
 >>> cfg = jaxnet.apply_overrides(jaxnet.load_experiment("gpt2_shakespeare"),
 ...     ["data.mixture=corpora/shakespeare-gpt2:0.8,corpora/ptb-gpt2:0.2"])   # doctest: +SKIP
->>> load(cfg.data).describe()                                              # doctest: +SKIP
+>>> tokens.load(cfg.data).describe()                                            # doctest: +SKIP
 'mixture of 2 corpora: shakespeare-gpt2 0.8 (1,482,404 tokens), ptb-gpt2 0.2 (1,046,400 tokens), gpt2'
 """
 
@@ -43,7 +43,6 @@ import numpy as np
 
 from jaxnet.config import DataConfig, batching, mixture_schedule, mixture_sources
 from jaxnet.data import text as text_lib
-from jaxnet.data import tokens as tokens_lib
 from jaxnet.errors import UserError
 
 Q = 1 << 31  # the points' range: weights are resolved to 1 / Q
@@ -170,7 +169,7 @@ class MixtureDataset(text_lib.TextDataset):
     ``parts``: ``(name, TokenDataset)`` per corpus, in ``data.mixture``'s order.
     """
 
-    def __init__(self, parts: list[tuple[str, tokens_lib.TokenDataset]], weights: list[float]):
+    def __init__(self, parts: list[tuple[str, Any]], weights: list[float]):
         self.parts, self.mixture_weights = parts, weights
         first = parts[0][1]
         self.vocab, self.tokenizer, self.name = first.vocab, first.tokenizer, "mixture"
@@ -328,16 +327,16 @@ def same_tokenizer(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.get("vocab") == b.get("vocab")
 
 
-def load(cfg: DataConfig) -> MixtureDataset:
-    """The corpora ``cfg.mixture`` names, each read as ``data.name=tokens`` reads one
-    (:func:`jaxnet.data.tokens.load`); a missing directory, two corpora of one name, or corpora of
-    different tokenizers are one-line errors."""
+def load(cfg: DataConfig, load_corpus: Any) -> MixtureDataset:
+    """The corpora ``cfg.mixture`` names, each read by ``load_corpus(DataConfig)`` as
+    ``data.name=tokens`` reads one (:func:`jaxnet.data.tokens.load`, which calls this); a missing
+    directory, two corpora of one name, or corpora of different tokenizers are one-line errors."""
     from jaxnet.config import Config
 
     holder = Config()
     holder.data = cfg
     entries = mixture_sources(holder)
-    parts: list[tuple[str, tokens_lib.TokenDataset]] = []
+    parts: list[tuple[str, Any]] = []
     for path, _ in entries:
         where = Path(path)
         if not where.is_dir():
@@ -345,7 +344,7 @@ def load(cfg: DataConfig) -> MixtureDataset:
                 f"data.mixture: {path} is not a directory; give corpora prepared by jaxnet prepare "
                 f"(jaxnet prepare SOURCE --out {path})"
             )
-        part = tokens_lib.load(DataConfig(name="tokens", path=path, format=cfg.format, vocab_size=cfg.vocab_size))
+        part = load_corpus(DataConfig(name="tokens", path=path, format=cfg.format, vocab_size=cfg.vocab_size))
         name = where.resolve().name
         if any(name == n for n, _ in parts):
             raise UserError(
@@ -365,14 +364,15 @@ def load(cfg: DataConfig) -> MixtureDataset:
     return MixtureDataset(parts, [w for _, w in entries])
 
 
-def end_of_data(cfg: Any, say: Any = print) -> Any:
+def end_of_data(cfg: Any, load_data: Any, say: Any = print) -> Any:
     """``cfg`` itself, or with ``data.mixture_end=stop`` where a corpus runs out before
-    ``train.steps``, a copy whose ``train.steps`` is the step it runs out at (said in one line)."""
+    ``train.steps``, a copy whose ``train.steps`` is the step it runs out at (said in one line);
+    ``load_data(cfg.data)`` reads the mixture (:func:`jaxnet.data.load`)."""
     if not cfg.data.mixture or cfg.data.mixture_end != "stop":
         return cfg
     from jaxnet import config as config_lib
 
-    dataset = load(cfg.data)
+    dataset = load_data(cfg.data)
     dataset.check(cfg)
     found = dataset.plan(cfg).runs_out(dataset.windows(cfg.data.seq_len), cfg.train.steps - 1)
     if found is None:

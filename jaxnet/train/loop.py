@@ -678,7 +678,7 @@ def train(
     workdir = Path(workdir) if workdir is not None else default_workdir(cfg)
     cfg = init_from.pin_lora_base(cfg, workdir)  # LoRA from RUN_DIR: the step its base is, kept for every resume
     cfg = schedule_extension(cfg, workdir, print if parallel.is_primary() else lambda *_: None)
-    cfg = mixture.end_of_data(cfg, print if parallel.is_primary() else lambda *_: None)
+    cfg = mixture.end_of_data(cfg, data_lib.load, print if parallel.is_primary() else lambda *_: None)
     run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]

@@ -402,6 +402,10 @@ def _study_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    if args.command == "lm-eval":
+        from jaxnet import harness
+
+        return harness.main(args.arguments)
     if args.command == "plan":
         return _plan(args, argv)
     if args.command == "prepare":
@@ -684,6 +688,9 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line as the ``jaxnet`` command reads it; a :class:`UserError` if it cannot."""
     parser = _parser()
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["lm-eval"]:  # lm-eval's own options, which it parses (jaxnet.harness)
+        return argparse.Namespace(command="lm-eval", arguments=list(words[1:]))
     args, extra = parser.parse_known_args(argv)
     # argparse stops collecting positionals at the first option, so gather the key=value
     # pairs that come after --workdir here.
@@ -697,12 +704,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jaxnet`` command; returns the exit code."""
-    words = sys.argv[1:] if argv is None else argv
     try:
-        if words[:1] == ["lm-eval"]:  # lm-eval parses its own options (jaxnet.harness)
-            from jaxnet import harness
-
-            return harness.main(list(words[1:]))
         return _run(parse_args(argv), argv)
     except UserError as e:
         return _leave_processes(2, f"jaxnet: error: {e}")

@@ -2,8 +2,8 @@
 
 Command:  jaxnet train mixture_shakespeare
           python scripts/record_mixture.py            # the run, its per-corpus curves and a results file
-Result:   see docs/data.md ("A mixture, measured") and benchmarks/results/mixture_shakespeare-*.json
-Time:     see the results file (a few minutes on a quiet 2-core CPU)
+Result:   val 2.197 nats per byte on Shakespeare, 1.995 on PTB; speaker task acc 0.286, acc_norm 0.344 (chance 0.25)
+Time:     18 min on a 2-core CPU shared with other jobs (load 10-12; results/mixture_shakespeare-cpu-2026-11-27.json)
 
 A byte-level GPT (2 blocks, 96 wide, context 128) trained on Shakespeare's works and Penn Treebank,
 both prepared with ``jaxnet prepare --tokenizer byte`` into corpora/shakespeare-byte and

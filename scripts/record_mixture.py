@@ -1,6 +1,7 @@
 """Train the mixture demo and record it: per-corpus curves, tokens read, the speaker task's scores.
 
     python scripts/record_mixture.py [key=value ...] [--keep DIR]
+    python scripts/record_mixture.py --plot benchmarks/results/mixture_shakespeare-cpu-DATE.json
 
 Runs ``jaxnet train mixture_shakespeare`` as a separate process from the repository's root (the
 corpora and the task file are made there on first use), then writes
@@ -50,17 +51,20 @@ def plot(record: dict, out: Path) -> None:
     steps, loss = zip(*record["val"]["loss"], strict=True)
     axes[0].plot(steps, loss, "k--", label="both (all validation bytes)")
     axes[0].set(title="validation loss per corpus", xlabel="step", ylabel="nats per byte")
-    totals = {}
+    totals = {0: dict.fromkeys(names, 0)}
     for name in names:
         for step, tokens in record["train"][f"tokens/{name}"]:
             totals.setdefault(step, {})[name] = tokens
     steps = sorted(totals)
-    for name in names:
-        share = [totals[s][name] / sum(totals[s].values()) for s in steps]
-        line = axes[1].plot(steps, share, label=f"{name}: share of tokens read")[0]
+    for name in names:  # each log interval's share: the tokens read between two log lines
+        share = [
+            (totals[b][name] - totals[a][name]) / (sum(totals[b].values()) - sum(totals[a].values()))
+            for a, b in zip(steps, steps[1:], strict=False)
+        ]
+        line = axes[1].step(steps[1:], share, where="pre", label=f"{name}: share of the interval's tokens")[0]
         weights = [w[names.index(name)] for w in record["weight_at"]]
         axes[1].step([w for w, *_ in record["weight_steps"]], weights, where="post", ls=":", color=line.get_color())
-    axes[1].set(title="tokens read by corpus (dotted: the weight in force)", xlabel="step", ylim=(0, 1))
+    axes[1].set(title="tokens read by corpus per log interval (dotted: weight)", xlabel="step", ylim=(0, 1))
     for key in ("acc", "acc_norm"):
         steps, value = zip(*record["val"][f"{TASK}/{key}"], strict=True)
         axes[2].plot(steps, value, marker="o", ms=3, label=key)
@@ -75,7 +79,12 @@ def plot(record: dict, out: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Train with overrides ``argv`` and write the results file and its plot; returns the exit code."""
+    """Train with overrides ``argv`` and write the results file and its plot; returns the exit code.
+    ``--plot FILE.json`` draws the plot of a results file again, without training."""
+    if argv[:1] == ["--plot"]:
+        path = Path(argv[1])
+        plot(json.loads(path.read_text()), path.with_suffix(".png"))
+        return 0
     keep = None
     if "--keep" in argv:
         at = argv.index("--keep")

@@ -241,9 +241,7 @@ def test_a_two_corpus_run_reads_its_weights_reports_each_corpus_and_resumes_afte
     killed.kill()  # SIGKILL, mid-run
     killed.communicate()
     assert killed.returncode == -9 and not (tmp_path / "killed" / "summary.json").exists()
-    resumed = jaxnet_process([*run_args(corpora), "--workdir", str(tmp_path / "killed")])
-    out, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err
+    out = said(["train", *run_args(corpora), "--workdir", str(tmp_path / "killed")], capsys)  # the same command
     assert "resuming" in out
 
     summary = json.loads((tmp_path / "whole" / "summary.json").read_text())

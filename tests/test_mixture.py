@@ -264,3 +264,23 @@ def test_a_two_corpus_run_reads_its_weights_reports_each_corpus_and_resumes_afte
     assert at_100["step"] == 100 and 0 <= at_100["which/acc"] <= 1
     events = b"".join(p.read_bytes() for p in (tmp_path / "whole" / "tb").glob("events*"))
     assert b"train/tokens/plays" in events and b"val/code/loss" in events  # TensorBoard's tags
+
+
+def test_an_experiment_file_gives_the_mixture_and_its_schedule_as_lists(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "from jaxnet.config import Config\n"
+        "from jaxnet.models import TransformerConfig\n"
+        "def get_config(variant='default'):\n"
+        "    cfg = Config()\n"
+        "    cfg.data.name, cfg.data.seq_len = 'tokens', 16\n"
+        "    cfg.model = TransformerConfig()\n"
+        "    cfg.data.mixture = ['corpora/web:0.7', 'corpora/code:0.3']\n"
+        "    cfg.data.mixture_schedule = ['500:0.5/0.5', '900:0.2/0.8']\n"
+        "    return cfg\n"
+    )
+    cfg = config.load_experiment(str(path))
+    assert config.mixture_sources(cfg) == [("corpora/web", 0.7), ("corpora/code", 0.3)]
+    assert config.mixture_schedule(cfg) == [(500, (0.5, 0.5)), (900, (0.2, 0.8))]
+    config.save(cfg, tmp_path / "config.json")  # and config.json reads back the same
+    assert config.load(tmp_path / "config.json").data.mixture_schedule == ("500:0.5/0.5", "900:0.2/0.8")

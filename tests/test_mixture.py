@@ -262,6 +262,10 @@ def test_a_two_corpus_run_reads_its_weights_reports_each_corpus_and_resumes_afte
     assert {"which/acc", "which/acc_norm", "tasks/acc"} <= set(val)  # train.eval_tasks, at each validation
     at_100 = [r for r in observe.read_metrics(tmp_path / "whole" / "metrics.jsonl") if r["split"] == "val"][0]
     assert at_100["step"] == 100 and 0 <= at_100["which/acc"] <= 1
+    scored = json.loads(
+        said(["eval", "--workdir", str(tmp_path / "whole"), "--task", str(corpora["task"]), "--json"], capsys)
+    )
+    assert scored["tasks"]["which"]["acc_norm"] == val["which/acc_norm"]  # jaxnet eval --task: the loop's numbers
     events = b"".join(p.read_bytes() for p in (tmp_path / "whole" / "tb").glob("events*"))
     assert b"train/tokens/plays" in events and b"val/code/loss" in events  # TensorBoard's tags
 

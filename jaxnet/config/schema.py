@@ -572,10 +572,17 @@ def validate(cfg: Config) -> None:
             raise UserError("model.dtype=float64 needs JAX's 64-bit mode: run with JAX_ENABLE_X64=1")
     profile_steps(cfg)
     _check_steps_per_call(cfg)
-    if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1):
+    if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1 or cfg.mesh.expert != 1):
         raise UserError(
-            f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1 and "
-            f"mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.tensor={cfg.mesh.tensor})"
+            f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1, mesh.expert=1 "
+            f"and mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.expert={cfg.mesh.expert}, "
+            f"mesh.tensor={cfg.mesh.tensor})"
+        )
+    experts = getattr(cfg.model, "experts", 0)
+    if cfg.mesh.expert > 1 and (not experts or experts % cfg.mesh.expert):
+        raise UserError(
+            f"mesh.expert={cfg.mesh.expert} does not divide model.experts={experts}; give an expert axis that "
+            "divides the experts (or mesh.expert=1)"
         )
     _check_sgd(cfg)
     _check_fine_tuning(cfg)

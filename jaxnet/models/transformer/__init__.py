@@ -138,8 +138,15 @@ class TransformerConfig(TransformerKeys):
 
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Key/value heads split over ``tensor`` like the query heads where it divides them, whole
-        on every tensor device otherwise (fewer key/value heads than tensor devices)."""
+        on every tensor device otherwise (fewer key/value heads than tensor devices); an ``expert``
+        axis that does not divide the experts is a :class:`UserError`."""
         kv_heads = self.kv_heads or self.heads
+        ways = mesh_shape.get("expert", 1)
+        if ways > 1 and (not self.experts or self.experts % ways):
+            raise UserError(
+                f"mesh.expert={ways} does not divide model.experts={self.experts}; give an expert axis that divides "
+                "the experts (or mesh.expert=1)"
+            )
         return (("kv_heads", "tensor" if kv_heads % mesh_shape.get("tensor", 1) == 0 else None),)
 
 

@@ -578,12 +578,6 @@ def validate(cfg: Config) -> None:
             f"and mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.expert={cfg.mesh.expert}, "
             f"mesh.tensor={cfg.mesh.tensor})"
         )
-    experts = getattr(cfg.model, "experts", 0)
-    if cfg.mesh.expert > 1 and (not experts or experts % cfg.mesh.expert):
-        raise UserError(
-            f"mesh.expert={cfg.mesh.expert} does not divide model.experts={experts}; give an expert axis that "
-            "divides the experts (or mesh.expert=1)"
-        )
     _check_sgd(cfg)
     _check_fine_tuning(cfg)
 

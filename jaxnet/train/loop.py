@@ -148,6 +148,8 @@ class Run:
                 "or a jaxnet Dataset / TextDataset"
             )
         self.text = isinstance(self.dataset, text_lib.TextDataset)
+        if model is None and "model" not in self.hooks:  # the family's own checks of the mesh's sizes first
+            cfg.model.axis_rules({axis: getattr(cfg.mesh, axis) for axis in parallel.AXES})
         self.mesh: Mesh = parallel.make_mesh(cfg.mesh, devices)
         accum = cfg.optim.grad_accum
         parallel.check_batch(

@@ -57,6 +57,18 @@ from jaxnet.models.transformer.spec import (
 
 #: Keys of how a Transformer is computed or trained, or of its size in ids and positions, not
 #: of the function it computes (:meth:`TransformerConfig.arithmetic`); ``mlp_ratio`` is in ``mlp_hidden``.
+#: The keys of a mixture of experts (``mlp_pattern`` entry ``moe``).
+MOE_KEYS = (
+    "experts",
+    "experts_per_token",
+    "expert_hidden",
+    "shared_experts",
+    "router_renorm",
+    "router_aux_loss",
+    "router_z_loss",
+    "capacity_factor",
+    "expert_matmul",
+)
 HOW = (
     "dropout",
     "attention",
@@ -121,7 +133,18 @@ class TransformerConfig(TransformerKeys):
         """The resolved spec's keys but those of how it is computed or trained (the kernel, the
         dtypes, dropout, rematerialisation) and its size in ids and positions."""
         spec = dataclasses.replace(self, attention="xla", dtype="float32").spec(vocab=1, context=1)
-        return {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
+        out = {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
+        layers = [spec.layer(i) for i in range(spec.layers)]  # the patterns as each layer has them
+        out["attention_pattern"] = tuple(layer.attention for layer in layers)
+        out["mlp_pattern"] = tuple(layer.mlp for layer in layers)
+        unused = []  # keys no layer uses
+        if "dense" not in out["mlp_pattern"]:
+            unused += ["mlp_hidden", "mlp", "gelu"]
+        if "moe" not in out["mlp_pattern"]:
+            unused += [k for k in MOE_KEYS if k not in HOW]
+        if "local" not in out["attention_pattern"]:
+            unused += ["window", "rope_local_theta"]
+        return {k: v for k, v in out.items() if k not in unused}
 
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax import custom_batching, lax
 
+from jaxnet.errors import UserError
+
 # A config's dtype names; float64 needs JAX's 64-bit mode (JAX_ENABLE_X64=1), for numerical checks.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
 
@@ -26,6 +28,56 @@ def lookup(embed: nn.Embed, tokens: jnp.ndarray, dtype: Any) -> jnp.ndarray:
     """
     table = nn.with_logical_constraint(embed.embedding, (None, None))
     return nn.with_logical_constraint(jnp.take(table, tokens, axis=0).astype(dtype), ("batch", None, None))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rematerialisation: what a recomputed layer keeps for the backward pass
+
+#: The recomputation policies by name, each saying what a rematerialised layer keeps for the
+#: backward pass (the rest is recomputed there): ``none`` keeps everything (no recomputation);
+#: ``full`` only the layer's inputs; ``dots`` every matrix product's output; ``dots_no_batch`` the
+#: outputs of products without batch dimensions (the projections; attention's products, batched
+#: over heads, are recomputed); ``minimal`` only the values named :data:`SAVED_NAMES` (the
+#: attention's output); ``offload`` what ``dots_no_batch`` keeps, moved to the host's memory and
+#: back (JAX's offload policy).
+REMAT = ("none", "full", "dots", "dots_no_batch", "minimal", "offload")
+#: Older spellings of the policies (``model.remat`` was true or false).
+REMAT_ALIASES = {True: "full", False: "none", "true": "full", "false": "none"}
+#: The name of the attention's output (``jax.ad_checkpoint.checkpoint_name``), what ``minimal`` keeps.
+ATTENTION_OUTPUT = "context"
+SAVED_NAMES = (ATTENTION_OUTPUT,)
+
+
+def remat_policy(name: str) -> Callable | None:
+    """JAX's ``jax.checkpoint`` policy of recomputation policy ``name`` (:data:`REMAT`; None for
+    ``full``, which keeps nothing but the inputs). The one place the policies are looked up, so a
+    JAX that lacks one says so in a line rather than deep in a trace::
+
+        block = nn.remat(Block, policy=remat_policy("dots_no_batch"))
+    """
+    policies = jax.checkpoint_policies
+    wanted = {
+        "full": None,
+        "dots": "dots_saveable",
+        "dots_no_batch": "dots_with_no_batch_dims_saveable",
+        "minimal": "save_only_these_names",
+        "offload": "offload_dot_with_no_batch_dims",
+    }
+    if name not in wanted:
+        raise ValueError(f"remat policy {name!r} is not one of {', '.join(REMAT[1:])}")
+    attribute = wanted[name]
+    if attribute is None:
+        return None
+    if not hasattr(policies, attribute):
+        raise UserError(
+            f"model.remat={name} needs jax.checkpoint_policies.{attribute}, which this JAX ({jax.__version__}) "
+            "lacks; choose another policy"
+        )
+    if name == "minimal":
+        return policies.save_only_these_names(*SAVED_NAMES)
+    if name == "offload":
+        return policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+    return getattr(policies, attribute)
 
 
 # ---------------------------------------------------------------------------------------------

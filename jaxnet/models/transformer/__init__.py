@@ -34,7 +34,7 @@ from typing import Any
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import ModelConfig, Unpacked, field, has_cudnn, register, register_migration
-from jaxnet.models.common import DTYPES, Projection, mask_unused_vocab
+from jaxnet.models.common import DTYPES, REMAT, REMAT_ALIASES, Projection, mask_unused_vocab
 from jaxnet.models.transformer.attention import (
     SelfAttention,
     attend,
@@ -88,7 +88,15 @@ class TransformerConfig(ModelConfig):
         "moved first (xla_head_major) on a CPU, XLA's (jax.nn.dot_product_attention) otherwise",
         choices=("auto", "xla", "xla_head_major", "cudnn"),
     )
-    remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
+    remat: str = field(
+        "none",
+        "what each block keeps for the backward pass, the rest recomputed there (less memory, more compute): "
+        "none = everything; full = its input only; dots = every matrix product's output; dots_no_batch = the "
+        "projections' outputs (attention's products recomputed); minimal = the attention's output; offload = what "
+        "dots_no_batch keeps, in host memory",
+        choices=REMAT,
+        aliases=REMAT_ALIASES,
+    )
     gelu: str = field(
         "tanh",
         "the MLP's GELU: tanh = the tanh approximation (GPT-2's gelu_new), exact = x * Phi(x) with erf",

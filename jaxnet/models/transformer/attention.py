@@ -18,8 +18,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from jaxnet.models.common import Projection, project
+from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project
 from jaxnet.models.transformer.spec import TransformerSpec
 
 #: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
@@ -241,6 +242,7 @@ class SelfAttention(nn.Module):
             out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible)
         else:
             out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask)
+        out = checkpoint_name(out, ATTENTION_OUTPUT)  # what model.remat=minimal keeps
         return Projection(
             (s.width,),
             ("heads", "kv", "embed"),

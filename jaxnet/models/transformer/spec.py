@@ -17,6 +17,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jaxnet.models.common import REMAT
+
 _LLAMA: dict[str, Any] = {
     "position": "rotary",
     "tie_embeddings": False,
@@ -66,7 +68,9 @@ class TransformerSpec:
     ``rope_theta``; ``rope_scaling="llama3"`` rescales its frequencies as Llama 3.1 does, by
     ``rope_factor`` below ``rope_low_freq_factor`` and smoothly up to ``rope_high_freq_factor``
     wavelengths per ``rope_original_context`` positions); ``attention`` the kernel (``xla``,
-    ``xla_head_major``, ``cudnn``, resolved for a backend); ``dtype`` the compute dtype,
+    ``xla_head_major``, ``cudnn``, resolved for a backend); ``remat`` what each block keeps for the
+    backward pass, the rest recomputed (:data:`~jaxnet.models.common.REMAT`: ``none``, ``full``,
+    ``dots``, ``dots_no_batch``, ``minimal``, ``offload``); ``dtype`` the compute dtype,
     ``param_dtype`` the parameters'. A spec is hashable (a static argument of ``jit``).
     """
 
@@ -86,7 +90,7 @@ class TransformerSpec:
     tie_embeddings: bool = True
     causal: bool = True
     attention: str = "xla"
-    remat: bool = False
+    remat: str = "none"
     gelu: str = "tanh"
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
@@ -117,6 +121,7 @@ class TransformerSpec:
             ("mlp", self.mlp, ("gelu", "swiglu")),
             ("bias", self.bias, tuple(BIAS_GROUPS)),
             ("rope_scaling", self.rope_scaling, ("none", "llama3")),
+            ("remat", self.remat, REMAT),
         ):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not one of {', '.join(allowed)}")

@@ -512,6 +512,62 @@ def launches(text: str) -> dict[str, Any]:
     }
 
 
+def _dims(attribute: str, rest: str) -> list[int]:
+    found = re.search(attribute + r"=\{([\d,]*)\}", rest)
+    return _ints(found.group(1)) if found else []
+
+
+def matmul_flops(text: str) -> dict[str, float]:
+    """FLOPs of the matrix products of a compiled GPU program per execution, by the dtype of their
+    first operand (``f8e4m3fn``, ``f8e5m2``, ``bf16``, ...): each ``dot`` (inside a gemm fusion or
+    not) ``2 x`` its result's elements ``x`` its contracted size, and each cuBLAS call likewise from
+    its ``dot_dimension_numbers``, every fusion counted as often as the computation that runs it,
+    loop bodies their known trip count (once when unknown). What a float8 plan's compute bound
+    takes at the float8 peak (XLA's cost analysis gives one total, not the dtypes).
+
+    >>> matmul_flops(compiled.as_text())  # doctest: +SKIP
+    {'bf16': 4.1e9, 'f8e4m3fn': 2.2e10, 'f8e5m2': 2.2e10}
+    """
+    comps, entry = roofline._computations(text)
+    flops: Counter = Counter()
+
+    def visit(name: str, times: int) -> None:
+        insts = _instructions("\n".join(comps.get(name, ())))
+        types = {n: result for n, result, _, _ in insts}
+        for _, result, op, rest in insts:
+            if op == "while":
+                loop, trip = _LOOP.search(rest), roofline._TRIP.search(rest)
+                if loop:
+                    visit(loop.group(2), times * (int(trip.group(1)) if trip else 1))
+            elif op in ("fusion", "call", "async-start"):
+                called = _CALLED.search(rest)
+                if called:
+                    visit(called.group(1), times)
+            elif op == "conditional":
+                found = _BRANCHES.search(rest)
+                if found:
+                    names = re.findall(r"%[\w.\-]+", found.group(1)) if found.group(1) else list(found.groups()[1:])
+                    for branch in names[:1]:
+                        visit(branch, times)
+            elif op == "dot" or (op == "custom-call" and '"__cublas' in rest):
+                operands = _operand_types(rest, types)
+                out = _ARRAY.findall(result)
+                if not operands or not out:
+                    continue
+                lhs = [int(d) for d in operands[0][1].split(",") if d]
+                if op == "dot":
+                    contracted = _dims("lhs_contracting_dims", rest)
+                else:
+                    found = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', rest)
+                    contracted = [int(d) for d in re.findall(r"\d+", found.group(1))] if found else []
+                size = math.prod(lhs[d] for d in contracted if d < len(lhs))
+                elements = math.prod(int(d) for d in out[0][1].split(",") if d)
+                flops[operands[0][0]] += 2.0 * elements * size * times
+
+    visit(entry, 1)
+    return dict(sorted(flops.items()))
+
+
 def hlo_cost(text: str) -> dict[str, float]:
     """XLA's cost analysis (FLOPs, bytes accessed) of a compiled module's text, every loop counted
     as often as it runs; JAX's ``cost_analysis()`` has none for a deviceless compile."""

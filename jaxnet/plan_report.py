@@ -146,6 +146,12 @@ def describe(report: dict[str, Any]) -> str:
         f"{f['xla_cost_analysis'] / 1e9:.3f} G, cuDNN attention {f['cudnn_attention_by_formula'] / 1e9:.3f} G); "
         "jaxnet.flops "
         + (f"{f['jaxnet_flops_py'] / 1e9:.3f} G for all devices" if f["jaxnet_flops_py"] else "n/a")
+        + (
+            f"; float8 products {f['fp8'] / 1e9:.3f} G (at the float8 peak, "
+            f"{(p.get('peak_fp8_flops') or 0) / 1e12:.0f} TFLOP/s)"
+            if f.get("fp8")
+            else ""
+        )
         + f"; bytes per device {report['bytes_per_step']['per_device'] / 1e9:.3f} GB",
         *_expected_line(report),
         f"  PREDICTED step {1e3 * p['predicted_step_s']:.3g} ms, {p['bound']}-bound (compute "

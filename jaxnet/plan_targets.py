@@ -68,7 +68,11 @@ class Target:
         return float(own) if own else None
 
     def peak_flops(self, dtype: str) -> float | None:
-        """Dense peak FLOP/s for matrix products in ``dtype`` (float32 ones run on TF32 tensor cores)."""
+        """Dense peak FLOP/s for matrix products in ``dtype`` (float32 ones run on TF32 tensor cores;
+        ``float8`` where the GPU has float8 matrix units, else None)."""
+        if dtype == "float8":
+            own = self.fields.get("peak_fp8_flops")
+            return float(own) if own else flops_lib.peak_flops(self.device_kind, "float8")
         if dtype in ("bfloat16", "float16"):
             own = self.fields.get("peak_bf16_flops")
             return float(own) if own else flops_lib.peak_flops(self.device_kind)

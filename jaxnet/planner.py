@@ -83,6 +83,7 @@ from jaxnet.plan_hlo import (  # noqa: F401
     kernels,
     launches,
     link_seconds,
+    matmul_flops,
     replica_groups,
 )
 from jaxnet.plan_report import _input_line, _processes_line, describe  # noqa: F401
@@ -287,7 +288,11 @@ def plan(
     dtype = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
     dtype = models.resolve(planned.model, "cuda").dtype if dtype == "auto" else dtype
     peak = tgt.peak_flops(dtype)
-    compute_s = flops_device / peak if peak else None
+    by_dtype = matmul_flops(text)
+    fp8 = sum(f for d, f in by_dtype.items() if d.startswith("f8"))
+    fp8_peak = tgt.peak_flops("float8") if fp8 else None
+    # float8 products at the float8 peak, the rest at the compute dtype's
+    compute_s = (flops_device - fp8) / peak + (fp8 / fp8_peak if fp8_peak else fp8 / peak) if peak else None
     memory_s = cost["bytes"] / tgt.bandwidth
     launched = launches(text)
     launch_s = launched["total"] * tgt.launch_overhead if tgt.launch_overhead else None
@@ -325,9 +330,12 @@ def plan(
             "jaxnet_flops_py": analytic,
             "source": source,
             "ratio_xla_to_flops_py": round((cost["flops"] + attention) * gpus / analytic, 4) if analytic else None,
+            "matmuls_by_dtype": by_dtype,
+            "fp8": fp8,
             "note": "XLA's HLO cost analysis of the compiled per-device program, plus cuDNN's fused attention "
             "counted from its operand shapes (XLA counts none inside it); jaxnet_flops_py counts matrix "
-            "products only, for all devices",
+            "products only, for all devices; matmuls_by_dtype: the matrix products' FLOPs by the dtype of their "
+            "first operand, fp8: those of float8 operands (at the float8 peak in the compute bound)",
         },
         "bytes_per_step": {"per_device": cost["bytes"], "note": "XLA's bytes accessed by every fused kernel"},
         "prediction": {
@@ -340,6 +348,7 @@ def plan(
             "launch_overhead_s": tgt.launch_overhead,
             "peak_flops": peak,
             "peak_dtype": dtype,
+            "peak_fp8_flops": fp8_peak,
             "memory_bandwidth": tgt.bandwidth,
             "examples_per_s": rows / step_s if step_s else None,
             "tokens_per_s": per_step_tokens / step_s if per_step_tokens and step_s else None,

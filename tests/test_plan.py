@@ -82,6 +82,28 @@ def test_attention_flops_by_formula_match_flops_py():
     assert p["flops_per_step"]["cudnn_attention_by_formula"] == 3 * 2 * (2 * 2 * 8 * pairs * 32)
 
 
+def test_fp8_compiles_the_projections_to_float8_gemms_and_counts_them_at_the_float8_peak():
+    """transformer_shakespeare:smoke with model.matmul=fp8 on an H100: each of the 2 blocks' four
+    products (queries/keys/values together, attention's output, the MLP's two) is a float8 GEMM
+    forward (e4m3 x e4m3) and two backward (an e5m2 gradient with an e4m3 operand, either first as
+    XLA orders them): 24 float8 GEMMs; the tied output layer's 3 products stay bf16. Their FLOPs are
+    those of the projections, 3 x 2 x 256 tokens x 2 x (32 x 96 + 32 x 32 + 2 x 32 x 128), taken
+    at the float8 peak (the data sheet's, about twice the bf16 one) in the compute bound."""
+    p = plan_of("transformer_shakespeare:smoke", "model.matmul=fp8")
+    dtypes = p["kernels"]["matmul_dtypes"]
+    assert set(dtypes) == {"bf16", "f8e4m3fn", "f8e5m2"} and dtypes["bf16"] == 3
+    assert dtypes["f8e4m3fn"] + dtypes["f8e5m2"] == 24 and min(dtypes["f8e4m3fn"], dtypes["f8e5m2"]) >= 8
+    f = p["flops_per_step"]
+    assert f["fp8"] == 3 * 2 * 256 * 2 * (32 * 96 + 32 * 32 + 2 * 32 * 128)
+    assert set(f["matmuls_by_dtype"]) == {"bf16", "f8e4m3fn", "f8e5m2"}
+    pred = p["prediction"]
+    assert pred["peak_fp8_flops"] == 1979e12 and pred["peak_flops"] == 989e12  # the data sheet: 3,958 and 1,979 sparse
+    expected = (f["per_device"] - f["fp8"]) / pred["peak_flops"] + f["fp8"] / pred["peak_fp8_flops"]
+    assert pred["compute_s"] == pytest.approx(expected)
+    plain = plan_of("transformer_shakespeare:smoke")
+    assert plain["flops_per_step"]["fp8"] == 0 and plain["prediction"]["peak_fp8_flops"] is None
+
+
 def test_lstm_plans_on_its_scan_path_and_says_why():
     p = plan_of("lstm_shakespeare:smoke")
     assert "cannot be traced without a GPU" in p["caveats"][0] and "lax.scan" in p["caveats"][0]

@@ -34,7 +34,7 @@ from typing import Any
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import ModelConfig, Unpacked, field, has_cudnn, register, register_migration
-from jaxnet.models.common import DTYPES, REMAT, REMAT_ALIASES, Projection, mask_unused_vocab
+from jaxnet.models.common import DTYPES, MATMULS, REMAT, REMAT_ALIASES, Projection, mask_unused_vocab
 from jaxnet.models.transformer.attention import (
     SelfAttention,
     attend,
@@ -96,6 +96,13 @@ class TransformerConfig(ModelConfig):
         "dots_no_batch keeps, in host memory",
         choices=REMAT,
         aliases=REMAT_ALIASES,
+    )
+    matmul: str = field(
+        "default",
+        "how the projections of attention and the MLP multiply: default = in model.dtype; fp8 = float8 (e4m3 "
+        "forward, e5m2 gradients, current scaling; an H100/H200 runs float8 GEMMs, a CPU simulates them), the "
+        "parameters, optimizer, output layer and attention's own products unchanged",
+        choices=MATMULS,
     )
     gelu: str = field(
         "tanh",
@@ -199,6 +206,7 @@ class TransformerConfig(ModelConfig):
             causal=self.causal,
             attention="xla" if self.attention == "auto" else self.attention,
             remat=self.remat,
+            matmul=self.matmul,
             gelu=self.gelu,
             norm_eps=self.norm_eps,
             rope_theta=self.rope_theta,

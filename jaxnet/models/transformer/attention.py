@@ -204,6 +204,7 @@ class SelfAttention(nn.Module):
                 param_dtype=s.param_dtype,
                 use_bias=s.biased("qkv"),
                 kernel_init=init,
+                matmul=s.matmul,
                 name=name,
             )
 
@@ -218,7 +219,8 @@ class SelfAttention(nn.Module):
             weights = [p.weights((s.width,)) for p in projections]
             kernel = jnp.stack([k for k, _ in weights], axis=1)
             bias = jnp.stack([b for _, b in weights]) if s.biased("qkv") else None
-            qkv = nn.with_logical_constraint(project(x, kernel, bias, 1, s.dtype), ("batch", None, None, "heads", None))
+            qkv = project(x, kernel, bias, 1, s.dtype, s.matmul)
+            qkv = nn.with_logical_constraint(qkv, ("batch", None, None, "heads", None))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
             deltas = [p.adapter(x) for p in projections]  # LoRA adapters' terms, each through its rank
             q, k, v = (a if d is None else a + d for a, d in zip((q, k, v), deltas, strict=True))
@@ -251,5 +253,6 @@ class SelfAttention(nn.Module):
             use_bias=s.biased("out"),
             dtype=s.dtype,
             param_dtype=s.param_dtype,
+            matmul=s.matmul,
             name="out",
         )(out)

@@ -81,7 +81,7 @@ class Block(nn.Module):
         s = self.spec
         drop = nn.Dropout(s.dropout, deterministic=not train)
         x = x + drop(SelfAttention(s, name="attention")(norm(s, "norm_1")(x), positions, decode, mask))
-        kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"))
+        kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"), matmul=s.matmul)
         h = norm(s, "norm_2")(x)
         y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
         y = nn.with_logical_constraint(y, ("batch", None, "mlp"))

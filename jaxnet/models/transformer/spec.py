@@ -17,7 +17,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxnet.models.common import REMAT
+from jaxnet.models.common import MATMULS, REMAT
 
 _LLAMA: dict[str, Any] = {
     "position": "rotary",
@@ -70,7 +70,9 @@ class TransformerSpec:
     wavelengths per ``rope_original_context`` positions); ``attention`` the kernel (``xla``,
     ``xla_head_major``, ``cudnn``, resolved for a backend); ``remat`` what each block keeps for the
     backward pass, the rest recomputed (:data:`~jaxnet.models.common.REMAT`: ``none``, ``full``,
-    ``dots``, ``dots_no_batch``, ``minimal``, ``offload``); ``dtype`` the compute dtype,
+    ``dots``, ``dots_no_batch``, ``minimal``, ``offload``); ``matmul`` how the projections of
+    attention and the MLP multiply (``default``: in ``dtype``; ``fp8``: through float8, the output
+    layer and attention's own products staying in ``dtype``); ``dtype`` the compute dtype,
     ``param_dtype`` the parameters'. A spec is hashable (a static argument of ``jit``).
     """
 
@@ -91,6 +93,7 @@ class TransformerSpec:
     causal: bool = True
     attention: str = "xla"
     remat: str = "none"
+    matmul: str = "default"
     gelu: str = "tanh"
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
@@ -122,6 +125,7 @@ class TransformerSpec:
             ("bias", self.bias, tuple(BIAS_GROUPS)),
             ("rope_scaling", self.rope_scaling, ("none", "llama3")),
             ("remat", self.remat, REMAT),
+            ("matmul", self.matmul, MATMULS),
         ):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not one of {', '.join(allowed)}")

@@ -214,6 +214,57 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def step_figures(run: Run, text: str, rows: int, tgt: Target, gpus: int, per_node: int) -> dict[str, Any]:
+    """What the compiled train step ``text`` of ``run`` (at ``rows`` rows, on ``gpus`` GPUs of ``tgt``,
+    ``per_node`` to a node) costs: FLOPs per device (XLA's, cuDNN attention's by formula, or
+    jaxnet.flops' where larger), the float8 products' share, the compute, memory, launch and
+    communication bounds and which one the predicted step is."""
+    cost = hlo_cost(text)
+    attention, _ = attention_flops(text)
+    flops_device = cost["flops"] + attention
+    analytic = _model_flops(run, rows)
+    # XLA counts nothing inside cuDNN's convolution calls either: where jaxnet's own count of the
+    # matrix products and convolutions is larger, it is the better figure (as jaxnet bench does).
+    source = "xla + cuDNN attention by formula"
+    if analytic and analytic / gpus > flops_device:
+        flops_device, source = analytic / gpus, "jaxnet.flops / gpus (above XLA's count: work inside cuDNN calls)"
+    # A Linen module's own compute dtype (run.model is the model seam's adapter around it).
+    dtype = getattr(getattr(run.model, "module", None), "dtype", None) or getattr(run.cfg.model, "dtype", "float32")
+    dtype = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    dtype = models.resolve(run.cfg.model, "cuda").dtype if dtype == "auto" else dtype
+    peak = tgt.peak_flops(dtype)
+    by_dtype = matmul_flops(text)
+    fp8 = sum(f for d, f in by_dtype.items() if d.startswith("f8"))
+    fp8_peak = tgt.peak_flops("float8") if fp8 else None
+    # float8 products at the float8 peak, the rest at the compute dtype's
+    compute_s = (flops_device - fp8) / peak + (fp8 / fp8_peak if fp8_peak else fp8 / peak) if peak else None
+    memory_s = cost["bytes"] / tgt.bandwidth
+    launched = launches(text)
+    launch_s = launched["total"] * tgt.launch_overhead if tgt.launch_overhead else None
+    comm = communication(text, [d.process_index for d in run.mesh.devices.flat], tgt)
+    comm.update(nodes=gpus // per_node, gpus_per_node=per_node)
+    bound, step_s = step_bound(compute_s, memory_s, launch_s, comm["seconds"])
+    return {
+        "cost": cost,
+        "attention": attention,
+        "flops": flops_device,
+        "analytic": analytic,
+        "source": source,
+        "dtype": dtype,
+        "peak": peak,
+        "by_dtype": by_dtype,
+        "fp8": fp8,
+        "fp8_peak": fp8_peak,
+        "compute_s": compute_s,
+        "memory_s": memory_s,
+        "launched": launched,
+        "launch_s": launch_s,
+        "comm": comm,
+        "bound": bound,
+        "step_s": step_s,
+    }
+
+
 def plan(
     cfg: Config,
     target: str = "h100",
@@ -274,31 +325,11 @@ def plan(
     eval_s = time.perf_counter() - start
     eval_memory = _memory(eval_compiled, state, batch, tgt.memory_bytes)
 
-    cost = hlo_cost(text)
-    attention, _ = attention_flops(text)
-    flops_device = cost["flops"] + attention
-    analytic = _model_flops(run, rows)
-    # XLA counts nothing inside cuDNN's convolution calls either: where jaxnet's own count of the
-    # matrix products and convolutions is larger, it is the better figure (as jaxnet bench does).
-    source = "xla + cuDNN attention by formula"
-    if analytic and analytic / gpus > flops_device:
-        flops_device, source = analytic / gpus, "jaxnet.flops / gpus (above XLA's count: work inside cuDNN calls)"
-    # A Linen module's own compute dtype (run.model is the model seam's adapter around it).
-    dtype = getattr(getattr(run.model, "module", None), "dtype", None) or getattr(planned.model, "dtype", "float32")
-    dtype = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    dtype = models.resolve(planned.model, "cuda").dtype if dtype == "auto" else dtype
-    peak = tgt.peak_flops(dtype)
-    by_dtype = matmul_flops(text)
-    fp8 = sum(f for d, f in by_dtype.items() if d.startswith("f8"))
-    fp8_peak = tgt.peak_flops("float8") if fp8 else None
-    # float8 products at the float8 peak, the rest at the compute dtype's
-    compute_s = (flops_device - fp8) / peak + (fp8 / fp8_peak if fp8_peak else fp8 / peak) if peak else None
-    memory_s = cost["bytes"] / tgt.bandwidth
-    launched = launches(text)
-    launch_s = launched["total"] * tgt.launch_overhead if tgt.launch_overhead else None
-    comm = communication(text, [d.process_index for d in run.mesh.devices.flat], tgt)
-    comm.update(nodes=gpus // per_node, gpus_per_node=per_node)
-    bound, step_s = step_bound(compute_s, memory_s, launch_s, comm["seconds"])
+    f = step_figures(run, text, rows, tgt, gpus, per_node)
+    cost, attention, flops_device, analytic, source = f["cost"], f["attention"], f["flops"], f["analytic"], f["source"]
+    dtype, peak, by_dtype, fp8, fp8_peak = f["dtype"], f["peak"], f["by_dtype"], f["fp8"], f["fp8_peak"]
+    compute_s, memory_s, launch_s, comm = f["compute_s"], f["memory_s"], f["launch_s"], f["comm"]
+    launched, bound, step_s = f["launched"], f["bound"], f["step_s"]
     rate = input_rate(run, first, rows, gpus, step_s, hosts=gpus // per_node)
     per_step_tokens = rate["tokens_per_step"]
     report: dict[str, Any] = {

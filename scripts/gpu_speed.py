@@ -29,7 +29,7 @@ jaxnet steps, ``steps`` PyTorch steps, for ``rounds`` rounds; a step's time is i
 rounds. MFU is jaxnet.flops' count of the step (the same for both) over the step time and the
 device's dense bf16 peak from jaxnet/flops.py (FP8 rows too, as float8 training results are
 usually quoted). Beside each row: ``jaxnet plan``'s expected and predicted step for the same config
-on the same GPU kind, from the committed record ``benchmarks/results/plan-speed-rows-*.json``
+on the same GPU kind, from the committed record ``benchmarks/results/planned-speed-rows-*.json``
 (``python scripts/gpu_speed.py plan``, deviceless on a CPU).
 
 The results file (``speed-<device>-<date>.json`` in the output folder) is rewritten after every row,
@@ -72,7 +72,7 @@ DRY_STEPS, DRY_ROUNDS, DRY_WARMUP = 2, 2, 1
 FIRST_GUESS = {"gpt2_small": 90.0, "llama_1b": 120.0}
 DRY_GUESS = {"gpt2_small": 30.0, "llama_1b": 30.0}
 SPEED_BUDGET, DRY_SPEED_BUDGET = 420, 400  # the whole part, every compile included
-PLAN_GLOB = "plan-speed-rows-*.json"
+PLAN_GLOB = "planned-speed-rows-*.json"
 
 
 def row_id(model: str, matmul: str, remat: str) -> str:
@@ -294,7 +294,7 @@ def failed(error: Exception) -> dict[str, str]:
 
 
 def plan_rows(target: str | None) -> dict[str, Any]:
-    """The committed plan of each row for ``target`` (newest ``plan-speed-rows-*.json``), or {}."""
+    """The committed plan of each row for ``target`` (newest ``planned-speed-rows-*.json``), or {}."""
     found = sorted((ROOT / "benchmarks" / "results").glob(PLAN_GLOB))
     if not found or target is None:
         return {}
@@ -422,7 +422,7 @@ def run_rows(out: Path, deadline: float, dry: bool, only: tuple[str, ...] = ()) 
 
 def record_plans(targets: list[str], dry: bool) -> int:
     """``jaxnet plan`` of every row's config for each target, written to
-    ``benchmarks/results/plan-speed-rows-<date>.json`` (a dry run: printed only)."""
+    ``benchmarks/results/planned-speed-rows-<date>.json`` (a dry run: printed only)."""
     from jaxnet import planner
 
     date = datetime.date.today().isoformat()
@@ -463,7 +463,7 @@ def record_plans(targets: list[str], dry: bool) -> int:
     if dry:
         print(json.dumps(record, indent=2))
         return 0
-    path = ROOT / "benchmarks" / "results" / f"plan-speed-rows-{date}.json"
+    path = ROOT / "benchmarks" / "results" / f"planned-speed-rows-{date}.json"
     for old in path.parent.glob(PLAN_GLOB):
         if old != path:
             old.unlink()

@@ -5,7 +5,7 @@ the hand-chosen plans committed before it (``benchmarks/results/plan-llama3_8b-h
     python scripts/record_search.py            # about 15 compiles of the 8B step: most of an hour on 2 cores
     python scripts/record_search.py --smoke    # llama3_8b:smoke on one H100, two policies: a few minutes
 
-Writes ``benchmarks/results/plan-search-llama3_8b-h100x8-<date>.json`` (``--smoke``: prints only).
+Writes ``benchmarks/results/searched-llama3_8b-h100x8-<date>.json`` (``--smoke``: prints only).
 Needs the plan wheels (jaxnet.planner.plan_dir, as scripts/record_plans.py does).
 """
 
@@ -81,8 +81,8 @@ def main(argv: list[str]) -> int:
     print(f"best {found['best']['tokens_per_s']:,.0f} expected tokens/s; hand-chosen best {best_hand or 0:,.0f}")
     if smoke:
         return 0
-    path = ROOT / "benchmarks" / "results" / f"plan-search-llama3_8b-h100x8-{date}.json"
-    for old in path.parent.glob("plan-search-llama3_8b-h100x8-*.json"):
+    path = ROOT / "benchmarks" / "results" / f"searched-llama3_8b-h100x8-{date}.json"
+    for old in path.parent.glob("searched-llama3_8b-h100x8-*.json"):
         if old != path:
             old.unlink()
     path.write_text(json.dumps(record, indent=2) + "\n")

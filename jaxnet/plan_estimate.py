@@ -288,6 +288,7 @@ def expectation(report: dict[str, Any], fit: dict[str, Any] | None) -> dict[str,
             "label": "no fitted efficiency is shipped (jaxnet/targets/expected.json): only the bound",
         }
     p = report["prediction"]
+    peak = p.get("mfu_peak_flops") or p["peak_flops"]  # plans recorded before float8 have no mfu_peak_flops
     out = expected_step(p, report.get("communication"), fit["efficiency"])
     step = out["expected_step_s"]
     per_step = report["input_rate"]["tokens_per_step"]
@@ -299,7 +300,7 @@ def expectation(report: dict[str, Any], fit: dict[str, Any] | None) -> dict[str,
         "fit_date": fit.get("date"),
         "expected_tokens_per_s": per_step / step if per_step else None,
         "expected_examples_per_s": report["batch_size"] / step,
-        "expected_mfu": analytic / step / (p["peak_flops"] * report["gpus"]) if analytic and p["peak_flops"] else None,
+        "expected_mfu": analytic / step / (peak * report["gpus"]) if analytic and peak else None,
         "label": "EXPECTED (the largest of the compute, memory and launch bounds / an efficiency fitted on published "
         "measured runs, plus communication XLA cannot overlap), not measured",
     }

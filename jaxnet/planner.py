@@ -214,6 +214,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def mfu_peak(peak: float | None, fp8_peak: float | None, fp8_share: float) -> float | None:
+    """The peak MFU is taken against: ``peak`` (the compute dtype's), or where a share ``fp8_share``
+    of the FLOPs are float8 products, the rate at which each precision's share runs at its own peak.
+
+    >>> mfu_peak(989e12, 1979e12, 0.0), round(mfu_peak(989e12, 1979e12, 1.0) / 1e12)
+    (989000000000000.0, 1979)
+    """
+    if not peak or not fp8_peak or not fp8_share:
+        return peak
+    return 1.0 / ((1.0 - fp8_share) / peak + fp8_share / fp8_peak)
+
+
 def step_figures(run: Run, text: str, rows: int, tgt: Target, gpus: int, per_node: int) -> dict[str, Any]:
     """What the compiled train step ``text`` of ``run`` (at ``rows`` rows, on ``gpus`` GPUs of ``tgt``,
     ``per_node`` to a node) costs: FLOPs per device (XLA's, cuDNN attention's by formula, or
@@ -380,10 +392,15 @@ def plan(
             "peak_flops": peak,
             "peak_dtype": dtype,
             "peak_fp8_flops": fp8_peak,
+            # MFU's peak: the compute dtype's, or with float8 products the peak of each precision in
+            # the proportion of the FLOPs it runs (a float8 plan at its bound is 100 %, not 200 %)
+            "mfu_peak_flops": mfu_peak(peak, fp8_peak, fp8 / flops_device if flops_device else 0.0),
             "memory_bandwidth": tgt.bandwidth,
             "examples_per_s": rows / step_s if step_s else None,
             "tokens_per_s": per_step_tokens / step_s if per_step_tokens and step_s else None,
-            "mfu_bound": analytic / step_s / (peak * gpus) if analytic and peak and step_s else None,
+            "mfu_bound": analytic / step_s / (mfu_peak(peak, fp8_peak, fp8 / flops_device) * gpus)
+            if analytic and peak and step_s
+            else None,
             "communication_s": comm["seconds"],
             "label": "PREDICTED (the largest of the compute, memory, launch and communication bounds from the "
             "target's data sheet, launch cost and links), not measured",

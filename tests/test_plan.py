@@ -100,8 +100,12 @@ def test_fp8_compiles_the_projections_to_float8_gemms_and_counts_them_at_the_flo
     assert pred["peak_fp8_flops"] == 1979e12 and pred["peak_flops"] == 989e12  # the data sheet: 3,958 and 1,979 sparse
     expected = (f["per_device"] - f["fp8"]) / pred["peak_flops"] + f["fp8"] / pred["peak_fp8_flops"]
     assert pred["compute_s"] == pytest.approx(expected)
+    share = f["fp8"] / f["per_device"]  # MFU against each precision's peak in its share of the FLOPs
+    assert pred["mfu_peak_flops"] == pytest.approx(1 / ((1 - share) / 989e12 + share / 1979e12))
+    assert pred["mfu_bound"] == pytest.approx(f["jaxnet_flops_py"] / pred["predicted_step_s"] / pred["mfu_peak_flops"])
     plain = plan_of("transformer_shakespeare:smoke")
     assert plain["flops_per_step"]["fp8"] == 0 and plain["prediction"]["peak_fp8_flops"] is None
+    assert plain["prediction"]["mfu_peak_flops"] == 989e12
 
 
 def test_lstm_plans_on_its_scan_path_and_says_why():

@@ -18,8 +18,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from jaxnet.models.common import Projection, project
+from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project
 from jaxnet.models.transformer.spec import TransformerSpec
 
 #: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
@@ -240,6 +241,7 @@ class SelfAttention(nn.Module):
                 param_dtype=s.param_dtype,
                 use_bias=s.biased("qkv"),
                 kernel_init=init,
+                matmul=s.matmul,
                 name=name,
             )
 
@@ -254,7 +256,8 @@ class SelfAttention(nn.Module):
             weights = [p.weights((s.width,)) for p in projections]
             kernel = jnp.stack([k for k, _ in weights], axis=1)
             bias = jnp.stack([b for _, b in weights]) if s.biased("qkv") else None
-            qkv = nn.with_logical_constraint(project(x, kernel, bias, 1, s.dtype), ("batch", None, None, "heads", None))
+            qkv = project(x, kernel, bias, 1, s.dtype, s.matmul)
+            qkv = nn.with_logical_constraint(qkv, ("batch", None, None, "heads", None))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
             deltas = [p.adapter(x) for p in projections]  # LoRA adapters' terms, each through its rank
             q, k, v = (a if d is None else a + d for a, d in zip((q, k, v), deltas, strict=True))
@@ -282,6 +285,7 @@ class SelfAttention(nn.Module):
             out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible)
         else:
             out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask, window=layer.window)
+        out = checkpoint_name(out, ATTENTION_OUTPUT)  # what model.remat=minimal keeps
         return Projection(
             (s.width,),
             ("heads", "kv", "embed"),
@@ -290,5 +294,6 @@ class SelfAttention(nn.Module):
             use_bias=s.biased("out"),
             dtype=s.dtype,
             param_dtype=s.param_dtype,
+            matmul=s.matmul,
             name="out",
         )(out)

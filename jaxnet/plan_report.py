@@ -128,6 +128,13 @@ def _communication_line(report: dict[str, Any]) -> str:
     )
 
 
+def _parameters(report: dict[str, Any]) -> str:
+    """``N parameters`` (billions or millions), with how many each token computes with where fewer (experts)."""
+    total, active = report.get("parameters") or 0, report.get("active_parameters")
+    size = lambda n: f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"  # noqa: E731
+    return f"{size(total)} parameters" + (f" ({size(active)} active a token)" if active and active < total else "")
+
+
 def describe(report: dict[str, Any]) -> str:
     """The plan as a few lines of text for the terminal."""
     m, f, p, k = report["memory"], report["flops_per_step"], report["prediction"], report["kernels"]
@@ -135,7 +142,7 @@ def describe(report: dict[str, Any]) -> str:
     verdict = "fits" if report["fits"] else "DOES NOT FIT"
     lines = [
         f"{report['experiment'] or 'run'} on {report['gpus']} x {report['device_kind']} (mesh {mesh}), batch "
-        f"{report['batch_size']}, {report['compute_dtype']}: {verdict} "
+        f"{report['batch_size']}, {report['compute_dtype']}, {_parameters(report)}: {verdict} "
         f"({_gib(m['total'])} of {_gib(m['device'])} per device; usable with 10 % headroom {_gib(m['usable'])})",
         f"  memory per device: arguments {_gib(m['arguments'])} (parameters {_gib(m['params'])}"
         + (f", frozen base {_gib(m['frozen_base'])}" if m.get("frozen_base") else "")

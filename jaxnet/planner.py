@@ -356,6 +356,7 @@ def plan(
         "seq_len": planned.data.seq_len if run.text else None,
         "model": run.model.name,
         "parameters": _count(state.params),
+        "active_parameters": planned.model.active_parameters(state.params) if run.lora is None else None,
         **(
             {"lora": dataclasses.asdict(run.lora), "frozen_parameters": _count(state.model_state[lora.BASE])}
             if run.lora is not None

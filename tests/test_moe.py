@@ -173,3 +173,20 @@ def test_a_model_of_mixture_layers_trains_through_the_aux_loss_channel():
     # evaluation: the model's outputs alone, no loss collected
     assert model.apply({"params": params}, tokens).shape == (2, 8, 40)
     assert set(params["block_0"]["moe"]) == {"router", "gate", "up", "down"}
+
+
+def test_flops_and_active_parameters_count_the_routed_experts_only():
+    from jaxnet.models.transformer import transformer_flops
+
+    common = dict(vocab=40, context=8, layers=2, width=16, heads=2, mlp="swiglu", norm="rms", position="rotary")
+    moe = TransformerSpec(**common, mlp_pattern=("moe",), experts=8, experts_per_token=2, expert_hidden=6)
+    # 2 experts of 6 units a token: the products of one SwiGLU of 12 units, plus the router's 16 x 8
+    dense = TransformerSpec(**common, mlp_hidden=12)
+    tokens = 3 * 8
+    assert transformer_flops(moe, batch=3) == transformer_flops(dense, batch=3) + 2 * 2 * tokens * 16 * 8
+    cfg = TransformerConfig(**{k: v for k, v in common.items() if k not in ("vocab", "context")},
+                            mlp_pattern=("moe",), experts=8, experts_per_token=2, expert_hidden=6)  # fmt: skip
+    params = nn.unbox(TransformerLanguageModel(moe).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]
+    total = sum(np.size(x) for x in jax.tree.leaves(params))
+    experts = sum(np.size(params[f"block_{i}"]["moe"][k]) for i in range(2) for k in ("gate", "up", "down"))
+    assert cfg.active_parameters(params) == total - experts + experts * 2 // 8

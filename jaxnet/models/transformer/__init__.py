@@ -29,8 +29,12 @@ is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
+
+import jax
+import numpy as np
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import Unpacked, has_cudnn, register, register_migration
@@ -147,6 +151,17 @@ class TransformerConfig(TransformerKeys):
             unused += ["window", "rope_local_theta"]
         return {k: v for k, v in out.items() if k not in unused}
 
+    def active_parameters(self, params: Any) -> int:
+        """The parameters each token computes with: every one but the experts it is not routed to
+        (``experts_per_token / experts`` of each mixture's expert kernels)."""
+        total = 0
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+            names = [str(getattr(k, "key", k)) for k in path]
+            size = math.prod(np.shape(leaf))
+            routed = len(names) >= 2 and names[-2] == "moe" and names[-1] in ("gate", "up", "down")
+            total += size * self.experts_per_token // self.experts if routed else size
+        return total
+
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``
         tokens, with a context of ``seq_len`` (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
@@ -177,18 +192,21 @@ class TransformerConfig(TransformerKeys):
 def transformer_flops(spec: TransformerSpec, *, batch: int, causal: bool = True) -> float:
     """Forward FLOPs of :class:`TransformerLanguageModel` of ``spec`` on ``batch`` sequences of
     ``spec.context`` tokens (see :mod:`jaxnet.flops`): the projections (queries, keys and values
-    of their own head counts, the output, the MLP: two matrices, three for SwiGLU), the attention
-    scores and weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the logits."""
+    of their own head counts, the output, the MLP: two matrices, three for SwiGLU; a mixture layer's
+    router, the k experts each token goes to and its shared experts), the attention scores and
+    weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the
+    logits."""
     length = spec.context
     tokens = batch * length
     w, hd = spec.width, spec.head_dim
     attention = w * spec.heads * hd + 2 * w * spec.kv_heads * hd + spec.heads * hd * w
-    mlp = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
-    projections = 2 * tokens * (attention + mlp)
+    dense = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
+    routed = w * spec.experts + 3 * w * spec.expert_hidden * (spec.experts_per_token + spec.shared_experts)
     pairs = length * (length + 1) / 2 if causal and spec.causal else length * length
     scores = 2 * 2 * batch * pairs * spec.heads * hd  # q.k and the weighted sum of v, over all heads
     logits = 2 * tokens * w * spec.vocab
-    return spec.layers * (projections + scores) + logits
+    mlps = sum(routed if spec.layer(i).mlp == "moe" else dense for i in range(spec.layers))
+    return spec.layers * (2 * tokens * attention + scores) + 2 * tokens * mlps + logits
 
 
 # The packed layout of jaxnet before queries, keys and values were kept apart.

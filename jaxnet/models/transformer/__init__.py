@@ -47,7 +47,8 @@ from jaxnet.models.transformer.attention import (
     rotary,
     segment_mask,
 )
-from jaxnet.models.transformer.model import Block, TransformerLanguageModel, norm
+from jaxnet.models.transformer.model import Block, TransformerLanguageModel
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import (
     PRESETS,
     Layer,

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
 
 #: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
@@ -191,18 +192,6 @@ class _PackedKey(nn.Module):
         return self.make_rng("params")
 
 
-def head_norm(spec: TransformerSpec, name: str) -> nn.Module:
-    """RMSNorm over each head's ``head_dim`` (``spec.qk_norm``: Qwen3's and Gemma 3's ``q_norm`` and
-    ``k_norm``), its scale of ``head_dim`` named along ``kv``."""
-    return nn.RMSNorm(
-        epsilon=spec.norm_eps,
-        dtype=spec.dtype,
-        param_dtype=spec.param_dtype,
-        name=name,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("kv",)),
-    )
-
-
 class SelfAttention(nn.Module):
     """Self-attention of a :class:`TransformerSpec`: queries, keys and values (each a
     :class:`~jaxnet.models.common.Projection`: ``query``, ``key``, ``value``; keys and values of
@@ -266,7 +255,7 @@ class SelfAttention(nn.Module):
             q = nn.with_logical_constraint(q, ("batch", None, "heads", None))
             k, v = (nn.with_logical_constraint(a, ("batch", None, "kv_heads", None)) for a in (k, v))
         if s.qk_norm:  # each head's queries and keys, over its head_dim, before the positions
-            q, k = (head_norm(s, name)(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
+            q, k = (norm(s, name, "kv", "rms")(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
         if s.position == "rotary":
             q, k = (rotary(a, positions, layer.rope_theta, layer.rope_llama3) for a in (q, k))
         if decode:

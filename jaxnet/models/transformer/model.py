@@ -48,29 +48,8 @@ import jax.numpy as jnp
 from jaxnet.models.common import Head, Projection, lookup, normal, remat_policy
 from jaxnet.models.transformer.attention import SelfAttention, segment_mask
 from jaxnet.models.transformer.moe import MoE
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
-
-
-def norm(spec: TransformerSpec, name: str) -> nn.Module:
-    """The normalisation before each residual branch and before the unembedding, of epsilon
-    ``spec.norm_eps``: LayerNorm (``spec.norm="layer"``: scale and bias) or RMSNorm (``"rms"``:
-    x / sqrt(mean(x^2) + eps) * scale, in float32, as Llama's), its parameters named along ``embed``."""
-    if spec.norm == "rms":
-        return nn.RMSNorm(
-            epsilon=spec.norm_eps,
-            dtype=spec.dtype,
-            param_dtype=spec.param_dtype,
-            name=name,
-            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        )
-    return nn.LayerNorm(
-        epsilon=spec.norm_eps,
-        dtype=spec.dtype,
-        param_dtype=spec.param_dtype,
-        name=name,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-    )
 
 
 def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:

@@ -190,3 +190,11 @@ def test_flops_and_active_parameters_count_the_routed_experts_only():
     total = sum(np.size(x) for x in jax.tree.leaves(params))
     experts = sum(np.size(params[f"block_{i}"]["moe"][k]) for i in range(2) for k in ("gate", "up", "down"))
     assert cfg.active_parameters(params) == total - experts + experts * 2 // 8
+
+
+def test_a_runs_router_aux_loss_replaces_the_models_coefficient():
+    from jaxnet import config
+    from jaxnet.train.loop import Run
+
+    cfg = config.load_experiment("moe_shakespeare:smoke", ["train.router_aux_loss=0.5", "data.seq_len=16"])
+    assert cfg.model.router_aux_loss == 0.01 and Run(cfg).model.module.spec.router_aux_loss == 0.5

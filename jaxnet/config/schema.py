@@ -253,6 +253,12 @@ class TrainConfig(Checked):
         "cross-entropy tasks (0 = off; evaluation reports the cross-entropy alone)",
         low=0.0,
     )
+    router_aux_loss: float = field(
+        -1.0,
+        "coefficient of a mixture of experts' load-balancing loss for this run (-1 = the model's "
+        "model.router_aux_loss, a checkpoint's router_aux_loss_coef)",
+        low=-1.0,
+    )
     loss_from: str = field(
         "auto",
         "where the cross-entropy tasks' training loss is computed from: features = the model's final hidden states "

@@ -176,7 +176,10 @@ class Run:
             # Per-device replicas see only their rows: BatchNorm averages its statistics across them.
             batch_axis = parallel.REPLICA_AXIS if self.replicas else None
             outputs = self.dataset.num_classes + self.task.extra_inputs
-            model = models.build(cfg.model, outputs, cfg.data.seq_len, batch_axis=batch_axis, backend=backend)
+            built = cfg.model
+            if cfg.train.router_aux_loss >= 0 and hasattr(built, "router_aux_loss"):  # this run's coefficient
+                built = dataclasses.replace(built, router_aux_loss=cfg.train.router_aux_loss)
+            model = models.build(built, outputs, cfg.data.seq_len, batch_axis=batch_axis, backend=backend)
             # The family's own logical axes (a built model's; yours are placed by the shared rules).
             self.rules = tuple(cfg.model.axis_rules(dict(self.mesh.shape))) + parallel.RULES
         self.model = adapters.adapt(model)

@@ -396,6 +396,17 @@ def test_a_corpus_of_another_tokenizer_or_a_contradicting_key_is_refused(checkpo
     err = fails([*base, "model.kv_heads=2"], capsys)
     assert "model.kv_heads=2 here, 4 in the checkpoint" in err
     assert not run.exists()
+    # a checkpoint without tokenizer.json: the corpus cannot be checked, so it is refused unless told
+    bare = tmp_path / "bare"
+    shutil.copytree(source, bare, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens_map.json"))
+    argv = ["train", "hf_finetune:smoke", f"train.init_from=hf:{bare}", "data.name=tokens", f"data.path={corpus}"]
+    err = fails([*argv, "--workdir", str(run)], capsys)
+    assert f"{bare} has no tokenizer.json, so the data's tokenizer (byte) cannot be checked" in err
+    assert "train.check_tokenizer=false" in err and not run.exists()
+    from jaxnet.train import init_from
+
+    told = jaxnet.load_experiment("hf_finetune:smoke", [*argv[2:], "train.check_tokenizer=false"])
+    assert init_from.with_hf_shape(told).data.path == str(corpus)  # its ids fit: taken as it is
 
 
 def test_the_config_keys_are_checked_and_kv_heads_split_over_tensor_where_they_divide():

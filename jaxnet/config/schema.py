@@ -239,6 +239,12 @@ class TrainConfig(Checked):
     init_skip: str = field(
         "", "regex: with train.init_from, paths it matches (searched anywhere) keep their fresh initialisation"
     )
+    check_tokenizer: bool = field(
+        True,
+        "with train.init_from=hf:DIR, refuse data not tokenized by DIR's own tokenizer.json (GPT-2's for a GPT-2 "
+        "checkpoint of 50,257 ids without one), and a DIR without tokenizer.json whose data cannot be checked; "
+        "false = only that the data's ids fit the checkpoint (data tokenized otherwise on purpose)",
+    )
     steps_per_call: int = field(
         1,
         "steps run by one compiled call (a lax.scan over that many batches): one dispatch and host round trip per "

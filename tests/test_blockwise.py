@@ -12,7 +12,6 @@ differentiation of the whole logits through optax's cross-entropy (nothing of ja
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import run_patiently
 
 from jaxnet import blockwise, config, tasks
 from jaxnet.data import packing
@@ -293,7 +293,7 @@ print("RESULTS" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def two_device_runs():
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", TWO_DEVICES], capture_output=True, text=True, env=cpu_env(2), timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import fails
+from conftest import fails, run_patiently
 from safetensors.numpy import load_file, save_file
 
 import jaxnet
@@ -329,7 +328,7 @@ def test_each_tensor_is_placed_on_the_runs_devices_as_it_is_read(checkpoints, tm
     text = tmp_path / "text.txt"
     text.write_text(write_corpus_source(tmp_path / "src.jsonl").read_text()[:5_000])
     directory = checkpoints["llama-gqa-untied-llama3"]
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", IMPORT_ON_TWO_DEVICES, str(directory), str(text), str(tmp_path / "run")],
         env=cpu_env(2), capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip

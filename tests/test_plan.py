@@ -10,12 +10,11 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import cpu_env, fails, needs_fashion_mnist
+from conftest import cpu_env, fails, needs_fashion_mnist, run_patiently
 
 from jaxnet import cli, config, plan_search, planner
 from jaxnet.bench import roofline
@@ -242,7 +241,7 @@ def test_the_command_plans_with_the_wheels_of_its_own_directory_and_logs_nothing
     not one line on stderr."""
     out = tmp_path / "t.json"
     command = [sys.executable, "-m", "jaxnet", "plan", "transformer_shakespeare:smoke", "--target", "h100"]
-    done = subprocess.run([*command, "--out", str(out)], env=cpu_env(), capture_output=True, text=True, timeout=300)
+    done = run_patiently([*command, "--out", str(out)], env=cpu_env(), capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stderr) == (0, "")
     report = json.loads(out.read_text())
     assert report["kernels"]["cudnn_attention"] == {"forward": 2, "backward": 2}
@@ -261,7 +260,7 @@ def test_other_jax_processes_do_not_load_the_plugin_and_plan_says_how_to():
         "except jaxnet.UserError as e:\n"
         "    print(e)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], env=cpu_env(), capture_output=True, text=True, timeout=120)
+    done = run_patiently([sys.executable, "-c", script], env=cpu_env(), capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines() == [
         "[CpuDevice(id=0)]",

@@ -309,6 +309,13 @@ class TrainConfig(Checked):
         "optimizer stay float32 ('' = model.param_dtype)",
         choices=("", "float32", "bfloat16"),
     )
+    base_vectors: str = field(
+        "float32",
+        "LoRA with train.base_dtype: float32 keeps the base's norm scales and biases in float32 (a vanishing part "
+        "of its memory, the part whose rounding the model feels most); base_dtype casts them too, as loading the "
+        "whole model in bfloat16 does",
+        choices=("float32", "base_dtype"),
+    )
     on_nonfinite: str = field(
         "stop",
         "a NaN or Inf loss or gradient: stop the run (naming the step), or skip that update inside the step",
@@ -697,7 +704,13 @@ def _check_lora(cfg: Config) -> None:
     if not t.lora_rank:
         given = [
             f"train.{k}={getattr(t, k)}"
-            for k, off in (("lora_targets", ""), ("lora_alpha", 0.0), ("lora_dropout", 0.0), ("base_dtype", ""))
+            for k, off in (
+                ("lora_targets", ""),
+                ("lora_alpha", 0.0),
+                ("lora_dropout", 0.0),
+                ("base_dtype", ""),
+                ("base_vectors", "float32"),
+            )
             if getattr(t, k) != off
         ]
         if given:

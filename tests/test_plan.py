@@ -748,8 +748,17 @@ def test_a_plan_carries_the_expected_step_and_the_shipped_efficiency():
     assert pr["expected_step_s"] == planner.expected_step(pr, p["communication"], fit["efficiency"])["expected_step_s"]
     assert pr["expected_tokens_per_s"] == pytest.approx(256 / pr["expected_step_s"])
     lines = planner.describe(p).splitlines()
-    assert lines[3].startswith(f"  EXPECTED step {1e3 * pr['expected_step_s']:.3g} ms")
+    spread = fit["spread"]  # how far the expected step fell from the published runs' measured steps
+    assert pr["expected_spread"] == spread and spread["low"] < 0 < spread["high"] and spread["runs"] >= 5
+    low, high = round(100 * spread["low"]), round(100 * spread["high"])
+    assert lines[3].startswith(
+        f"  EXPECTED step {1e3 * pr['expected_step_s']:.3g} ms (against {spread['runs']} published runs: "
+        f"{low:+d} % .. {high:+d} % of their measured step)"
+    )
     assert lines[4].startswith("  PREDICTED step")
+    assert p["loss"] == "blockwise" and lines[0].endswith("; the loss blockwise, the whole logits never held")
+    flops = p["flops_per_step"]["per_device"]  # in the unit it reads best in, not thousands of G
+    assert f"FLOPs per step per device {flops / 1e6:.4g} MFLOP from" in lines[2] and 1e6 <= flops < 1e9
 
 
 def test_warnings_for_a_small_batch_many_epochs_and_a_launch_bound_step():

@@ -34,7 +34,7 @@ from jaxnet.plan_targets import gpus_per_node, load_target, topology
 from jaxnet.planner import HEADROOM, _compile_train, _dividing_batch, _for_gpu, _memory, gpus_for, step_figures
 from jaxnet.train.loop import Run
 
-MAX_COMPILES = 6  # per candidate (mesh and policy): two to draw the line, the rest to confirm
+MAX_COMPILES = 8  # per candidate (mesh and policy): two to draw the line, the rest to find and confirm
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -62,7 +62,8 @@ def largest_multiple(
     """The largest multiple ``k`` of the data-parallel size whose memory (``memory_at(k)``, one
     compile each, asked at most ``most`` times) is within ``usable``, and the smallest known not to
     be (None when not reached). From ``start`` (halved until it fits), then ``2 x`` it: the line
-    through the two guesses the answer, confirmed by stepping one multiple at a time until one
+    through the two guesses the answer; once a size is known not to fit, the next sizes alternate
+    between the secant of the two sizes around the limit and the middle between them, until one
     fits and the next does not. ``(None, k)`` when not even one fits.
 
     >>> largest_multiple(lambda k: 100 + 10 * k, 2, 175)   # fits up to k = 7
@@ -87,12 +88,23 @@ def largest_multiple(
         high = 2 * first
     per_multiple = (seen[2 * first] - seen[first]) / first
     guess = low + 1 if per_multiple <= 0 else int(first + (usable - seen[first]) // per_multiple)
+    probes = 0
     while len(seen) < most and (high is None or high - low > 1):
-        step = max(guess, low + 1) if high is None else min(max(guess, low + 1), high - 1)
+        if high is None:
+            step = max(guess, low + 1)
+        elif probes % 2:  # every other probe halves the interval: memory need not be a line (XLA
+            step = (low + high) // 2  # rematerialises, reschedules), so the secant alone can crawl
+        else:  # the secant between the largest size that fits and the smallest that does not
+            slope = (seen[high] - seen[low]) / (high - low)
+            step = int(low + (usable - seen[low]) // slope) if slope > 0 else (low + high) // 2
+            step = min(max(step, low + 1), high - 1)
+        probes += 1
         if fits(step):
-            low, guess = step, step + 1
+            low = step
+            guess = step + 1 if per_multiple <= 0 else int(step + (usable - seen[step]) // per_multiple) + 0
+            guess = max(guess, step + 1)
         else:
-            high, guess = step, step - 1
+            high = step
     return low, high
 
 

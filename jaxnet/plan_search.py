@@ -6,7 +6,9 @@ For each allowed mesh and each policy (``model.remat``) the train step is compil
 by a near constant amount per row, so the line through the two gives the largest batch that should
 fit with 10 % headroom, which is compiled to confirm (stepping down, or up, a multiple of the
 data-parallel size at a time until it fits and the next does not). Each candidate's expected step
-(:func:`jaxnet.plan_estimate.expected_step`) at its largest batch gives its tokens per second;
+(:func:`jaxnet.plan_estimate.expected_step`) at every size compiled that fits gives its tokens per
+second, and the fastest is the candidate's (often the largest, not always: a program squeezed into
+memory may recompute);
 the best is the answer and the others are its runner-up rows, each with its memory, FLOPs per
 token and what recomputation adds to them (against ``none`` on the same mesh), and the compile
 time spent::
@@ -157,16 +159,26 @@ def _candidate(
     )
     if found is None:
         return {"fits": False, "tried": {r: t["memory"]["total"] for r, t in tried.items()}, "compile_s": seconds}
-    low = found
-    rows = low * unit
-    run, text = tried[rows]["run"], tried[rows]["text"]
-    f = step_figures(run, text, rows, tgt, gpus, per_node)
-    prediction = {"compute_s": f["compute_s"], "memory_s": f["memory_s"], "launch_s": f["launch_s"]}
-    expected = expected_step(prediction, f["comm"], efficiency)["expected_step_s"] if efficiency else None
+
+    def rate(rows: int) -> tuple[float, dict, float | None]:
+        """Examples a second expected at ``rows`` (a compiled size), its step figures and expected step."""
+        f = step_figures(tried[rows]["run"], tried[rows]["text"], rows, tgt, gpus, per_node)
+        prediction = {"compute_s": f["compute_s"], "memory_s": f["memory_s"], "launch_s": f["launch_s"]}
+        expected = expected_step(prediction, f["comm"], efficiency)["expected_step_s"] if efficiency else None
+        return rows / (expected or f["step_s"]), f, expected
+
+    # Every size compiled that fits is a candidate: the largest is not always the fastest (XLA may
+    # recompute inside a program it must squeeze, at a cost per token the smaller size does not pay)
+    fitting = {r: rate(r) for r, t in tried.items() if t["memory"]["total"] <= usable}
+    rows = max(fitting, key=lambda r: fitting[r][0])
+    _, f, expected = fitting[rows]
+    run = tried[rows]["run"]
     step_s = expected or f["step_s"]
     tokens = rows * cfg.data.seq_len if run.text else None
     return {
         "fits": True,
+        "largest_batch_size": found * unit,
+        "sizes_fitting": {r: round(fitting[r][0] * (cfg.data.seq_len if run.text else 1), 1) for r in sorted(fitting)},
         "batch_size": rows,
         "multiple_of": unit,
         "next_size": high * unit if high is not None else None,

@@ -834,6 +834,17 @@ def test_largest_multiple_finds_where_a_line_of_memory_crosses_the_limit(start, 
     assert len(asked) == len(set(asked)) <= (4 if answer[0] and answer[0] > 2 * start else 6)
 
 
+def test_largest_multiple_finds_a_jump_in_memory_within_eight_compiles():
+    """Memory that is not a line (XLA rematerialises differently at larger sizes): 28.9 GiB at one
+    multiple, 29.7 at two, then 2.7 a multiple more and a jump of 13.6 from 14 on; the line through
+    the first two overshoots, and the secant and halving steps still find 13 fits, 14 does not."""
+
+    def memory_at(k: int) -> float:
+        return {1: 28.9, 2: 29.7}.get(k, 29.7 + (k - 2) * 2.7 + (13.6 if k >= 14 else 0))
+
+    assert plan_search.largest_multiple(memory_at, 1, 71.7) == (13, 14)
+
+
 @pytest.mark.slow  # about 10 compiles: minutes on a loaded 2-core CPU
 def test_search_finds_the_largest_fitting_batch_of_each_policy_and_ranks_them(tmp_path):
     """--search on a 6 MiB H100: for model.remat none and full, the largest batch that fits with

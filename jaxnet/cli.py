@@ -25,7 +25,7 @@
                    [--val-fraction F] [--test-fraction F] [--text-field NAME] [--cut-bytes N]
     jaxnet prepare --merge --out DIR
     jaxnet prepare chat FILE... --tokenizer hf:DIR --out DIR [--val FILE] [--test FILE] [--chat-template FILE]
-                   [--workers N] [--seq-lens N,...]
+                   [--workers N] [--seq-lens N,...] [--skip-corrupt]
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
     jaxnet lm-eval --model jaxnet --model_args workdir=DIR|hf:PATH --tasks TASK... [any lm-eval option]
     jaxnet list
@@ -340,7 +340,11 @@ def _parser() -> argparse.ArgumentParser:
         help="chat: the row lengths (data.seq_len) whose packing padding is reported",
     )
     prep.add_argument("--shard-images", type=int, default=5000, metavar="N", help="images: records per shard file")
-    prep.add_argument("--skip-corrupt", action="store_true", help="images: leave unreadable images out (counted)")
+    prep.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="images: leave unreadable images out; chat: malformed lines and conversations (counted, said)",
+    )
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
 
     commands.add_parser("list", help="list the experiments that can be trained, with their results and times")
@@ -447,6 +451,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                 workers=args.workers,
                 seq_lens=_seq_lens(args.seq_lens),
                 progress=not args.quiet,
+                skip_corrupt=args.skip_corrupt,
             )
             return 0
         if args.val or args.test or args.chat_template:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from chat_corpora import CHATML, CHATML_PLAIN, checkpoint, conversations, write_jsonl
+from conftest import said
 
 from jaxnet import cli, config, tokenizers
 from jaxnet.data import chat, shards, tokens
@@ -196,6 +197,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, made, capsys
     (tmp_path / "malformed.jsonl").write_text(
         json.dumps({"messages": conversations(1)[0]}) + "\n\n" + '{"messages": [\n', encoding="utf-8"
     )
+    (tmp_path / "pretty.jsonl").write_text(json.dumps({"messages": conversations(1)[0]}, indent=2), encoding="utf-8")
     plain = f"hf:{made['plain']}"
     cases = {
         "has no chat template": [good, "--tokenizer", f"hf:{bare}"],
@@ -204,7 +206,10 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, made, capsys
         "wrong_type.jsonl:1: messages must be a list": [str(tmp_path / "wrong_type.jsonl"), "--tokenizer", plain],
         "has neither messages nor prompt and completion": [str(tmp_path / "no_messages.jsonl"), "--tokenizer", plain],
         "message 1's content is a list": [str(tmp_path / "content.jsonl"), "--tokenizer", plain],
-        "malformed.jsonl:3 is not a line of JSON": [str(tmp_path / "malformed.jsonl"), "--tokenizer", plain],
+        "malformed.jsonl:3 is not a line of JSON: Expecting value at column 15; fix that line, or leave such lines "
+        "out with --skip-corrupt": [str(tmp_path / "malformed.jsonl"), "--tokenizer", plain],
+        "pretty.jsonl:1 is not a line of JSON: Expecting property name enclosed in double quotes at column 2; the file "
+        "looks like one JSON value written over several lines": [str(tmp_path / "pretty.jsonl"), "--tokenizer", plain],
         "needs --tokenizer hf:DIR": [good, "--tokenizer", "gpt2"],
         "names no conversations": [str(tmp_path / "missing*.jsonl"), "--tokenizer", plain],
         "marks no token of the training conversations": [good, "--tokenizer", f"hf:{empty_marks}"],
@@ -218,6 +223,27 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, made, capsys
         assert not out.exists(), message
     assert cli.main(["prepare", good, "--val", good, "--out", str(tmp_path / "plain")]) == 2
     assert "are for jaxnet prepare chat" in capsys.readouterr().err
+
+
+def test_skip_corrupt_leaves_malformed_lines_out_counts_them_and_writes_the_clean_files_corpus(tmp_path, made, capsys):
+    good = conversations(30, seed=4)
+    lines = [json.dumps({"messages": c}) for c in good]
+    lines[3:3] = ['{"messages": [', '{"messages": "hello"}']  # not JSON; a messages that is no list
+    lines.append('{"prompt": "hi"}')  # neither messages nor prompt and completion
+    (tmp_path / "dirty.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    clean = write_jsonl(tmp_path / "clean.jsonl", good)
+    held = ["--val", str(made["val"]), "--test", str(made["test"]), "--tokenizer", f"hf:{made['plain']}"]
+    common = [*held, "--workers", "1", "--quiet"]
+    dirty = ["prepare", "chat", str(tmp_path / "dirty.jsonl"), *common, "--skip-corrupt"]
+    out = said([*dirty, "--out", str(tmp_path / "a")], capsys)
+    assert out.startswith(
+        f"skipped 3 malformed conversations ({tmp_path / 'dirty.jsonl'}:4: not JSON (Expecting value at column 15); "
+    ), out
+    assert cli.main(["prepare", "chat", str(clean), *common, "--out", str(tmp_path / "b")]) == 0
+    for name in sorted(p.name for p in (tmp_path / "b").iterdir() if p.name != "corpus.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    manifest = json.loads((tmp_path / "a" / "corpus.json").read_text())
+    assert manifest["settings"]["skipped"] == 3 and manifest["settings"]["conversations"] == 30
 
 
 def test_a_chat_corpus_trains_from_the_command_line_and_resumes_exactly(tmp_path, made, capsys):

@@ -88,9 +88,11 @@ def chat_files(source: str, flag: str = "FILE") -> list[str]:
     return sorted(str(p) for p in found)
 
 
-def rows(path: str) -> Iterator[tuple[str, Any]]:
+def rows(path: str, skipped: Skipped | None = None) -> Iterator[tuple[str, Any]]:
     """``(where, row)`` of each conversation of a file: ``where`` is ``FILE:LINE`` (JSONL) or
-    ``FILE row N`` (Parquet); a line that is not JSON is a one-line error naming it."""
+    ``FILE row N`` (Parquet); a line that is not JSON is a one-line error naming it (and the column
+    in that line), with a hint where the file looks like one JSON value over several lines; with
+    ``skipped`` it is left out and counted there instead."""
     if path.endswith(".parquet"):
         yield from _parquet_rows(path)
         return
@@ -101,14 +103,78 @@ def rows(path: str) -> Iterator[tuple[str, Any]]:
     with f:
         try:
             for number, line in enumerate(f, 1):
-                if not line.strip():
+                text = line.rstrip("\r\n")
+                if not text.strip():
                     continue
                 try:
-                    yield f"{path}:{number}", json.loads(line)
-                except ValueError as e:
-                    raise UserError(f"{path}:{number} is not a line of JSON ({e})") from None
+                    row = json.loads(text)
+                except json.JSONDecodeError as e:
+                    if skipped is None:
+                        raise UserError(_not_json(path, number, text, e)) from None
+                    skipped.add(f"{path}:{number}", f"not JSON ({e.msg} at column {e.colno})")
+                    continue
+                yield f"{path}:{number}", row
         except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as e:
             raise UserError(f"cannot read {path}: {e}") from None
+
+
+def _not_json(path: str, number: int, line: str, error: json.JSONDecodeError) -> str:
+    """What is wrong with line ``number`` of a JSONL file: the parser's message at its column of
+    that line (the line alone: never "line 2" of a one-line record)."""
+    said = f"{path}:{number} is not a line of JSON: {error.msg} at column {error.colno}"
+    if line.strip() in ("{", "["):
+        return (
+            f"{said}; the file looks like one JSON value written over several lines, where JSONL holds one "
+            "conversation a line: write each conversation on one line (json.dumps without indent)"
+        )
+    return f"{said}; fix that line, or leave such lines out with --skip-corrupt (counted)"
+
+
+class Skipped:
+    """The malformed conversations ``--skip-corrupt`` leaves out: their count and the first few,
+    where and why.
+
+    >>> skipped = Skipped(); skipped.add("a.jsonl:3", "not JSON"); skipped.line()
+    'skipped 1 malformed conversation (a.jsonl:3: not JSON)'
+    """
+
+    SHOWN = 3
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: list[str] = []
+
+    def add(self, where: str, why: str) -> None:
+        """Count one more, at ``where`` (``FILE:LINE``), for ``why``."""
+        self.count += 1
+        if len(self.first) < self.SHOWN:
+            self.first.append(why if why.startswith(where) else f"{where}: {why}")
+
+    def line(self) -> str:
+        """What prepare says of them."""
+        more = ", ..." if self.count > len(self.first) else ""
+        return (
+            f"skipped {self.count:,} malformed conversation{'s' if self.count != 1 else ''} "
+            f"({'; '.join(self.first)}{more})"
+        )
+
+
+def conversations_of(path: str, skipped: Skipped | None = None) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """``(where, messages)`` of each conversation of a file (:func:`rows`, :func:`messages_of`). A
+    malformed line or row is a one-line error, or with ``skipped`` left out and counted there::
+
+        skipped = Skipped()
+        good = list(conversations_of("chats.jsonl", skipped))
+    """
+    for where, row in rows(path, skipped):
+        try:
+            messages = messages_of(row, where)
+        except UserError as e:
+            if skipped is None:
+                raise
+            skipped.add(where, str(e))
+            continue
+        yield where, messages
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[str, Any]]:
@@ -170,11 +236,12 @@ def _checked(messages: Any, where: str, field: str) -> list[dict[str, Any]]:
     return messages
 
 
-def survey(path: str) -> tuple[int, int]:
-    """Every row of a file checked: its conversations and its assistant turns."""
+def survey(path: str, skipped: Skipped | None = None) -> tuple[int, int]:
+    """Every row of a file checked: its conversations and its assistant turns (the malformed ones
+    left out and counted in ``skipped``, when given)."""
     conversations = turns = 0
-    for where, row in rows(path):
-        turns += sum(m["role"] == "assistant" for m in messages_of(row, where))
+    for _, messages in conversations_of(path, skipped):
+        turns += sum(m["role"] == "assistant" for m in messages)
         conversations += 1
     return conversations, turns
 
@@ -219,12 +286,14 @@ def prepare_chat(
     workers: int = 0,
     seq_lens: Sequence[int] = SEQ_LENS,
     progress: bool = True,
+    skip_corrupt: bool = False,
     say: Any = print,
 ) -> dict[str, Any]:
     """Render, tokenize and write the conversations of ``files`` (see the module docstring);
     returns the manifest. Run again after a kill, it continues; after it finished, it returns the
     manifest it wrote. ``workers`` processes render and tokenize (1: this process alone; 0: one per
-    core, but no more than one per 10,000 conversations).
+    core, but no more than one per 10,000 conversations). ``skip_corrupt`` leaves malformed lines
+    and conversations out (counted, said, and recorded in ``corpus.json``) instead of refusing the file.
 
     >>> prepare_chat(["chats.jsonl"], "hf:ckpt", "corpora/chats", val="held_out.jsonl")  # doctest: +SKIP
     """
@@ -250,8 +319,9 @@ def prepare_chat(
     fixed = {s: chat_files(v, f"--{s}") for s, v in (("val", val), ("test", test)) if v}
     every = pool_files + [f for s in ("val", "test") for f in fixed.get(s, ())]
     counts = {}
+    skipped = Skipped() if skip_corrupt else None
     for f in every:  # everything checked before anything is written
-        conversations, turns = survey(f)
+        conversations, turns = survey(f, skipped)
         if not turns:
             raise UserError(
                 f"{f} has no assistant turn in any of its {conversations} conversation(s): nothing in it would be "
@@ -273,6 +343,10 @@ def prepare_chat(
         "seed": seed,
         "shard_tokens": shard_tokens,
     }
+    if skipped is not None:  # only then, so that the settings of a corpus prepared without it read as before
+        settings["skipped"] = skipped.count
+        if skipped.count:
+            say(skipped.line())
     manifest_path = out / "corpus.json"
     if manifest_path.exists():
         manifest = read_manifest(manifest_path)
@@ -301,13 +375,13 @@ def prepare_chat(
         g = 0
         sources = [(f, None) for f in pool_files] + [(f, s) for s in ("val", "test") for f in fixed.get(s, ())]
         for f, split_of_file in sources:
-            for where, row in rows(f):
+            for where, messages in conversations_of(f, Skipped() if skip_corrupt else None):
                 split = split_of_file or drawn[g]
                 g += split_of_file is None
                 k = position[split]
                 position[split] += 1
                 if k >= state["splits"][split]["done"]:
-                    yield split, k, where, messages_of(row, where)
+                    yield split, k, where, messages
 
     def tasks() -> Iterator[list]:
         batch: list = []

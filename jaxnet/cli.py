@@ -510,8 +510,9 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.command == "train":
         cfg = config.load_experiment(args.experiment, args.overrides)
         if args.show_config:
-            print(json.dumps(cfg.to_dict(), indent=2))
-            print("\nkeys:\n" + config.describe(cfg, _in_effect(cfg)))
+            shaped, taken = _checkpoint_shape(cfg)
+            print(json.dumps(shaped.to_dict(), indent=2))
+            print("\nkeys:\n" + config.describe(cfg, {**_in_effect(shaped), **taken}))
             return 0
         from jaxnet import parallel
         from jaxnet.train import train
@@ -626,6 +627,28 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(export_run(args.workdir, args.out, args.format, step=args.step, chat_template=args.chat_template))
         return 0
     raise AssertionError(args.command)
+
+
+def _checkpoint_shape(cfg: Any) -> tuple[Any, dict[str, str]]:
+    """``cfg`` with the shape of the Hugging Face checkpoint ``train.init_from=hf:DIR`` names (what
+    the run takes from it), and each key it changes as ``--show-config`` shows it; ``cfg`` and
+    nothing for any other start."""
+    from jaxnet.models import hf
+
+    if not hf.is_hf(cfg.train.init_from):
+        return cfg, {}
+    from jaxnet.config import model_keys
+    from jaxnet.train import init_from
+
+    shaped = init_from.with_hf_shape(cfg)
+    taken = {}
+    for key in [*model_keys(type(cfg.model)), "data.seq_len", "data.vocab_size"]:
+        section, _, name = key.partition(".")
+        theirs = getattr(getattr(shaped, section), name)
+        if theirs != getattr(getattr(cfg, section), name):
+            shown = json.dumps(theirs) if isinstance(theirs, bool) else theirs  # as the values above show it
+            taken[key] = f"{shown} (from {cfg.train.init_from})"
+    return shaped, taken
 
 
 def _in_effect(cfg: Any) -> dict[str, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fails
+from conftest import fails, said
 from safetensors.numpy import load_file, save_file
 
 import jaxnet
@@ -325,6 +325,16 @@ def test_a_shape_the_experiment_contradicts_is_refused_naming_both(tmp_path, cap
     # gpt2_small sets the width (64) and a default's layers (2): the width conflicts, the layers are taken
     assert "model.width=64 here, 16 in the checkpoint" in err and "model.layers" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_show_config_of_a_fine_tune_shows_the_checkpoints_shape_and_where_it_came_from(tmp_path, capsys):
+    source = write_gpt2(tmp_path / "gpt2", n_layer=3, n_embd=24, n_head=3, n_positions=32)
+    out = said(["train", "gpt2_finetune:smoke", f"train.init_from=hf:{source}", "--show-config"], capsys)
+    values, _, table = out.partition("\nkeys:\n")
+    model = json.loads(values)["model"]
+    assert (model["layers"], model["width"], model["heads"], model["context"]) == (3, 24, 3, 32)
+    layers = next(line for line in table.splitlines() if line.startswith("model.layers "))
+    assert f"-> 3 (from hf:{source})" in layers, layers
 
 
 def test_a_gpt2_activation_jaxnet_does_not_compute_is_refused(tmp_path):

@@ -536,8 +536,11 @@ def export_run(
 ) -> str:
     """``jaxnet export``: write run ``workdir`` (checkpoint ``step``, default the newest) to ``out`` in
     ``format`` (see :meth:`Trained.export`), with the chat template in the file ``chat_template``
-    (format hf). ``out`` and the template are checked before the run is loaded. Returns the line to
-    print."""
+    (format hf). ``out`` and the template are checked before the run is loaded; the directories
+    above ``out`` are made once it is. Returns the line to print::
+
+        print(export_run("runs/chat", "exports/2026/chat-hf", "hf"))
+    """
     from jaxnet.tokenizers import chat as chat_lib
 
     out = Path(out)
@@ -556,8 +559,8 @@ def export_run(
         raise UserError(f"--out {out} {'is not empty' if out.is_dir() else 'is a file'}; give a new or empty directory")
     if format == "jax" and out.exists():
         raise UserError(f"--out {out} exists; give a new file name (nothing is overwritten)")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: directory {out.parent} does not exist")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise UserError(f"--out {out}: {out.parent} is a file, not a directory; give another --out")
     trained = load(workdir, step)
     from jaxnet.models import hf
 
@@ -567,6 +570,10 @@ def export_run(
             f"{workdir} trained a {trained.config.model.name}; a Hugging Face checkpoint (--format hf) holds a "
             f"{' or '.join(families)}. Use --format jax"
         )
+    try:  # its parent directories made as jaxnet prepare --out makes them, once the run has been read
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot make {out.parent}: {e.strerror}") from None
     written = trained.export(out, format=format, chat_template=template)
     return json.dumps({"step": trained.step, "format": format, "out": str(written)})
 

@@ -374,8 +374,12 @@ def test_export_refuses_a_bad_format_and_a_non_empty_directory_and_writes_nothin
     assert "is not empty" in fails(["export", "--workdir", str(run), "--format", "hf", "--out", str(full)], capsys)
     assert [p.name for p in full.iterdir()] == ["keep.txt"] and (full / "keep.txt").read_text() == "mine"
     assert not (tmp_path / "x").exists()
-    # the round trip without torch: the exported checkpoint imports back to the same logits
-    out = tmp_path / "out"
+    assert "is a file, not a directory" in fails(
+        ["export", "--workdir", str(run), "--format", "hf", "--out", str(full / "keep.txt" / "x")], capsys
+    )
+    # the round trip without torch: the exported checkpoint imports back to the same logits; --out's
+    # parent directories are made as jaxnet prepare --out makes them
+    out = tmp_path / "exports" / "2026" / "out"
     assert cli.main(["export", "--workdir", str(run), "--format", "hf", "--out", str(out)]) == 0
     tokens = np.random.default_rng(5).integers(0, 245, (2, 8))
     np.testing.assert_allclose(

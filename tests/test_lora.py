@@ -162,6 +162,17 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
     capsys.readouterr()
     assert cli.main(["sample", "--workdir", str(whole), "--prompt", "ROMEO:", "--tokens", "5", "--seed", "1"]) == 0
     assert capsys.readouterr().out.startswith("ROMEO:")
+    # the base moves: reading the run names its LoRA base and how to point the run at the new place; the
+    # training command with train.init_from there (the same weights, by their hash) records it, and the run
+    # reads as before
+    moved = tmp_path / "moved"
+    base.rename(moved)
+    with pytest.raises(jaxnet.UserError, match=r"the base of the LoRA run .* is not there .* train.init_from=hf:NEW"):
+        jaxnet.load(whole)
+    base, argv[2] = moved, f"train.init_from=hf:{moved}"
+    assert cli.main([*argv, "--workdir", str(whole)]) == 0
+    assert json.loads((whole / "config.json").read_text())["_run"]["lora_base"]["init_from"] == f"hf:{moved}"
+    np.testing.assert_array_equal(jaxnet.load(whole).predict(tokens), logits)
     # the base changes under the run: a resume and jaxnet.load refuse it in one line, before reading it
     from safetensors.numpy import save_file
 

@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxnet import checkpoint, parallel, tokenizers
+from jaxnet import checkpoint, observe, parallel, tokenizers
 from jaxnet.config import Config
 from jaxnet.errors import UserError
 from jaxnet.models import hf
@@ -377,10 +377,26 @@ def fingerprint(spec: str) -> str:
 
 def check_base(cfg: Config, workdir: Path) -> dict[str, str]:
     """The record of a LoRA run's base (``init_from`` and :func:`fingerprint`); a one-line
-    :class:`UserError` when ``workdir`` recorded another base, or the same one whose weights changed."""
+    :class:`UserError` when ``workdir`` recorded another base, or the same one whose weights
+    changed, or when the base is no longer there (saying how to point the run at its new place).
+    A base named at another place whose weights are those recorded (it moved) is taken: the record
+    is then the new place's (:func:`record_moved_base` writes it into the run)."""
     spec = cfg.train.init_from
-    record = {"init_from": spec, "sha256": fingerprint(spec)}
     recorded = _recorded_base(workdir)
+    if not _base_exists(spec):
+        where = f"train.init_from={spec}"
+        if recorded is not None:
+            new = "hf:NEW_DIR" if hf.is_hf(spec) else "NEW_RUN_DIR"
+            command = f"jaxnet train {cfg.experiment or 'EXPERIMENT'} ... train.init_from={new} --workdir {workdir}"
+            raise UserError(
+                f"the base of the LoRA run {workdir}, {where}, is not there (moved or deleted); point the run at "
+                f"its new place with the command that trained it and train.init_from={new} ({command}): its weights "
+                "are checked against the sha256 the run recorded, and the run remembers the new place"
+            )
+        raise UserError(f"{where} is not there; name the checkpoint the LoRA adapters are to adapt")
+    record = {"init_from": spec, "sha256": fingerprint(spec)}
+    if recorded is not None and recorded != record and recorded.get("sha256") == record["sha256"]:
+        return record  # the same weights at a new place: the base moved
     if recorded is not None and recorded != record:
         what = (
             f"train.init_from={recorded.get('init_from')}"
@@ -392,6 +408,43 @@ def check_base(cfg: Config, workdir: Path) -> dict[str, str]:
             f"the LoRA adapters in {workdir} were trained on {what}; restore that base or use a fresh --workdir"
         )
     return record
+
+
+def _base_exists(spec: str) -> bool:
+    """Whether the base ``train.init_from=spec`` names is there: a Hugging Face directory, or a run's checkpoint."""
+    if hf.is_hf(spec):
+        return hf.hf_dir(spec).is_dir()
+    source, step = parse(spec)
+    return (source / "checkpoints" / str(step)).is_dir() if step is not None else (source / "checkpoints").is_dir()
+
+
+def record_moved_base(workdir: Path, record: dict[str, str]) -> str | None:
+    """Write a LoRA base's new place (``record``: :func:`check_base`'s) into the run in ``workdir``
+    when it recorded another place for the same weights: ``train.init_from`` and the base's record
+    in its config.json, and the tokenizer its vocab.json names when that was the base's directory.
+    Returns the old place (None when nothing moved), so that ``jaxnet sample``, ``export`` and
+    ``jaxnet.load`` find the base again, a completed run included::
+
+        moved = record_moved_base(Path("runs/lora"), check_base(cfg, Path("runs/lora")))
+    """
+    from jaxnet.config import RUN_KEY
+
+    recorded = _recorded_base(workdir)
+    if recorded is None or recorded.get("init_from") == record["init_from"]:
+        return None
+    old = recorded.get("init_from", "")
+    path = workdir / "config.json"
+    tree = json.loads(path.read_text())
+    tree["train"]["init_from"] = record["init_from"]
+    tree.setdefault(RUN_KEY, {})[BASE_RECORD] = record
+    observe.write_json(path, tree)
+    vocab = workdir / "vocab.json"
+    if hf.is_hf(old) and hf.is_hf(record["init_from"]) and vocab.is_file():
+        saved = json.loads(vocab.read_text())
+        if saved.get("tokenizer") == f"hf:{hf.hf_dir(old).resolve()}":
+            saved["tokenizer"] = f"hf:{hf.hf_dir(record['init_from']).resolve()}"
+            observe.write_json(vocab, saved)
+    return old
 
 
 def place(value: Any, target: Any) -> jax.Array:

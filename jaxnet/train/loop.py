@@ -719,6 +719,11 @@ def train(
         environment[init_from.BASE_RECORD] = start.base
     start_from = start.load(run, workdir)  # before the workdir is touched: a bad source writes nothing
     previous = _open_workdir(workdir, cfg, adopt)
+    if start.base is not None and parallel.is_primary():  # a LoRA base that moved: the run names its new place
+        moved = init_from.record_moved_base(workdir, start.base)
+        if moved is not None:
+            print(f"the LoRA base moved: {moved} -> {start.base['init_from']} (the same weights, by sha256)")
+            previous = config_lib.load(workdir / "config.json")
     check_vocab(workdir, run.dataset)
     parallel.sync("jaxnet: workdir checked")  # by every process, before process 0 writes to it
     ckpts = Checkpoints(workdir / "checkpoints", keep=cfg.train.keep_checkpoints)

@@ -12,6 +12,7 @@ every one fits a row of 128 tokens.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import shutil
@@ -246,6 +247,19 @@ def test_a_model_pretrained_here_in_gpt2_tokens_is_exported_with_a_template_and_
           "train.eval_every=2", "train.checkpoint_every=2", "train.progress=false", "--workdir", "chat"],
          capsys)  # fmt: skip
     assert json.loads(Path("chat/summary.json").read_text())["val"]["loss"] > 0
+
+
+def test_an_empty_chat_reply_is_said_on_stderr_and_the_reply_alone_on_stdout(monkeypatch, capsys):
+    from jaxnet import cli
+
+    sample = importlib.import_module("jaxnet.sample")  # the module (jaxnet.sample is also the function)
+    monkeypatch.setattr(sample, "sample", lambda *a, **kw: "")  # a model that ends its turn at once
+    assert cli.main(["sample", "--workdir", "run", "--chat", "Hi"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n" and err.startswith("(the reply is empty: the model ended its turn at once;")
+    monkeypatch.setattr(sample, "sample", lambda *a, **kw: "Good morrow.")
+    assert cli.main(["sample", "--workdir", "run", "--chat", "Hi"]) == 0
+    assert capsys.readouterr() == ("Good morrow.\n", "")
 
 
 def test_bad_chat_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):

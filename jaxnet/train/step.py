@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxnet import tasks
+from jaxnet.errors import UserError
 from jaxnet.models import adapters
 from jaxnet.tasks import Task, cross_entropy, hits  # noqa: F401  (re-exported)
 from jaxnet.train.state import TrainState
@@ -90,6 +91,21 @@ def reset_carry(model_state: dict, reset: jnp.ndarray) -> dict:
     return {**model_state, "carry": carry}
 
 
+def with_reference(task: Task, reference: Callable | None, variables: dict, batch: Batch) -> Batch:
+    """``batch`` with the entries ``task.reference`` takes from the reference model's outputs on it
+    (:func:`jaxnet.models.adapters.reference_apply`), never differentiated; ``batch`` itself for a
+    task without a reference."""
+    if task.reference is None:
+        return batch
+    if reference is None:
+        raise UserError(
+            f"task {task.name!r} compares the model with a reference model, which this model does not keep: wrap it "
+            "in jaxnet.models.adapters.reference.Reference (the runner does) or train LoRA adapters"
+        )
+    outputs = reference(variables, *task.model_inputs(batch), **task.model_keywords(batch))
+    return {**batch, **jax.lax.stop_gradient(task.reference(outputs, batch))}
+
+
 def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
     """``grad_fn(params, model_state, batch, rng) -> ((loss, (model_state, metrics)), grads)``:
     the task's loss of ``batch`` in training mode, its metrics, and the gradient of the loss with
@@ -100,10 +116,12 @@ def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
     never holding the whole logits (the built-in cross-entropy tasks by default); any other pair,
     from the model's outputs."""
     features_apply = adapters.features_apply(model)
+    reference = adapters.reference_apply(model)
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
         t = task_of(task, batch)
         variables = {"params": params, **model_state}
+        batch = with_reference(t, reference, variables, batch)
         kwargs = dict(**t.model_keywords(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state))
         if t.from_features is not None and features_apply is not None:
             (features, head), new_model_state = features_apply(variables, *t.model_inputs(batch), **kwargs)
@@ -434,9 +452,12 @@ def make_eval_step(
     LSTM walking a stream, ``{}`` otherwise) and is returned updated.
     """
 
+    reference = adapters.reference_apply(model)
+
     def eval_step(state: TrainState, batch: Batch, carry: dict) -> tuple[Metrics, dict]:
         t = task_of(task, batch)
         variables = {"params": state.params, **state.model_state, **carry}
+        batch = with_reference(t, reference, variables, batch)
         if carry:
             outputs, carry = model.apply(
                 variables, *t.model_inputs(batch), **t.model_keywords(batch), train=False, mutable=list(carry)

@@ -330,3 +330,20 @@ def test_bad_preference_input_is_one_line_exit_2_and_nothing_written(chat_llama,
                  "--workdir", str(run)], capsys)  # fmt: skip
     assert "give a value below 0.5" in err
     assert not run.exists()
+
+
+def test_dpo_shakespeares_pairs_are_the_chat_conversations_with_a_reply_from_elsewhere():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    spec = importlib.util.spec_from_file_location("dpo_shakespeare", root / "dpo_shakespeare.py")
+    experiment = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiment)
+    made = experiment.pairs()
+    conversations = experiment._chat_shakespeare().conversations()
+    assert len(made["val"]) > 500 and len(made["test"]) > 500 and len(made["train"]) > 10_000
+    first = made["val"][0]
+    assert [first["prompt"][0], first["chosen"][0]] == conversations["val"][0]["messages"]
+    assert all(p["chosen"] != p["rejected"] for p in made["val"])
+    replies = {c["messages"][1]["content"] for c in conversations["val"]}
+    assert all(p["rejected"][0]["content"] in replies for p in made["val"])  # from the same held-out play

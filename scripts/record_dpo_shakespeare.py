@@ -88,6 +88,7 @@ def main(argv: list[str]) -> int:
         run("jaxnet", "train", "llama_shakespeare", f"train.steps={p}", f"train.eval_every={p}",
             f"train.checkpoint_every={p}", "train.progress=false", "--workdir", "runs/llama_shakespeare")  # fmt: skip
         template = str(ROOT / "experiments" / "chat_shakespeare.jinja")
+        (work / "checkpoints").mkdir(exist_ok=True)
         run("jaxnet", "export", "--workdir", "runs/llama_shakespeare", "--format", "hf", "--out",
             "checkpoints/llama-shakespeare", "--chat-template", template)  # fmt: skip
         run("jaxnet", "train", "chat_shakespeare", "train.init_from=hf:checkpoints/llama-shakespeare",

@@ -206,9 +206,12 @@ def reference_logps(outputs: Any, batch: Batch) -> dict[str, jax.Array]:
 
 
 def dpo(beta: float = 0.1, label_smoothing: float = 0.0) -> PreferenceTask:
-    """Sigmoid DPO over pairs (module docstring), against the reference model the train step runs::
+    """Sigmoid DPO over pairs (module docstring), against the reference model the steps run beside
+    the model (its log-probabilities added to each batch by the task's ``reference``).
 
-    task = jaxnet.preference.dpo(beta=0.1)
+    >>> task = dpo(beta=0.1)
+    >>> task.name, task.reference is not None
+    ('dpo', True)
     """
 
     def per_pair(logits: jax.Array, batch: Batch) -> dict[str, jax.Array]:
@@ -219,9 +222,11 @@ def dpo(beta: float = 0.1, label_smoothing: float = 0.0) -> PreferenceTask:
 
 
 def simpo(beta: float = 2.0, gamma: float = 1.0, label_smoothing: float = 0.0) -> PreferenceTask:
-    """SimPO over pairs (module docstring): no reference model::
+    """SimPO over pairs (module docstring): no reference model.
 
-    task = jaxnet.preference.simpo(beta=2.0, gamma=1.0)
+    >>> task = simpo(beta=2.0, gamma=1.0)
+    >>> task.name, task.reference is None
+    ('simpo', True)
     """
 
     def per_pair(logits: jax.Array, batch: Batch) -> dict[str, jax.Array]:

@@ -5,7 +5,7 @@
 
 Runs, each as the ``jaxnet`` command a user types, in a scratch directory (or ``--work DIR``, kept;
 a run already complete there is not trained again: its command returns at once and its summary is
-what is recorded):
+what is recorded; an export is written again from its run):
 
 1. chat_shakespeare's road: ``jaxnet train llama_shakespeare train.steps=P``, ``jaxnet export
    --chat-template experiments/chat_shakespeare.jinja``, ``jaxnet train chat_shakespeare
@@ -58,6 +58,8 @@ def main(argv: list[str]) -> int:
     load_start = os.getloadavg()[0]
 
     def run(*command: str) -> str:
+        if command[:2] == ("jaxnet", "export"):  # made again from its run (a --work DIR used before)
+            shutil.rmtree(work / command[command.index("--out") + 1], ignore_errors=True)
         started = time.perf_counter()
         python = [sys.executable] if command[0] == "python" else [sys.executable, "-m", "jaxnet"]
         result = subprocess.run([*python, *command[1:]], cwd=work, capture_output=True, text=True)

@@ -1,7 +1,7 @@
 """Record dpo_shakespeare end to end on this machine, offline, and save the results file.
 
     python scripts/record_dpo_shakespeare.py [--pretrain-steps 120] [--chat-steps 100] [--steps 100]
-                                             [--lora-rank 8] [--lora-lr 1e-3] [--work DIR]
+                                             [--lora-rank 0] [--lora-lr 1e-3] [--work DIR]
 
 Runs, each as the ``jaxnet`` command a user types, in a scratch directory (or ``--work DIR``, kept;
 a run already complete there is not trained again: its command returns at once and its summary is
@@ -11,10 +11,11 @@ what is recorded; an export is written again from its run):
    --chat-template experiments/chat_shakespeare.jinja``, ``jaxnet train chat_shakespeare
    train.steps=C``, then ``jaxnet export`` of that fine-tune: the checkpoint DPO starts from;
 2. ``python experiments/dpo_shakespeare.py`` and ``jaxnet prepare preference``: the pairs of the plays;
-3. ``jaxnet eval --workdir hf:CKPT`` on the validation and test pairs: DPO against itself (ln 2), and
-   ``train.objective=simpo``: how often its mean log-probability already prefers the true reply;
-4. ``jaxnet train dpo_shakespeare``: every weight against a frozen copy, and with ``train.lora_rank=R``
-   the adapters alone against the base (``--lora-rank 0`` skips it);
+3. ``jaxnet eval --workdir hf:CKPT train.objective=simpo`` on the first 256 test pairs: how often the
+   checkpoint's mean log-probability per token already prefers the true reply (DPO against itself is
+   ln 2 with no reward, by construction);
+4. ``jaxnet train dpo_shakespeare``: every weight against a frozen copy, and with ``--lora-rank R``
+   also the adapters alone against the base;
 5. each DPO run exported and evaluated as in 3 with ``train.objective=simpo``: the same preference
    measured on the tuned model.
 
@@ -38,6 +39,7 @@ from pathlib import Path
 from jaxnet import observe
 
 ROOT = Path(__file__).resolve().parents[1]
+EVAL_TOKENS = 256 * 2 * 128  # the first 256 pairs of the test play, as dpo_shakespeare evaluates
 METRICS = ("loss", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected",
            "logps/chosen", "logps/rejected")  # fmt: skip
 
@@ -48,7 +50,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pretrain-steps", type=int, default=120, help="llama_shakespeare's train.steps (600)")
     parser.add_argument("--chat-steps", type=int, default=100, help="chat_shakespeare's train.steps")
     parser.add_argument("--steps", type=int, default=100, help="dpo_shakespeare's train.steps")
-    parser.add_argument("--lora-rank", type=int, default=8, help="the LoRA run's train.lora_rank (0: none)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="also a LoRA run of this train.lora_rank (0: none)")
     parser.add_argument("--lora-lr", type=float, default=1e-3, help="the LoRA run's optim.lr")
     parser.add_argument("--work", type=Path, default=None, help="work in DIR and leave everything there")
     args = parser.parse_args(argv)
@@ -78,12 +80,10 @@ def main(argv: list[str]) -> int:
         return {**{k: s.get(k) for k in keep}, **{split: _metrics(s[split]) for split in ("val", "test") if split in s}}
 
     def evaluate(workdir: str, *extra: str) -> dict:
-        out = {}
-        for split in ("val", "test"):
-            said = run("jaxnet", "eval", "--workdir", workdir, "--split", split, f"data.path={corpus}",
-                       "data.seq_len=128", "train.eval_tokens=0", *extra)  # fmt: skip
-            out[split] = _metrics(json.loads(said.strip().splitlines()[-1]))
-        return out
+        settings = [f"data.path={corpus}", "data.seq_len=128", f"train.eval_tokens={EVAL_TOKENS}"]
+        said = run("jaxnet", "eval", "--workdir", workdir, "--split", "test", *settings, "train.eval_batch_size=32",
+                   *extra)  # fmt: skip
+        return {"test": _metrics(json.loads(said.strip().splitlines()[-1]))}
 
     try:
         p, c = args.pretrain_steps, args.chat_steps
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
                        "--test", f"{pairs}/test.jsonl", "--tokenizer", "hf:checkpoints/chat-shakespeare", "--out",
                        corpus, "--seq-lens", "128", "--quiet")  # fmt: skip
         start = "hf:checkpoints/chat-shakespeare"
-        before = {"dpo": evaluate(start), "simpo": evaluate(start, "train.objective=simpo")}
+        before = {"simpo": evaluate(start, "train.objective=simpo")}  # DPO against itself is ln 2 by construction
         tuned = {}
         runs = {"full": ("runs/dpo_shakespeare", [])}
         if args.lora_rank:

@@ -822,7 +822,7 @@ def load_state(workdir: str | os.PathLike, step: int | str | None = None) -> dic
     :func:`resolve_step`) or the newest one: what :func:`load_params`, :func:`jaxnet.load` and
     ``train.init_from`` read."""
     directory = Path(workdir) / "checkpoints"
-    if not directory.is_dir():
+    if not directory.exists():  # a file there is named by Checkpoints below
         raise UserError(f"{workdir} has no checkpoints; pass the run directory of a training run")
     step = resolve_step(workdir, step)
     ckpts = Checkpoints(directory, read_only=True)

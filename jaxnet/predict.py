@@ -427,24 +427,27 @@ def _template(workdir: Path, model: Any, inputs: dict[str, Any]) -> Any:
         ) from None
 
 
-def hf_model(spec: str | os.PathLike, context: int | None = None) -> tuple[Config, Any, dict[str, Any]]:
+def hf_model(spec: Any, context: int | None = None) -> tuple[Config, Any, dict[str, Any]]:
     """The config, Flax module and parameters (nested, each placed on the device as it is read) of
-    jaxnet's Transformer holding the Hugging Face checkpoint ``hf:PATH``; its vocabulary is the
-    checkpoint's, its context the checkpoint's positions, or ``context`` when fewer are needed and
-    the model has no table of positions (rotary: the decoding cache is then that long)."""
+    the model (of the checkpoint's family) holding the Hugging Face checkpoint ``hf:PATH`` (or the
+    :class:`jaxnet.models.hf.Checkpoint` already read); its vocabulary is the checkpoint's, its
+    context the checkpoint's positions, or ``context`` when fewer are needed and no parameter's
+    shape depends on them (rotary positions, no table: the decoding cache is then that long)."""
     import dataclasses
 
     from jaxnet.models import hf
 
-    checkpoint = hf.read(spec)
+    checkpoint = spec if isinstance(spec, hf.Checkpoint) else hf.read(spec)
     params = hf.nested({path: jax.device_put(value) for path, value in checkpoint.tensors()})  # each placed as read
     cfg = Config()
     cfg.model = checkpoint.model()
     cfg.data.seq_len = checkpoint.context
-    if context and context < checkpoint.context and cfg.model.position == "rotary":
-        cfg.model = dataclasses.replace(cfg.model, context=context)
-        cfg.data.seq_len = context
-    cfg.train.init_from = str(spec)
+    if context and context < checkpoint.context:
+        shorter = dataclasses.replace(cfg.model, context=context)
+        vocab, full = checkpoint.vocab, checkpoint.context
+        if hf.param_shapes(shorter, vocab, context) == hf.param_shapes(cfg.model, vocab, full):
+            cfg.model, cfg.data.seq_len = shorter, context
+    cfg.train.init_from = f"{hf.PREFIX}{checkpoint.directory}"
     cfg.train.eval_batch_size = 32
     return cfg, models.build(cfg.model, checkpoint.vocab, cfg.data.seq_len), params
 
@@ -556,10 +559,13 @@ def export_run(
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: directory {out.parent} does not exist")
     trained = load(workdir, step)
-    if format in ("hf", "peft") and not isinstance(trained.config.model, models.TransformerConfig):
+    from jaxnet.models import hf
+
+    families = sorted({t.family for t in hf.TABLES.values()})
+    if format in ("hf", "peft") and trained.config.model.name not in families:
         raise UserError(
             f"{workdir} trained a {trained.config.model.name}; a Hugging Face checkpoint (--format hf) holds a "
-            "Transformer. Use --format jax"
+            f"{' or '.join(families)}. Use --format jax"
         )
     written = trained.export(out, format=format, chat_template=template)
     return json.dumps({"step": trained.step, "format": format, "out": str(written)})

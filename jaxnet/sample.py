@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +267,7 @@ def sample_hf(
         template = chat_template_of(tok, None, spec)
 
         def run(start: np.ndarray, stop_ids: tuple[int, ...]) -> np.ndarray:
-            _, model, params = hf_model(spec, context=-(-(len(start) + tokens) // 256) * 256)
+            _, model, params = hf_model(checkpoint, context=-(-(len(start) + tokens) // 256) * 256)
             kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stop_ids)
             return generate(model, params, start, tokens, **kw)
 
@@ -291,7 +290,7 @@ def sample_hf(
         start = np.asarray([tok.start_id({})], np.int32)  # a new document
     # A rotary model is built with the positions this sample needs (a multiple of 256), not its
     # whole context: the decoding cache of a 128K-context model would not fit beside it.
-    _, model, params = hf_model(spec, context=-(-(len(start) + tokens) // 256) * 256)
+    _, model, params = hf_model(checkpoint, context=-(-(len(start) + tokens) // 256) * 256)
     out = generate(model, params, start, tokens, temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)
     if ids is not None or tok is None:
         return " ".join(map(str, out.tolist()))
@@ -345,11 +344,8 @@ def sample(
         reply = sample("runs/chat", chat="Good morrow, sir.", temperature=0)
     """
     from jaxnet import config as config_lib
-    from jaxnet import models, optim, parallel
-    from jaxnet.checkpoint import Checkpoints
+    from jaxnet import models
     from jaxnet.data.text import TextDataset, read_vocab
-    from jaxnet.train import state as state_lib
-    from jaxnet.train.loop import abstract_state, workers_of
 
     if not hf.is_hf(workdir) and not (Path(workdir) / "config.json").is_file():
         raise UserError(f"{workdir} is not a run directory (no config.json); pass the --workdir of a training run")
@@ -368,7 +364,7 @@ def sample(
         return sample_hf(str(workdir), prompt, tokens, **kw)
     workdir = Path(workdir)
     cfg = config_lib.apply_overrides(
-        config_lib.load(workdir / "config.json"), ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]
+        config_lib.load(workdir / "config.json"), ["mesh.data=1", "mesh.fsdp=1", "mesh.expert=1", "mesh.tensor=1"]
     )
     language_models = [name for name, family in models.REGISTRY.items() if family.inputs == "tokens"]
     if models.family(cfg.model.name).inputs != "tokens":
@@ -394,22 +390,10 @@ def sample(
         template = chat_template_of(dataset.codec, run_tokenizer(workdir, cfg)[1], str(workdir))
     if not (workdir / "checkpoints").exists():  # a file there is named by Checkpoints below
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
-    model = models.build(cfg.model, len(vocab), cfg.data.seq_len)
-    if cfg.train.lora_rank:  # LoRA adapters: merged into the base they were trained on, as jaxnet.load gives them
-        from jaxnet.predict import load
+    from jaxnet.predict import load
 
-        params = load(workdir).params
-    else:
-        tx, _ = optim.build(cfg.optim, cfg.train.steps)
-        sample_input = jnp.zeros((cfg.train.batch_size, 1), jnp.int32)  # as the runner creates it
-        create = lambda: state_lib.create(model, tx, sample_input, cfg.seed, **workers_of(cfg))  # noqa: E731
-        target = abstract_state(create, parallel.make_mesh(cfg.mesh))
-        ckpts = Checkpoints(workdir / "checkpoints", read_only=True)
-        try:
-            state = ckpts.restore(target, say=lambda line: print(line, file=sys.stderr))  # stdout: the text only
-        finally:
-            ckpts.close()
-        params = state.params
+    trained = load(workdir)  # the one way a run's model is rebuilt and restored (LoRA adapters merged)
+    model, params = trained.model.module, trained.params
     codec = dataset.codec
     stops = codec.end_ids if codec.kind == "hf" else ()
     kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)

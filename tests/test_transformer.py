@@ -295,12 +295,17 @@ def test_the_config_becomes_one_spec_and_presets_are_its_variants():
     assert TransformerConfig.preset("gpt2", layers=2).norm_eps == 1e-5
     assert preset("bert_encoder", vocab=5, context=8).causal is False
     assert set(PRESETS) == {"char_gpt", "gpt2", "bert_encoder", "llama", "qwen2", "mistral"}
-    # every preset field is a spec field and a config key: one name, both places
+    # the keys are declared once: the spec has every config key but the config's own four, and
+    # its vocabulary, positions and dtypes; every preset field is both
     spec_fields = {f.name for f in dataclasses.fields(TransformerSpec)}
     config_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    assert spec_fields - {"vocab"} == config_fields - {"name"}
     assert all(set(p) <= spec_fields & config_fields for p in PRESETS.values())
-    with pytest.raises(ValueError, match="heads 4 is not divisible by kv_heads 3"):
+    # one check for both: a ValueError in Python, a one-line error (exit 2) on the command line
+    with pytest.raises(ValueError, match="model.kv_heads=3 does not divide model.heads=4"):
         TransformerSpec(vocab=5, context=8, width=16, heads=4, kv_heads=3)
+    with pytest.raises(UserError, match="model.kv_heads=3 does not divide model.heads=4"):
+        TransformerConfig(width=16, heads=4, kv_heads=3).validate()
 
 
 def test_the_family_splits_key_value_heads_over_tensor_devices_only_where_they_divide():

@@ -71,7 +71,7 @@ def _parse(key: str, value: Any, typ: Any) -> Any:
             items = list(value)
         else:
             raise fail("a comma-separated list")
-        if not items:
+        if not items and isinstance(value, str):  # a list from config.json or Python may be empty, as set
             raise fail("a non-empty comma-separated list, e.g. 32,64")
         return tuple(_parse(key, v, item_type) for v in items)
     raise TypeError(f"config field {key} has unsupported type {typ}")
@@ -104,7 +104,7 @@ def _set(cfg: Config, key: str, value: Any, saved: bool = False) -> None:
             return  # a saved config from before per-family model configs holds every family's keys
         raise _unknown_key(cfg, key)
     f = known[key]
-    value = _parse(key, value, f.type)
+    value = _parse(key, model_base.unalias(value, f), f.type)
     check_field(key, value, f)
     *path, leaf = key.split(".")
     node = cfg

@@ -30,7 +30,18 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
-from jaxnet.models.base import BUILT_IN, INPUTS, REGISTRY, Build, Family, ModelConfig, family, field, register
+from jaxnet.models.base import (
+    BUILT_IN,
+    INPUTS,
+    REGISTRY,
+    Build,
+    Family,
+    ModelConfig,
+    family,
+    field,
+    model_config,
+    register,
+)
 from jaxnet.models.cnn import ConvNet, ConvNetConfig, ResNet, ResNetConfig
 from jaxnet.models.common import DTYPES
 from jaxnet.models.lstm import LSTMConfig, LSTMLanguageModel
@@ -83,6 +94,7 @@ __all__ = [
     "build",
     "family",
     "field",
+    "model_config",
     "register",
     "resolve",
 ]

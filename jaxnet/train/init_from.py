@@ -30,6 +30,7 @@ import hashlib
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ import numpy as np
 from jaxnet import checkpoint, parallel, tokenizers
 from jaxnet.config import Config
 from jaxnet.errors import UserError
-from jaxnet.models import TransformerConfig, hf
+from jaxnet.models import hf
 from jaxnet.models.adapters import lora
 from jaxnet.models.adapters.paths import joined
 from jaxnet.models.adapters.reference import REFERENCE
@@ -47,7 +48,45 @@ from jaxnet.models.adapters.reference import REFERENCE
 CARRIED = "carry"  # model state of the data position, left fresh
 
 
-def with_hf_shape(cfg: Config) -> Config:
+@dataclass
+class Start:
+    """Where a run starts (``train.init_from``), read and checked once before the run is built
+    (:func:`prepare`): the run's config with the checkpoint's shape taken and a LoRA base's step
+    pinned, the Hugging Face checkpoint (its ``config.json`` and weight files' headers read once;
+    None for a jaxnet run or a fresh start) and a LoRA run's record of its base (None otherwise)."""
+
+    cfg: Config
+    checkpoint: hf.Checkpoint | None = None
+    base: dict[str, str] | None = None
+
+    def load(self, run: Any, workdir: Path) -> dict[str, jax.Array] | None:
+        """:func:`load` of this start, its checkpoint not read again."""
+        return load(self.cfg, run, workdir, self.checkpoint)
+
+
+def prepare(cfg: Config, workdir: Path) -> Start:
+    """The one pass over ``train.init_from`` before a run is built: a Hugging Face checkpoint read
+    and its shape taken (:func:`with_hf_shape`), the config checked (``jaxnet.config.validate``),
+    a LoRA base from a run pinned to a step (:func:`pin_lora_base`) and its weights' hash checked
+    against what ``workdir`` recorded (:func:`check_base`). Its :meth:`Start.load` takes the values
+    once the run exists::
+
+        start = prepare(cfg, workdir)
+        run = Run(start.cfg)
+        state = run.init_state(start.load(run, workdir))
+    """
+    from jaxnet import config as config_lib
+
+    spec = cfg.train.init_from
+    checkpoint = hf.read(spec) if hf.is_hf(spec) else None
+    cfg = with_hf_shape(cfg, checkpoint)
+    config_lib.validate(cfg)
+    cfg = pin_lora_base(cfg, workdir)
+    base = check_base(cfg, workdir) if cfg.train.lora_rank and cfg.train.init_from else None
+    return Start(cfg, checkpoint, base)
+
+
+def with_hf_shape(cfg: Config, pretrained: hf.Checkpoint | None = None) -> Config:
     """``cfg`` with the Transformer's shape taken from the Hugging Face checkpoint ``train.init_from=hf:PATH``
     names (layers, width, heads, MLP ratio, GELU, LayerNorm epsilon, positions, tied embeddings,
     vocabulary); ``cfg`` itself when ``init_from`` names no such checkpoint.
@@ -57,21 +96,25 @@ def with_hf_shape(cfg: Config) -> Config:
     0 becomes the checkpoint's context; a longer one than it has is refused. A token corpus
     (``data.name=tokens``) of ``data.vocab_size`` 0 is padded to the checkpoint's vocabulary, and
     one prepared with another tokenizer than the checkpoint's is refused before it is opened.
+    ``pretrained`` is the checkpoint already read, if it is.
     """
     spec = cfg.train.init_from
     if not hf.is_hf(spec):
         return cfg
-    if not isinstance(cfg.model, TransformerConfig):
+    pretrained = pretrained or hf.read(spec)
+    family = pretrained.table.family
+    if cfg.model.name != family:
         raise UserError(
-            f"train.init_from={spec} is a Hugging Face checkpoint, a Transformer; set model.name=transformer"
+            f"train.init_from={spec} is a Hugging Face {pretrained.table.title} checkpoint, a {family}; set "
+            f"model.name={family}"
         )
-    pretrained = hf.read(spec)
     try:
         pretrained.check()  # its tensors' names and shapes, before the run loads its data
     except UserError as e:
         raise UserError(f"train.init_from={spec}: {e}") from None
-    fields = {**pretrained.keys, "vocab_used": pretrained.vocab}
-    defaults = TransformerConfig()
+    theirs_model = pretrained.model()
+    fields = {k: getattr(theirs_model, k) for k in (*pretrained.keys, "vocab_used")}
+    defaults = type(cfg.model)()
     taken, conflicts = {}, []
     for key, theirs in fields.items():
         ours = getattr(cfg.model, key)
@@ -162,9 +205,10 @@ def _references(state: Any) -> dict[str, Any]:
     return {"params/" + joined(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(frozen)[0]}
 
 
-def load(cfg: Config, run: Any, workdir: Path) -> dict[str, jax.Array] | None:
+def load(cfg: Config, run: Any, workdir: Path, pretrained: hf.Checkpoint | None = None) -> dict[str, jax.Array] | None:
     """The values this run starts from, by path (see the module's docstring), or None when
-    ``train.init_from`` is unset or ``workdir`` already has checkpoints to resume from.
+    ``train.init_from`` is unset or ``workdir`` already has checkpoints to resume from;
+    ``pretrained`` is the Hugging Face checkpoint already read, if it is.
 
     Everything is checked before anything is written: a source without checkpoints, a path on
     one side only, a shape that differs, an ``init_skip`` that matches nothing is a one-line
@@ -189,7 +233,7 @@ def load(cfg: Config, run: Any, workdir: Path) -> dict[str, jax.Array] | None:
             if not n.startswith("params/")
         }
     if hf.is_hf(spec):
-        pretrained = hf.read(spec)
+        pretrained = pretrained or hf.read(spec)
         source = pretrained.directory
         embedding = ours.get("params/embed/embedding")
         rows = None if embedding is None else embedding.shape[0]

@@ -24,12 +24,15 @@ import optax
 from jaxnet import tasks
 from jaxnet.errors import UserError
 from jaxnet.models import adapters
+from jaxnet.models.common import LOSSES, STATS, added_losses
 from jaxnet.tasks import Task, cross_entropy, hits  # noqa: F401  (re-exported)
 from jaxnet.train.state import TrainState
 
 Batch = dict[str, jnp.ndarray]
 Metrics = dict[str, jnp.ndarray]
 
+#: What every train step logs beside the task's metrics (:func:`step_metrics`).
+STEP_METRICS = ("loss", "grad_norm", "nonfinite", "first_nonfinite")
 NO_STEP = 2**31 - 1  # ``first_nonfinite`` of an interval in which every update was finite
 DELAY_STREAM = 2**31 - 1  # random delays use fold_in(rng, this): a number no step's keys use
 
@@ -114,7 +117,12 @@ def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
     A task with ``from_features`` on a model that offers its final hidden states and output layer
     (:func:`jaxnet.models.adapters.features_apply`: the Transformer) computes them from those,
     never holding the whole logits (the built-in cross-entropy tasks by default); any other pair,
-    from the model's outputs."""
+    from the model's outputs.
+
+    Losses the model adds (:func:`jaxnet.models.common.add_loss`: a router's load balance) are
+    added to the task's, and each is a metric of its name; the loss returned (and logged as
+    ``loss``) is their sum, the objective. Figures it reports (:func:`~jaxnet.models.common.add_stat`)
+    are metrics too."""
     features_apply = adapters.features_apply(model)
     reference = adapters.reference_apply(model)
 
@@ -122,14 +130,27 @@ def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
         t = task_of(task, batch)
         variables = {"params": params, **model_state}
         batch = with_reference(t, reference, variables, batch)
-        kwargs = dict(**t.model_keywords(batch), train=True, rngs={"dropout": rng}, mutable=list(model_state))
+        mutable = [*model_state, LOSSES, STATS]
+        kwargs = dict(**t.model_keywords(batch), train=True, rngs={"dropout": rng}, mutable=mutable)
         if t.from_features is not None and features_apply is not None:
             (features, head), new_model_state = features_apply(variables, *t.model_inputs(batch), **kwargs)
             loss, metrics = t.from_features(features, head, batch)
         else:
             outputs, new_model_state = model.apply(variables, *t.model_inputs(batch), **kwargs)
             loss, metrics = t.train_values(outputs, batch)
-        return loss, (dict(new_model_state), metrics)
+        new_model_state = dict(new_model_state)
+        added = added_losses(new_model_state.pop(LOSSES, {}))
+        stats = added_losses(new_model_state.pop(STATS, {}))
+        clash = [name for name in [*added, *stats] if name in metrics or name in STEP_METRICS]
+        if clash:
+            raise UserError(
+                f"the model adds a loss or figure named {clash[0]!r}, which is also a metric of task {t.name!r}; "
+                "give it another name"
+            )
+        if added:
+            loss = loss + sum(added.values())
+        metrics = {**metrics, **added, **stats}
+        return loss, (new_model_state, metrics)
 
     return jax.value_and_grad(loss_fn, has_aux=True)
 

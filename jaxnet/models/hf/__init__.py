@@ -13,7 +13,7 @@ holds its tables (``gpt2.py``; ``llama.py``: Llama, and Qwen2 and Mistral as sma
 it). This facade is what the rest of jaxnet calls::
 
     checkpoint = hf.read("hf:checkpoints/gpt2")      # config.json read, its table found
-    checkpoint.model()                                 # TransformerConfig of its shape
+    checkpoint.model()                                 # its model.* config (TransformerConfig)
     for path, array in checkpoint.tensors():           # each parameter as it is read
         ...                                            # ("block_0/attention/query/kernel", array)
     hf.export("out/gpt2", params, run_model_config)    # a run written back as GPT-2
@@ -26,7 +26,6 @@ it). This facade is what the rest of jaxnet calls::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import re
@@ -39,18 +38,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxnet import models
 from jaxnet.errors import UserError
+from jaxnet.models.base import ModelConfig
 from jaxnet.models.hf import files
 from jaxnet.models.hf.gpt2 import GPT2
 from jaxnet.models.hf.llama import Llama, Mistral, Qwen2
+from jaxnet.models.hf.moe import Mixtral, Qwen3Moe
 from jaxnet.models.hf.table import Table, check, file_tensors, fill
-from jaxnet.models.transformer import TransformerConfig, TransformerLanguageModel, TransformerSpec
 
 PREFIX = "hf:"
 """How ``train.init_from``, :func:`jaxnet.load` and :func:`jaxnet.load_params` name a checkpoint directory."""
 
 #: Every architecture jaxnet reads and writes, by ``config.json``'s ``model_type``.
-TABLES: dict[str, Table] = {table.model_type: table for table in (GPT2(), Llama(), Qwen2(), Mistral())}
+TABLES: dict[str, Table] = {
+    table.model_type: table for table in (GPT2(), Llama(), Qwen2(), Mistral(), Mixtral(), Qwen3Moe())
+}
 
 
 def is_hf(spec: Any) -> bool:
@@ -105,10 +108,11 @@ def read_config(directory: Path) -> tuple[Table, dict[str, Any]]:
 
 class Checkpoint:
     """A Hugging Face checkpoint directory: its ``config.json`` read, its architecture's table found,
-    its tensors not read until :meth:`tensors` (see :func:`read`).
+    its tensors not read until :meth:`tensors` (see :func:`read`); the weight files' headers are
+    read once, when first needed, for every check and read after.
 
-    ``keys`` are the ``model.*`` keys of the Transformer that computes what it computes, ``vocab``
-    its vocabulary and ``context`` its positions.
+    ``keys`` are the ``model.*`` keys of the model (of the table's family) that computes what it
+    computes, ``vocab`` its vocabulary and ``context`` its positions.
     """
 
     def __init__(self, directory: Path):
@@ -118,15 +122,23 @@ class Checkpoint:
         self.vocab: int = keys.pop("vocab")
         self.context: int = keys["context"]
         self.keys: dict[str, Any] = keys
+        self._files: files.Tensors | None = None
 
-    def model(self) -> TransformerConfig:
-        """The ``model.*`` config of this checkpoint's Transformer (its ids the ones it predicts)."""
-        return TransformerConfig(**self.keys, vocab_used=self.vocab)
+    @property
+    def files(self) -> files.Tensors:
+        """The weight files' tensors by name (their headers read on first use, once)."""
+        if self._files is None:
+            self._files = files.Tensors(self.directory)
+        return self._files
+
+    def model(self) -> ModelConfig:
+        """The ``model.*`` config of this checkpoint's model, of the table's family (its ids the ones it predicts)."""
+        return self.table.model(dict(self.keys), self.vocab)
 
     def shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
-        """The parameter shapes (by path) of this checkpoint's Transformer with ``rows`` token ids,
-        from the model itself (``jax.eval_shape`` of its ``init``)."""
-        return dict(param_shapes(self.model().spec(rows, self.context)))
+        """The parameter shapes (by path) of this checkpoint's model with ``rows`` token ids, from
+        the model itself (``jax.eval_shape`` of its ``init``)."""
+        return dict(param_shapes(self.model(), rows, self.context))
 
     def tensors(self, rows: int | None = None, dtype: Any = np.float32) -> Iterator[tuple[str, np.ndarray]]:
         """Every parameter of this checkpoint's Transformer (path, array of ``dtype``; None: as
@@ -140,28 +152,34 @@ class Checkpoint:
                 f"the data's vocabulary has {rows} ids, fewer than this {self.table.title}'s {self.vocab}; tokenize "
                 "with the checkpoint's tokenizer (GPT-2's: data.tokenizer=gpt2)"
             )
-        return fill(self.table, self.keys, files.Tensors(self.directory), self.shapes(rows), self.vocab, dtype)
+        return fill(self.table, self.keys, self.files, self.shapes(rows), self.vocab, dtype)
 
     def check(self) -> None:
         """Every check :meth:`tensors` makes before reading (names, shapes; see
         :func:`jaxnet.models.hf.table.check`), without reading any tensor: a bad checkpoint is
         refused before a run loads its data."""
-        check(self.table, self.keys, files.Tensors(self.directory), self.shapes(self.vocab), self.vocab)
+        check(self.table, self.keys, self.files, self.shapes(self.vocab), self.vocab)
 
     def params(self, rows: int | None = None) -> dict[str, np.ndarray]:
         """:meth:`tensors` gathered, by path (``block_0/attention/query/kernel``)."""
         return dict(self.tensors(rows))
 
 
-@functools.cache
-def param_shapes(spec: TransformerSpec) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """(path, shape) of every parameter of the Transformer of ``spec``, from ``jax.eval_shape`` of
-    its ``init`` (traced once per spec)."""
-    module = TransformerLanguageModel(spec)
-    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-    variables = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
-    flat = jax.tree_util.tree_flatten_with_path(nn.unbox(variables)["params"])[0]
-    return tuple(("/".join(str(k.key) for k in path), tuple(leaf.shape)) for path, leaf in flat)
+def param_shapes(model: ModelConfig, rows: int, context: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(path, shape) of every parameter of the language model ``model`` (a ``model.*`` config) over
+    ``rows`` token ids and ``context`` positions, from ``jax.eval_shape`` of its ``init`` (traced
+    once per model)."""
+    key = (repr(model), rows, context)  # a model config is a mutable dataclass: its repr is its value
+    if key not in _SHAPES:
+        module = models.build(model, rows, context, backend="cpu")
+        tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+        variables = jax.eval_shape(lambda t: module.init(jax.random.PRNGKey(0), t), tokens)
+        flat = jax.tree_util.tree_flatten_with_path(nn.unbox(variables)["params"])[0]
+        _SHAPES[key] = tuple(("/".join(str(k.key) for k in path), tuple(leaf.shape)) for path, leaf in flat)
+    return _SHAPES[key]
+
+
+_SHAPES: dict[tuple, tuple] = {}
 
 
 def read(spec: str | os.PathLike) -> Checkpoint:
@@ -186,23 +204,48 @@ def nested(flat: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
+def refusals(table: Table, model: ModelConfig) -> list[str]:
+    """Why ``table`` cannot hold a run's model (its ``model.*`` config), none when it can: the
+    ``config.json`` the table writes for the model, read back, must give a model of the same
+    arithmetic (:meth:`~jaxnet.models.base.ModelConfig.arithmetic`); each key that comes back
+    otherwise is named, with the value the architecture has instead."""
+    if table.family != model.name:
+        return [f"it holds a {table.family}, not a {model.name}"]
+    try:
+        back = table.keys(table.config(_keys(model), 2, 2))
+    except UserError as e:  # the architecture refuses what it would read
+        return [str(e)]
+    back.pop("vocab", None)
+    theirs = table.model(back, 0).arithmetic()
+    ours = model.arithmetic()
+    # a key only one side uses differs by the pattern that uses it, which is named
+    differ = [k for k, v in ours.items() if k in theirs and theirs[k] != v]
+    return [f"model.{k}={_shown(ours[k])} ({table.title}: {_shown(theirs.get(k))})" for k in differ]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
 def table_for(model: Any, prefer: str | None = None) -> Table:
     """The table a run's model (its ``model.*`` config) is written with: the table of model type
     ``prefer`` (the architecture the run started from) if it can hold it, else the first that can,
-    or a one-line :class:`UserError` saying why none can."""
-    if not isinstance(model, TransformerConfig):
+    or a one-line :class:`UserError` saying why none can (:func:`refusals`)."""
+    tables = [t for t in TABLES.values() if t.family == model.name]
+    if not tables:
         raise UserError(f"a Hugging Face {_titles()} checkpoint holds a Transformer; this run trained a {model.name}")
-    keys = _keys(model)
     reasons = {}
-    for table in sorted(TABLES.values(), key=lambda t: t.model_type != prefer):
-        reasons[table.title] = table.refuse(keys)
+    for table in sorted(tables, key=lambda t: t.model_type != prefer):
+        reasons[table.title] = refusals(table, model)
         if not reasons[table.title]:
             return table
     why = "; ".join(f"{title}: {', '.join(r)}" for title, r in reasons.items())
     raise UserError(f"no Hugging Face architecture jaxnet writes can hold this model ({why})")
 
 
-def _keys(model: TransformerConfig) -> dict[str, Any]:
+def _keys(model: ModelConfig) -> dict[str, Any]:
     return {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
 
 
@@ -224,7 +267,7 @@ CARRIED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def convert(
-    params: Any, model: TransformerConfig, context: int, prefer: str | None = None
+    params: Any, model: ModelConfig, context: int, prefer: str | None = None
 ) -> tuple[dict[str, Any], Iterator]:
     """The ``config.json`` and the file tensors (an iterator of (name, array)) of a run's
     Transformer parameters ``params`` (nested dicts, on the host or a device) and its ``model.*``
@@ -252,7 +295,7 @@ def convert(
 def export(
     directory: str | os.PathLike,
     params: Any,
-    model: TransformerConfig,
+    model: ModelConfig,
     context: int,
     *,
     max_shard_bytes: int = files.MAX_SHARD_BYTES,
@@ -289,7 +332,7 @@ def export(
 
 
 def export_peft(
-    directory: str | os.PathLike, adapters: Any, model: TransformerConfig, settings: Any, *, source: Any = None
+    directory: str | os.PathLike, adapters: Any, model: ModelConfig, settings: Any, *, source: Any = None
 ) -> Path:
     """Write a LoRA run's adapters (``adapters``: nested ``{... kernel: {"a": A, "b": B}}``; ``settings``:
     its :class:`jaxnet.models.adapters.lora.Settings`) as PEFT writes them, into ``directory`` (new or
@@ -365,5 +408,6 @@ __all__ = [
     "is_hf",
     "nested",
     "read",
+    "refusals",
     "table_for",
 ]

@@ -74,21 +74,6 @@ class GPT2(Table):
             "vocab": int(config.get("vocab_size", 50257)),
         }
 
-    def refuse(self, keys: dict[str, Any]) -> list[str]:
-        different = []
-        if keys["position"] != "learned":
-            different.append(f"model.position={keys['position']} (GPT-2 learns its positions)")
-        if not keys["causal"]:
-            different.append("model.causal=false (GPT-2 is causal)")
-        for key, want in (("norm", "layer"), ("mlp", "gelu"), ("bias", "all")):
-            if keys[key] != want:
-                different.append(f"model.{key}={keys[key]} (GPT-2: {want})")
-        if keys["kv_heads"] not in (0, keys["heads"]):
-            different.append(f"model.kv_heads={keys['kv_heads']} (GPT-2's keys and values have every head)")
-        if keys["head_dim"] not in (0, keys["width"] // keys["heads"]):
-            different.append(f"model.head_dim={keys['head_dim']} (GPT-2's is model.width / model.heads)")
-        return different
-
     def config(self, keys: dict[str, Any], vocab: int, context: int) -> dict[str, Any]:
         return {
             "architectures": list(self.architectures),

@@ -12,6 +12,7 @@ every file tensor used before it reads anything.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -97,34 +98,61 @@ class Rule:
     ``{i}`` in the names stands for the block's number::
 
         Rule("h.{i}.attn.c_attn.weight", ("block_{i}/attention/query/kernel", ...), Layout(inputs=1))
+
+    ``stack`` names the model key that counts file tensors held by one model array along its first
+    axis: ``{e}`` in ``file`` stands for each one's number (a mixture's experts, one tensor each in
+    the files, one stacked array in the model), each laid out as ``layout`` says. ``into`` and
+    ``out`` transform a value on its way into the model and back out (each the other's inverse)::
+
+        Rule("layers.{i}.mlp.experts.{e}.w1.weight", ("block_{i}/experts/gate",), LINEAR, stack="experts")
+        Rule("norm.weight", ("norm_out/scale",), VECTOR, into=lambda w: w + 1, out=lambda s: s - 1)
     """
 
     file: str
     model: tuple[str, ...]
     layout: Layout = Layout()
+    stack: str = ""
+    into: Callable[[np.ndarray], np.ndarray] | None = None
+    out: Callable[[np.ndarray], np.ndarray] | None = None
 
     def expand(self, layers: int) -> list[Rule]:
         """The rule for each block (or itself when it names none)."""
         if "{i}" not in self.file:
             return [self]
-        return [
-            Rule(self.file.format(i=i), tuple(m.format(i=i) for m in self.model), self.layout) for i in range(layers)
-        ]
+        each = lambda i: dataclasses.replace(  # noqa: E731
+            self, file=self.file.replace("{i}", str(i)), model=tuple(m.format(i=i) for m in self.model)
+        )
+        return [each(i) for i in range(layers)]
+
+    def files(self, keys: dict[str, Any]) -> list[str]:
+        """The file tensors this (expanded) rule reads or writes: ``file``, or one per stacked entry."""
+        if not self.stack:
+            return [self.file]
+        return [self.file.replace("{e}", str(e)) for e in range(int(keys[self.stack]))]
+
+    def shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The shapes of the model's arrays as one file tensor holds them (a stacked one's first axis off)."""
+        return [tuple(s[1:]) for s in shapes] if self.stack else shapes
 
 
 class Table:
     """One Hugging Face architecture: its ``config.json`` both ways and its tensors.
 
-    A table defines ``model_type`` (``config.json``'s), ``title`` (for messages), ``prefix`` (put
-    before every file name but those in ``unprefixed``), ``ignored`` (a regex of file tensors that
-    are not weights: buffers), and the methods :meth:`keys` (config -> ``model.*`` keys, refusing
-    what the Transformer does not compute), :meth:`config` (back), :meth:`refuse` (why a run's
-    model cannot be written in this format) and :meth:`rules` (the tensors, for a model of these
-    keys). ``aliases`` are file tensors that must equal another (a tied output head saved anyway).
+    A table defines ``model_type`` (``config.json``'s), ``title`` (for messages), ``family`` (the
+    registered model family it builds: ``model.name``), ``prefix`` (put before every file name but
+    those in ``unprefixed``), ``ignored`` (a regex of file tensors that are not weights: buffers),
+    and the methods :meth:`keys` (config -> ``model.*`` keys, refusing what the family does not
+    compute), :meth:`config` (back), :meth:`model` (the family's config of those keys) and
+    :meth:`rules` (the tensors, for a model of these keys). ``aliases`` are file tensors that must
+    equal another (a tied output head saved anyway). Whether a run's model can be written as this
+    architecture is found by writing its ``config.json`` and reading it back
+    (:func:`jaxnet.models.hf.refusals`): a key the table cannot write comes back otherwise, so a
+    key added to the family later is refused without editing any table.
     """
 
     model_type: str = ""
     title: str = ""
+    family: str = "transformer"
     prefix: str = ""
     unprefixed: tuple[str, ...] = ()
     ignored: str = r"(?!)"
@@ -140,9 +168,12 @@ class Table:
         ids and ``context`` positions."""
         raise NotImplementedError
 
-    def refuse(self, keys: dict[str, Any]) -> list[str]:
-        """Why a model of these ``model.*`` keys cannot be written as this architecture (none: it can)."""
-        raise NotImplementedError
+    def model(self, keys: dict[str, Any], vocab: int) -> Any:
+        """The ``model.*`` config (of :attr:`family`) of keys ``keys`` (:meth:`keys` less ``vocab``
+        and ``context``), predicting the checkpoint's ``vocab`` ids."""
+        from jaxnet.models.base import family
+
+        return family(self.family).config(**keys, vocab_used=vocab)
 
     def rules(self, keys: dict[str, Any]) -> list[Rule]:
         """Every rule of a model of these keys, per-layer templates included."""
@@ -177,7 +208,7 @@ def check(
             names[short] = name
     aliases = {a: b for a, b in table.aliases(keys).items() if a in names}
     rules = _expanded(table, keys)
-    by_file = {r.file: r for r in rules}
+    by_file = {f: r for r in rules for f in r.files(keys)}
     unplaced = [n for n in names if n not in by_file and n not in aliases]
     if unplaced:
         first = unplaced[0]
@@ -185,10 +216,10 @@ def check(
             f"{table.title} tensor {first} {tensors.shape(names[first])} has no place in jaxnet's Transformer of "
             f"{keys['layers']} blocks (config.json)" + (f" (and {len(unplaced) - 1} more)" if len(unplaced) > 1 else "")
         )
-    missing = [r for r in rules if r.file not in names]
+    missing = [(f, r) for r in rules for f in r.files(keys) if f not in names]
     if missing:
         raise UserError(
-            f"the checkpoint lacks {missing[0].file}, which jaxnet's {missing[0].model[0]} needs"
+            f"the checkpoint lacks {missing[0][0]}, which jaxnet's {missing[0][1].model[0]} needs"
             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
         )
     filled = {p for r in rules for p in r.model}
@@ -196,13 +227,14 @@ def check(
     if unfilled:
         raise UserError(f"no {table.title} tensor fills jaxnet's {unfilled[0]}; this checkpoint cannot start the model")
     for rule in rules:
-        want = rule.layout.file_shape([shapes[p] for p in rule.model], vocab)
-        have = tensors.shape(names[rule.file])
-        if have != want:
-            raise UserError(
-                f"{table.title} tensor {rule.file} has shape {have}, but config.json makes it {want} "
-                f"(jaxnet's {', '.join(rule.model)})"
-            )
+        want = rule.layout.file_shape(rule.shapes([shapes[p] for p in rule.model]), vocab)
+        for file in rule.files(keys):
+            have = tensors.shape(names[file])
+            if have != want:
+                raise UserError(
+                    f"{table.title} tensor {file} has shape {have}, but config.json makes it {want} "
+                    f"(jaxnet's {', '.join(rule.model)})"
+                )
     return rules, names, aliases
 
 
@@ -225,8 +257,12 @@ def fill(
                 "to false in config.json, or save the model again"
             )
     for rule in rules:
-        arrays = rule.layout.to_model(tensors.read(names[rule.file], dtype), [shapes[p] for p in rule.model], vocab)
-        yield from zip(rule.model, arrays, strict=True)
+        each = rule.shapes([shapes[p] for p in rule.model])
+        parts = [rule.layout.to_model(tensors.read(names[f], dtype), each, vocab) for f in rule.files(keys)]
+        arrays = [np.stack(stacked) for stacked in zip(*parts, strict=True)] if rule.stack else parts[0]
+        for path, array in zip(rule.model, arrays, strict=True):
+            # a transformed value in float32 (w + 1 in bfloat16 would lose w's low bits)
+            yield path, array if rule.into is None else np.asarray(rule.into(array.astype(np.float32)), np.float32)
 
 
 def file_tensors(
@@ -236,5 +272,11 @@ def file_tensors(
     ``keys`` whose parameters ``get`` gives by path, with ``vocab`` ids (padding rows past it
     dropped), one at a time."""
     for rule in _expanded(table, keys):
-        arrays = [np.asarray(get(p)).astype(dtype) for p in rule.model]
-        yield table.file_name(rule.file), rule.layout.to_file(arrays, vocab)
+        arrays = [np.asarray(get(p)) for p in rule.model]
+        if rule.out is not None:  # in the model's precision, then the file's
+            arrays = [np.asarray(rule.out(a.astype(np.float32)), np.float32) for a in arrays]
+        arrays = [a.astype(dtype) for a in arrays]
+        files = rule.files(keys)
+        for e, file in enumerate(files):
+            held = [a[e] for a in arrays] if rule.stack else arrays
+            yield table.file_name(file), rule.layout.to_file(held, vocab)

@@ -29,11 +29,15 @@ is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import numpy as np
+
 from jaxnet.errors import UserError
-from jaxnet.models.base import ModelConfig, Unpacked, field, has_cudnn, register, register_migration
+from jaxnet.models.base import Unpacked, has_cudnn, register, register_migration
 from jaxnet.models.common import DTYPES, Projection, mask_unused_vocab
 from jaxnet.models.transformer.attention import (
     SelfAttention,
@@ -43,80 +47,51 @@ from jaxnet.models.transformer.attention import (
     rotary,
     segment_mask,
 )
-from jaxnet.models.transformer.model import Block, TransformerLanguageModel, norm
-from jaxnet.models.transformer.spec import PRESETS, TransformerSpec, preset
+from jaxnet.models.transformer.model import Block, TransformerLanguageModel
+from jaxnet.models.transformer.norms import norm
+from jaxnet.models.transformer.spec import (
+    PRESETS,
+    Layer,
+    SpecError,
+    TransformerKeys,
+    TransformerSpec,
+    check,
+    preset,
+    spec_keys,
+)
+
+#: Keys of how a Transformer is computed or trained, or of its size in ids and positions, not
+#: of the function it computes (:meth:`TransformerConfig.arithmetic`); ``mlp_ratio`` is in ``mlp_hidden``.
+#: The keys of a mixture of experts (``mlp_pattern`` entry ``moe``).
+MOE_KEYS = (
+    "experts",
+    "experts_per_token",
+    "expert_hidden",
+    "shared_experts",
+    "router_renorm",
+    "router_aux_loss",
+    "router_z_loss",
+    "capacity_factor",
+    "expert_matmul",
+)
+HOW = (
+    "dropout",
+    "attention",
+    "remat",
+    "matmul",
+    "vocab_used",
+    "mlp_ratio",
+    "router_aux_loss",
+    "router_z_loss",
+    "capacity_factor",
+    "expert_matmul",
+)
 
 
 @dataclass
-class TransformerConfig(ModelConfig):
-    """``model.*`` keys of :class:`TransformerLanguageModel`; :meth:`spec` makes them its spec."""
-
-    layers: int = field(2, "number of Transformer blocks", low=1)
-    width: int = field(200, "model width (embedding size)", low=1)
-    heads: int = field(4, "attention heads (must divide model.width unless model.head_dim is set)", low=1)
-    kv_heads: int = field(
-        0,
-        "key/value heads (0 = model.heads); fewer is grouped-query attention, each serving model.heads / "
-        "model.kv_heads query heads (must divide model.heads)",
-        low=0,
-    )
-    head_dim: int = field(0, "size of each attention head (0 = model.width / model.heads)", low=0)
-    mlp_ratio: int = field(4, "MLP hidden size as a multiple of model.width (unless model.mlp_hidden is set)", low=1)
-    mlp_hidden: int = field(0, "MLP hidden units (0 = model.mlp_ratio x model.width; Llama 3 8B: 14336)", low=0)
-    mlp: str = field(
-        "gelu",
-        "the MLP: gelu = out(gelu(in(x))); swiglu = out(silu(gate(x)) * in(x)), Llama's",
-        choices=("gelu", "swiglu"),
-    )
-    norm: str = field(
-        "layer",
-        "the normalisation: layer = LayerNorm (scale and bias); rms = RMSNorm (scale only)",
-        choices=("layer", "rms"),
-    )
-    bias: str = field(
-        "all",
-        "which projections have a bias: all (GPT-2), qkv = only queries, keys and values (Qwen2), none (Llama)",
-        choices=("all", "qkv", "none"),
-    )
-    dropout: float = field(0.0, "dropout rate (embeddings, attention and MLP outputs)", low=0.0, high=0.95)
-    position: str = field("learned", "position encoding", choices=("learned", "rotary"))
-    tie_embeddings: bool = field(False, "output layer shares the embedding matrix")
-    causal: bool = field(True, "False = bidirectional encoder (BERT-style), every position attends to every other")
-    attention: str = field(
-        "auto",
-        "attention kernel; auto = cuDNN's fused kernel on an NVIDIA GPU in bfloat16, XLA's with the heads "
-        "moved first (xla_head_major) on a CPU, XLA's (jax.nn.dot_product_attention) otherwise",
-        choices=("auto", "xla", "xla_head_major", "cudnn"),
-    )
-    remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
-    gelu: str = field(
-        "tanh",
-        "the MLP's GELU: tanh = the tanh approximation (GPT-2's gelu_new), exact = x * Phi(x) with erf",
-        choices=("tanh", "exact"),
-    )
-    norm_eps: float = field(1e-6, "LayerNorm or RMSNorm epsilon (GPT-2's and Llama 3's are 1e-5)", low=0.0)
-    rope_theta: float = field(10000.0, "rotary positions: the base of their frequencies (Llama 3: 500000)", low=1.0)
-    rope_scaling: str = field(
-        "none",
-        "rotary positions: llama3 = rescale the frequencies as Llama 3.1 does (model.rope_factor, "
-        "model.rope_low_freq_factor, model.rope_high_freq_factor, model.rope_original_context)",
-        choices=("none", "llama3"),
-    )
-    rope_factor: float = field(8.0, "model.rope_scaling=llama3: the low frequencies are divided by it", low=1.0)
-    rope_low_freq_factor: float = field(1.0, "model.rope_scaling=llama3: low-frequency factor", low=0.0)
-    rope_high_freq_factor: float = field(4.0, "model.rope_scaling=llama3: high-frequency factor", low=0.0)
-    rope_original_context: int = field(
-        8192, "model.rope_scaling=llama3: the context the model was first trained at", low=1
-    )
-    context: int = field(
-        0, "rows of the learned position table and positions a decoding cache holds (0 = data.seq_len)", low=0
-    )
-    vocab_used: int = field(
-        0,
-        "ids the model predicts: logits of ids at or above it (a vocabulary padded to a round size) are masked "
-        "and never predicted (0 = every id)",
-        low=0,
-    )
+class TransformerConfig(TransformerKeys):
+    """``model.*`` keys of :class:`TransformerLanguageModel` (declared in :class:`TransformerKeys`),
+    with what the family owns beside its module; :meth:`spec` makes them its spec."""
 
     @classmethod
     def preset(cls, name: str, **keys: Any) -> TransformerConfig:
@@ -130,25 +105,6 @@ class TransformerConfig(ModelConfig):
     def head_size(self) -> int:
         """The size of one attention head: ``head_dim``, or ``width // heads``."""
         return self.head_dim or self.width // self.heads
-
-    def validate(self) -> None:
-        if not self.head_dim and self.width % self.heads:
-            raise UserError(
-                f"model.width={self.width} is not divisible by model.heads={self.heads}; change one, or set "
-                "model.head_dim"
-            )
-        if self.kv_heads and (self.kv_heads > self.heads or self.heads % self.kv_heads):
-            raise UserError(
-                f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}; give a divisor of it "
-                "(0 = model.heads)"
-            )
-        if self.position == "rotary" and self.head_size % 2:
-            raise UserError(f"rotary positions need an even head size; the head size is {self.head_size}")
-        if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
-            raise UserError(
-                f"model.rope_high_freq_factor={self.rope_high_freq_factor} must be above "
-                f"model.rope_low_freq_factor={self.rope_low_freq_factor}"
-            )
 
     def for_backend(self, backend: str) -> TransformerConfig:
         """Also ``attention=auto``: cuDNN's fused kernel on an NVIDIA GPU when the compute dtype is
@@ -166,43 +122,46 @@ class TransformerConfig(ModelConfig):
                 f"model.heads) that is a multiple of 8 up to 128; here the backend is {backend}, the dtype {cfg.dtype} "
                 f"and the head size {head_dim}. Use model.attention=auto"
             )
-        return dataclasses.replace(cfg, attention=attention)
+        matmul = cfg.expert_matmul if cfg.expert_matmul != "auto" else ("blocks" if backend == "cpu" else "ragged")
+        return dataclasses.replace(cfg, attention=attention, expert_matmul=matmul)
 
     def spec(self, vocab: int, context: int) -> TransformerSpec:
         """The :class:`TransformerSpec` of these keys over ``vocab`` token ids and ``context``
         positions: the one place the ``model.*`` keys become the model's settings. ``auto``
         settings must be resolved first (:meth:`for_backend`); ``auto`` attention is XLA's."""
         dtype = "float32" if self.dtype == "auto" else self.dtype
+        keys = {name: getattr(self, name) for name in spec_keys()}
         return TransformerSpec(
-            vocab=vocab,
-            context=context,
-            layers=self.layers,
-            width=self.width,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            mlp_hidden=self.mlp_hidden or self.mlp_ratio * self.width,
-            mlp=self.mlp,
-            norm=self.norm,
-            bias=self.bias,
-            dropout=self.dropout,
-            position=self.position,
-            tie_embeddings=self.tie_embeddings,
-            causal=self.causal,
-            attention="xla" if self.attention == "auto" else self.attention,
-            remat=self.remat,
-            gelu=self.gelu,
-            norm_eps=self.norm_eps,
-            rope_theta=self.rope_theta,
-            rope_scaling=self.rope_scaling,
-            rope_factor=self.rope_factor,
-            rope_low_freq_factor=self.rope_low_freq_factor,
-            rope_high_freq_factor=self.rope_high_freq_factor,
-            rope_original_context=self.rope_original_context,
-            vocab_used=self.vocab_used,
-            dtype=DTYPES[dtype],
-            param_dtype=DTYPES[self.param_dtype],
+            vocab=vocab, context=context, **keys, dtype=DTYPES[dtype], param_dtype=DTYPES[self.param_dtype]
         )
+
+    def arithmetic(self) -> dict[str, Any]:
+        """The resolved spec's keys but those of how it is computed or trained (the kernel, the
+        dtypes, dropout, rematerialisation) and its size in ids and positions."""
+        spec = dataclasses.replace(self, attention="xla", dtype="float32").spec(vocab=1, context=1)
+        out = {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
+        layers = [spec.layer(i) for i in range(spec.layers)]  # the patterns as each layer has them
+        out["attention_pattern"] = tuple(layer.attention for layer in layers)
+        out["mlp_pattern"] = tuple(layer.mlp for layer in layers)
+        unused = []  # keys no layer uses
+        if "dense" not in out["mlp_pattern"]:
+            unused += ["mlp_hidden", "mlp", "gelu"]
+        if "moe" not in out["mlp_pattern"]:
+            unused += [k for k in MOE_KEYS if k not in HOW]
+        if "local" not in out["attention_pattern"]:
+            unused += ["window", "rope_local_theta"]
+        return {k: v for k, v in out.items() if k not in unused}
+
+    def active_parameters(self, params: Any) -> int:
+        """The parameters each token computes with: every one but the experts it is not routed to
+        (``experts_per_token / experts`` of each mixture's expert kernels)."""
+        total = 0
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+            names = [str(getattr(k, "key", k)) for k in path]
+            size = math.prod(np.shape(leaf))
+            routed = len(names) >= 2 and names[-2] == "moe" and names[-1] in ("gate", "up", "down")
+            total += size * self.experts_per_token // self.experts if routed else size
+        return total
 
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``
@@ -219,26 +178,36 @@ class TransformerConfig(ModelConfig):
 
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Key/value heads split over ``tensor`` like the query heads where it divides them, whole
-        on every tensor device otherwise (fewer key/value heads than tensor devices)."""
+        on every tensor device otherwise (fewer key/value heads than tensor devices); an ``expert``
+        axis that does not divide the experts is a :class:`UserError`."""
         kv_heads = self.kv_heads or self.heads
+        ways = mesh_shape.get("expert", 1)
+        if ways > 1 and (not self.experts or self.experts % ways):
+            raise UserError(
+                f"mesh.expert={ways} does not divide model.experts={self.experts}; give an expert axis that divides "
+                "the experts (or mesh.expert=1)"
+            )
         return (("kv_heads", "tensor" if kv_heads % mesh_shape.get("tensor", 1) == 0 else None),)
 
 
 def transformer_flops(spec: TransformerSpec, *, batch: int, causal: bool = True) -> float:
     """Forward FLOPs of :class:`TransformerLanguageModel` of ``spec`` on ``batch`` sequences of
     ``spec.context`` tokens (see :mod:`jaxnet.flops`): the projections (queries, keys and values
-    of their own head counts, the output, the MLP: two matrices, three for SwiGLU), the attention
-    scores and weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the logits."""
+    of their own head counts, the output, the MLP: two matrices, three for SwiGLU; a mixture layer's
+    router, the k experts each token goes to and its shared experts), the attention scores and
+    weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the
+    logits."""
     length = spec.context
     tokens = batch * length
     w, hd = spec.width, spec.head_dim
     attention = w * spec.heads * hd + 2 * w * spec.kv_heads * hd + spec.heads * hd * w
-    mlp = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
-    projections = 2 * tokens * (attention + mlp)
+    dense = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
+    routed = w * spec.experts + 3 * w * spec.expert_hidden * (spec.experts_per_token + spec.shared_experts)
     pairs = length * (length + 1) / 2 if causal and spec.causal else length * length
     scores = 2 * 2 * batch * pairs * spec.heads * hd  # q.k and the weighted sum of v, over all heads
     logits = 2 * tokens * w * spec.vocab
-    return spec.layers * (projections + scores) + logits
+    mlps = sum(routed if spec.layer(i).mlp == "moe" else dense for i in range(spec.layers))
+    return spec.layers * (2 * tokens * attention + scores) + 2 * tokens * mlps + logits
 
 
 # The packed layout of jaxnet before queries, keys and values were kept apart.
@@ -254,10 +223,14 @@ __all__ = [
     "Block",
     "Projection",
     "SelfAttention",
+    "Layer",
+    "SpecError",
     "TransformerConfig",
+    "TransformerKeys",
     "TransformerLanguageModel",
     "TransformerSpec",
     "attend",
+    "check",
     "attention_fn",
     "head_major_attention",
     "mask_unused_vocab",

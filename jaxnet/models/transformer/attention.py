@@ -18,8 +18,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from jaxnet.models.common import Projection, project
+from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
 
 #: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
@@ -73,12 +75,18 @@ def llama3_frequencies(
 
 
 def head_major_attention(
-    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, is_causal: bool = True, mask: jnp.ndarray | None = None
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    is_causal: bool = True,
+    mask: jnp.ndarray | None = None,
+    local_window_size: tuple[int, int] | None = None,
 ) -> jnp.ndarray:
     """``jax.nn.dot_product_attention``'s XLA softmax(QK^T / sqrt(d))V on (batch, time, heads,
     head_dim) queries and (batch, time, kv_heads, head_dim) keys and values, with the heads moved
     ahead of time first, equal to it up to float rounding. ``mask`` (broadcastable to (batch,
-    heads, time, time)) is True where a query may see a key.
+    heads, time, time)) is True where a query may see a key; ``local_window_size`` ``(left,
+    right)`` limits query ``i`` to keys ``i - left`` .. ``i + right``, as JAX's does.
 
     On a CPU, XLA runs this form's products and softmax (forward and backward) in about half the
     time of ``jax.nn.dot_product_attention``'s (scripts/profile_cpu.py).
@@ -96,6 +104,9 @@ def head_major_attention(
         logits = logits.reshape(batch, heads, length, -1)
     logits *= jnp.array(1.0 / math.sqrt(head_dim), logits.dtype)
     visible = jnp.tril(jnp.ones(logits.shape[-2:], bool)) if is_causal else None
+    if local_window_size is not None:
+        band = window_mask(logits.shape[-2], logits.shape[-1], *local_window_size)
+        visible = band if visible is None else visible & band
     if mask is not None:
         visible = mask if visible is None else visible & mask
     if visible is not None:
@@ -106,6 +117,16 @@ def head_major_attention(
     probs = probs.reshape(batch, kv_heads, heads // kv_heads, length, -1)
     out = jnp.einsum("bkgts,bksh->btkgh", probs, v)
     return out.reshape(batch, length, heads, head_dim)
+
+
+def window_mask(queries: int, keys: int, left: int, right: int = 0) -> jnp.ndarray:
+    """(queries, keys), True where key ``j`` lies within ``left`` positions before query ``i`` and
+    ``right`` after it (``i - left <= j <= i + right``)::
+
+        window_mask(4, 4, 1).astype(int)   # [[1,0,0,0],[1,1,0,0],[0,1,1,0],[0,0,1,1]]
+    """
+    i, j = jnp.arange(queries)[:, None], jnp.arange(keys)[None, :]
+    return (j >= i - left) & (j <= i + right)
 
 
 def attention_fn(kernel: str | None) -> Any:
@@ -125,16 +146,19 @@ def attend(
     causal: bool,
     kernel: str | None,
     mask: jnp.ndarray | None = None,
+    window: int = 0,
 ) -> jnp.ndarray:
     """softmax(Q K^T / sqrt(head_dim)) V: queries (batch, time, heads, head_dim), keys and values
     (batch, time', kv_heads, head_dim) with ``kv_heads`` dividing ``heads`` -> (batch, time,
-    heads, head_dim). ``causal`` hides later keys; ``mask`` (True where a query sees a key,
+    heads, head_dim). ``causal`` hides later keys; ``window`` (a local layer's) hides keys more
+    than ``window - 1`` positions before the query; ``mask`` (True where a query sees a key,
     broadcastable to (batch, heads, time, time')) hides others. ``kernel`` picks the computation
     (:func:`attention_fn`); every caller (training, evaluation, decoding) comes through here::
 
-        out = attend(q, k, v, causal=True, kernel="xla")
+        out = attend(q, k, v, causal=True, kernel="xla", window=4096)
     """
-    return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask)
+    local = {"local_window_size": (window - 1, 0)} if window else {}
+    return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask, **local)
 
 
 def segment_mask(segments: jnp.ndarray) -> jnp.ndarray:
@@ -179,16 +203,19 @@ class SelfAttention(nn.Module):
     ``positions`` are the positions of ``x``'s tokens: (time,), or (batch, time) for rows that
     restart them. ``mask`` (True where a query may see a key, broadcastable to (batch, heads,
     time, time)) is added to the causal rule: examples packed into one row that must not see
-    each other.
+    each other. ``index`` is the block's number: its :class:`~jaxnet.models.transformer.spec.Layer`
+    says whether it attends to every earlier position or to a window, and its rotary base.
     """
 
     spec: TransformerSpec
+    index: int = 0
 
     @nn.compact
     def __call__(
         self, x: jnp.ndarray, positions: jnp.ndarray, decode: bool = False, mask: jnp.ndarray | None = None
     ) -> jnp.ndarray:
         s = self.spec
+        layer = s.layer(self.index)
         batch = x.shape[0]
         packed = None
         if s.kv_heads == s.heads and self.is_initializing():
@@ -203,6 +230,7 @@ class SelfAttention(nn.Module):
                 param_dtype=s.param_dtype,
                 use_bias=s.biased("qkv"),
                 kernel_init=init,
+                matmul=s.matmul,
                 name=name,
             )
 
@@ -217,7 +245,8 @@ class SelfAttention(nn.Module):
             weights = [p.weights((s.width,)) for p in projections]
             kernel = jnp.stack([k for k, _ in weights], axis=1)
             bias = jnp.stack([b for _, b in weights]) if s.biased("qkv") else None
-            qkv = nn.with_logical_constraint(project(x, kernel, bias, 1, s.dtype), ("batch", None, None, "heads", None))
+            qkv = project(x, kernel, bias, 1, s.dtype, s.matmul)
+            qkv = nn.with_logical_constraint(qkv, ("batch", None, None, "heads", None))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
             deltas = [p.adapter(x) for p in projections]  # LoRA adapters' terms, each through its rank
             q, k, v = (a if d is None else a + d for a, d in zip((q, k, v), deltas, strict=True))
@@ -225,8 +254,10 @@ class SelfAttention(nn.Module):
             q, k, v = (p(x) for p in projections)
             q = nn.with_logical_constraint(q, ("batch", None, "heads", None))
             k, v = (nn.with_logical_constraint(a, ("batch", None, "kv_heads", None)) for a in (k, v))
+        if s.qk_norm:  # each head's queries and keys, over its head_dim, before the positions
+            q, k = (norm(s, name, "kv", "rms")(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
         if s.position == "rotary":
-            q, k = (rotary(a, positions, s.rope_theta, s.rope_llama3) for a in (q, k))
+            q, k = (rotary(a, positions, layer.rope_theta, layer.rope_llama3) for a in (q, k))
         if decode:
             if not s.causal:
                 raise ValueError("decoding with a key/value cache needs a causal model (causal=True)")
@@ -237,10 +268,13 @@ class SelfAttention(nn.Module):
             cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, start, 0, 0))
             cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, start, 0, 0))
             filled = jnp.arange(s.context)[None, :] <= positions[:, None]  # (query, key)
+            if layer.window:
+                filled &= jnp.arange(s.context)[None, :] > positions[:, None] - layer.window
             visible = filled[None, None] if mask is None else filled[None, None] & mask
             out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible)
         else:
-            out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask)
+            out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask, window=layer.window)
+        out = checkpoint_name(out, ATTENTION_OUTPUT)  # what model.remat=minimal keeps
         return Projection(
             (s.width,),
             ("heads", "kv", "embed"),
@@ -249,5 +283,6 @@ class SelfAttention(nn.Module):
             use_bias=s.biased("out"),
             dtype=s.dtype,
             param_dtype=s.param_dtype,
+            matmul=s.matmul,
             name="out",
         )(out)

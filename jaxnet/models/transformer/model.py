@@ -5,8 +5,11 @@ dropout -> ``layers`` pre-norm blocks -> norm = the *features*; the *unembedding
 turns features into float32 logits (the transposed token embedding, or an ``output`` projection),
 the padding ids past ``vocab_used`` masked. A block is::
 
-    x = x + dropout(attention(norm(x)))      # self-attention (causal by default)
+    x = x + dropout(attention(norm(x)))      # self-attention (causal by default), global or in a window
     x = x + dropout(mlp(norm(x)))            # width -> mlp_hidden -> width, GELU or SwiGLU
+
+(each branch's output normalised too with ``spec.post_norms``; what differs from layer to layer is
+the spec's pattern, :meth:`~jaxnet.models.transformer.spec.TransformerSpec.layer`).
 
 The norm is LayerNorm or RMSNorm (``spec.norm``), the MLP GELU or SwiGLU (``spec.mlp``), and
 which projections have a bias is ``spec.bias``: GPT-2 is LayerNorm, GELU, biases everywhere;
@@ -18,7 +21,9 @@ names the checkpoints, ``train.init_from``, ``optim.freeze`` and the Hugging Fac
     embed/embedding                 (vocab, width)
     position                        (context, width)              learned positions only
     block_N/norm_1/{scale,bias}     (width,)                      norm_2 likewise, before the MLP; RMSNorm: scale only
+    block_N/norm_1_post/...         (width,)                      norm_2_post likewise; post_norms only
     block_N/attention/query/kernel  (width, heads, head_dim)      bias (heads, head_dim)
+    block_N/attention/query_norm/scale  (head_dim,)               key_norm likewise; qk_norm only
     block_N/attention/key/kernel    (width, kv_heads, head_dim)   value likewise
     block_N/attention/out/kernel    (heads, head_dim, width)      bias (width,)
     block_N/mlp_in/kernel           (width, mlp_hidden)           bias (mlp_hidden,)
@@ -40,39 +45,52 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models.common import Head, Projection, lookup, normal
+from jaxnet.models.common import Head, Projection, lookup, normal, remat_policy
 from jaxnet.models.transformer.attention import SelfAttention, segment_mask
+from jaxnet.models.transformer.moe import MoE
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
 
 
-def norm(spec: TransformerSpec, name: str) -> nn.Module:
-    """The normalisation before each residual branch and before the unembedding, of epsilon
-    ``spec.norm_eps``: LayerNorm (``spec.norm="layer"``: scale and bias) or RMSNorm (``"rms"``:
-    x / sqrt(mean(x^2) + eps) * scale, in float32, as Llama's), its parameters named along ``embed``."""
-    if spec.norm == "rms":
-        return nn.RMSNorm(
-            epsilon=spec.norm_eps,
-            dtype=spec.dtype,
-            param_dtype=spec.param_dtype,
-            name=name,
-            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        )
-    return nn.LayerNorm(
-        epsilon=spec.norm_eps,
-        dtype=spec.dtype,
-        param_dtype=spec.param_dtype,
-        name=name,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-    )
+def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
+    """The dense MLP (a block's ``mlp_pattern`` entry ``dense``), its projections made in the calling
+    block's scope (``mlp_in``, ``mlp_gate``, ``mlp_out``): ``mlp_out(gelu(mlp_in(h)))`` or, with
+    ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(h)) * mlp_in(h))`` (Llama's gate, up and down)."""
+    s = spec
+    kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"), matmul=s.matmul)
+    y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
+    y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
+    if s.mlp == "swiglu":
+        gate = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_gate", **kw)(h)
+        y = nn.silu(nn.with_logical_constraint(gate, ("batch", None, "mlp"))) * y
+    else:
+        y = nn.gelu(y, approximate=s.gelu == "tanh")
+    return Projection((s.width,), ("mlp", "embed"), std=s.out_std, name="mlp_out", **kw)(y)
+
+
+def moe_mlp(spec: TransformerSpec, index: int, h: jnp.ndarray) -> jnp.ndarray:
+    """The mixture of experts of block ``index`` (``mlp_pattern`` entry ``moe``), its parameters
+    under ``moe`` (:class:`~jaxnet.models.transformer.moe.MoE`)."""
+    return MoE(spec, index, name="moe")(h)
+
+
+#: The MLP of each kind a layer's ``mlp_pattern`` entry names: ``mlp(spec, index, h) -> y``, called
+#: inside block ``index`` (its parameters under the block's name). A new kind is one entry here.
+MLPS = {"dense": lambda spec, index, h: dense_mlp(spec, h), "moe": moe_mlp}
 
 
 class Block(nn.Module):
-    """Pre-norm Transformer block: attention and MLP, each a residual branch with dropout. The MLP
-    is ``mlp_out(gelu(mlp_in(x)))`` or, ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(x)) *
-    mlp_in(x))`` (Llama's gate, up and down projections)."""
+    """Transformer block ``index``: attention and MLP, each a residual branch with dropout, each
+    normalised before (``norm_1``, ``norm_2``) and with ``spec.post_norms`` after too
+    (``norm_1_post``, ``norm_2_post``); the attention and MLP kinds are the layer's
+    (:meth:`~jaxnet.models.transformer.spec.TransformerSpec.layer`)::
+
+        x = x + dropout(post(attention(norm_1(x))))
+        x = x + dropout(post(mlp(norm_2(x))))
+    """
 
     spec: TransformerSpec
+    index: int = 0
 
     @nn.compact
     def __call__(
@@ -80,17 +98,13 @@ class Block(nn.Module):
     ) -> jnp.ndarray:
         s = self.spec
         drop = nn.Dropout(s.dropout, deterministic=not train)
-        x = x + drop(SelfAttention(s, name="attention")(norm(s, "norm_1")(x), positions, decode, mask))
-        kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"))
-        h = norm(s, "norm_2")(x)
-        y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
-        y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
-        if s.mlp == "swiglu":
-            gate = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_gate", **kw)(h)
-            y = nn.silu(nn.with_logical_constraint(gate, ("batch", None, "mlp"))) * y
-        else:
-            y = nn.gelu(y, approximate=s.gelu == "tanh")
-        y = Projection((s.width,), ("mlp", "embed"), std=s.out_std, name="mlp_out", **kw)(y)
+        y = SelfAttention(s, self.index, name="attention")(norm(s, "norm_1")(x), positions, decode, mask)
+        if s.post_norms:
+            y = norm(s, "norm_1_post")(y)
+        x = x + drop(y)
+        y = MLPS[s.layer(self.index).mlp](s, self.index, norm(s, "norm_2")(x))
+        if s.post_norms:
+            y = norm(s, "norm_2_post")(y)
         return nn.with_logical_constraint(x + drop(y), ("batch", None, None))
 
 
@@ -122,8 +136,9 @@ class TransformerLanguageModel(nn.Module):
     ``cache`` collection: each call appends its tokens' keys and values and attends to everything
     cached so far, so generating token ``t`` costs one position, not ``t``. Positions past the
     context do not exist; :mod:`jaxnet.sample` slides the window. Only a causal model decodes.
-    ``spec.remat`` recomputes each block's activations in the backward pass instead of keeping
-    them: less memory for long contexts, about a third more compute.
+    ``spec.remat`` names what each block keeps for the backward pass (``none``: everything);
+    the rest is recomputed there (:func:`~jaxnet.models.common.remat_policy`): less memory for long
+    contexts, up to a third more compute (``full``, which keeps only each block's input).
 
     **Packed rows** (:mod:`jaxnet.data.packing`): ``segments`` (batch, time) numbers the examples
     of each row (0 for padding) and ``positions`` (batch, time) restarts at each: a token attends
@@ -147,8 +162,9 @@ class TransformerLanguageModel(nn.Module):
             self.position = self.param("position", normal(0.02, (None, "embed")), (s.context, s.width), s.param_dtype)
         self.drop = nn.Dropout(s.dropout, name="Dropout_0")
         # train and decode pick the code path: static arguments of the rematerialised call
-        block = nn.remat(Block, static_argnums=(3, 4)) if s.remat else Block
-        self.blocks = [block(s, name=f"block_{i}") for i in range(s.layers)]
+        policy = remat_policy(s.remat) if s.remat != "none" else None
+        block = nn.remat(Block, static_argnums=(3, 4), policy=policy) if s.remat != "none" else Block
+        self.blocks = [block(s, i, name=f"block_{i}") for i in range(s.layers)]
         self.norm_out = norm(s, "norm_out")
         if not s.tie_embeddings:
             self.output = Projection(

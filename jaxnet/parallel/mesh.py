@@ -27,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxnet.config import MeshConfig
 from jaxnet.errors import UserError
 from jaxnet.models.adapters.lora import BASE as LORA_BASE
+from jaxnet.models.adapters.reference import REFERENCE
 
 AXES = ("data", "fsdp", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")
@@ -287,6 +288,8 @@ def describe(mesh: Mesh, state: Any, compiled: Any = None) -> str:
     model_state = getattr(state, "model_state", None)
     base = model_state.get(LORA_BASE) if isinstance(model_state, dict) else None  # a LoRA run's frozen base
     frozen = f", {size(bytes_per_device(base))} of frozen base" if base else ""
+    copy = model_state.get(REFERENCE) if isinstance(model_state, dict) else None  # a full DPO run's reference
+    frozen += f", {size(bytes_per_device(copy))} of frozen reference" if copy else ""
     return (
         f"mesh {shape} ({mesh.size} {mesh.devices.flat[0].platform} device(s)): per device "
         f"{size(sizes['params'])} of parameters{frozen}, {size(sizes['opt_state'])} of optimizer state{acts} "

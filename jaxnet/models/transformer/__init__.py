@@ -28,6 +28,7 @@ is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,7 @@ from jaxnet.models.transformer.spec import (
     TransformerSpec,
     check,
     preset,
+    shortest_pattern,
     spec_keys,
 )
 
@@ -81,11 +83,15 @@ class TransformerConfig(TransformerKeys):
     def for_backend(self, backend: str) -> TransformerConfig:
         """Also ``attention=auto``: cuDNN's fused kernel on an NVIDIA GPU when the compute dtype is
         bfloat16 and the head size suits it, :func:`head_major_attention` on a CPU (where XLA runs it
-        in about half the time), XLA's ``jax.nn.dot_product_attention`` otherwise; an explicit
-        ``cudnn`` where it cannot run is a :class:`UserError`."""
+        in about half the time), XLA's ``jax.nn.dot_product_attention`` otherwise; soft-capped
+        attention logits (``attention_softcap``) are XLA's everywhere (:meth:`unfused_because`). An
+        explicit ``cudnn`` where it cannot run is a :class:`UserError`."""
         cfg = super().for_backend(backend)
         head_dim = cfg.head_size
         fused_ok = has_cudnn(backend) and cfg.dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128
+        if cfg.attention_softcap and cfg.attention == "cudnn":
+            raise UserError(f"model.attention=cudnn: {self.unfused_because()}; use model.attention=auto")
+        fused_ok = fused_ok and not cfg.attention_softcap
         xla = "xla_head_major" if backend == "cpu" else "xla"
         attention = cfg.attention if cfg.attention != "auto" else ("cudnn" if fused_ok else xla)
         if attention == "cudnn" and not fused_ok:
@@ -95,6 +101,17 @@ class TransformerConfig(TransformerKeys):
                 f"and the head size {head_dim}. Use model.attention=auto"
             )
         return dataclasses.replace(cfg, attention=attention)
+
+    def unfused_because(self) -> str:
+        """Why no fused attention kernel computes this model's attention ("" when one may): soft-capped
+        logits, which neither cuDNN's kernel nor ``jax.nn.dot_product_attention`` computes (the
+        attention then runs :func:`head_major_attention`, XLA's own). ``jaxnet plan`` says it."""
+        if self.attention_softcap:
+            return (
+                f"model.attention_softcap={self.attention_softcap:g} soft-caps the attention logits, which "
+                "cuDNN's fused attention cannot; they are XLA's softmax(QK^T)V"
+            )
+        return ""
 
     def spec(self, vocab: int, context: int) -> TransformerSpec:
         """The :class:`TransformerSpec` of these keys over ``vocab`` token ids and ``context``
@@ -110,7 +127,21 @@ class TransformerConfig(TransformerKeys):
         """The resolved spec's keys but those of how it is computed or trained (the kernel, the
         dtypes, dropout, rematerialisation) and its size in ids and positions."""
         spec = dataclasses.replace(self, attention="xla", dtype="float32").spec(vocab=1, context=1)
-        return {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
+        keys = {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
+        # Each pattern as the layers have it, and the settings of what the model does not have at their defaults
+        layers = [spec.layer(i) for i in range(spec.layers)]
+        keys["attention_pattern"] = shortest_pattern(layer.attention for layer in layers)
+        keys["mlp_pattern"] = shortest_pattern(layer.mlp for layer in layers)
+        unused = {}
+        if "local" not in keys["attention_pattern"]:
+            unused.update(window=0, rope_local_theta=0.0)
+        if spec.rope_scaling != "llama3":
+            unused.update(rope_low_freq_factor=None, rope_high_freq_factor=None, rope_original_context=None)
+        if spec.rope_scaling == "none":
+            unused.update(rope_factor=None)
+        if spec.mlp == "swiglu":
+            unused.update(gelu=None)
+        return {**keys, **unused}
 
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``
@@ -135,18 +166,30 @@ class TransformerConfig(TransformerKeys):
 def transformer_flops(spec: TransformerSpec, *, batch: int, causal: bool = True) -> float:
     """Forward FLOPs of :class:`TransformerLanguageModel` of ``spec`` on ``batch`` sequences of
     ``spec.context`` tokens (see :mod:`jaxnet.flops`): the projections (queries, keys and values
-    of their own head counts, the output, the MLP: two matrices, three for SwiGLU), the attention
-    scores and weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the logits."""
+    of their own head counts, the output, the MLP: two matrices, three for SwiGLU and GeGLU), the attention
+    scores and weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``:
+    a local layer's queries each see their window), the logits."""
     length = spec.context
     tokens = batch * length
     w, hd = spec.width, spec.head_dim
     attention = w * spec.heads * hd + 2 * w * spec.kv_heads * hd + spec.heads * hd * w
-    mlp = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
+    mlp = (3 if spec.mlp in ("swiglu", "geglu") else 2) * w * spec.mlp_hidden  # gated: gate, in and out
     projections = 2 * tokens * (attention + mlp)
-    pairs = length * (length + 1) / 2 if causal and spec.causal else length * length
-    scores = 2 * 2 * batch * pairs * spec.heads * hd  # q.k and the weighted sum of v, over all heads
+
+    def pairs(window: int) -> float:
+        if not (causal and spec.causal):
+            return length * length
+        if window and window < length:  # each query sees its last `window` positions
+            return window * (window + 1) / 2 + (length - window) * window
+        return length * (length + 1) / 2
+
+    windows = collections.Counter(spec.layer(i).window for i in range(spec.layers))
+    # q.k and the weighted sum of v, over all heads, for the layers of each window
+    blocks = sum(
+        count * (projections + 2 * 2 * batch * pairs(window) * spec.heads * hd) for window, count in windows.items()
+    )
     logits = 2 * tokens * w * spec.vocab
-    return spec.layers * (projections + scores) + logits
+    return blocks + logits
 
 
 # The packed layout of jaxnet before queries, keys and values were kept apart.

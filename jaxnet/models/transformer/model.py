@@ -45,7 +45,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models.common import Head, Projection, lookup, normal
+from jaxnet.models.common import Head, OffsetRMSNorm, Projection, lookup, normal
 from jaxnet.models.transformer.attention import SelfAttention, segment_mask
 from jaxnet.models.transformer.spec import TransformerSpec
 
@@ -53,7 +53,11 @@ from jaxnet.models.transformer.spec import TransformerSpec
 def norm(spec: TransformerSpec, name: str) -> nn.Module:
     """The normalisation before each residual branch and before the unembedding, of epsilon
     ``spec.norm_eps``: LayerNorm (``spec.norm="layer"``: scale and bias) or RMSNorm (``"rms"``:
-    x / sqrt(mean(x^2) + eps) * scale, in float32, as Llama's), its parameters named along ``embed``."""
+    x / sqrt(mean(x^2) + eps) * scale, in float32, as Llama's; with ``spec.norm_offset``, times
+    ``offset + scale`` as Gemma's ``1 + w``: :class:`~jaxnet.models.common.OffsetRMSNorm`), its
+    parameters named along ``embed``."""
+    if spec.norm == "rms" and spec.norm_offset:
+        return OffsetRMSNorm(spec.norm_offset, spec.norm_eps, spec.dtype, spec.param_dtype, ("embed",), name=name)
     if spec.norm == "rms":
         return nn.RMSNorm(
             epsilon=spec.norm_eps,
@@ -75,14 +79,16 @@ def norm(spec: TransformerSpec, name: str) -> nn.Module:
 def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
     """The dense MLP (a block's ``mlp_pattern`` entry ``dense``), its projections made in the calling
     block's scope (``mlp_in``, ``mlp_gate``, ``mlp_out``): ``mlp_out(gelu(mlp_in(h)))`` or, with
-    ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(h)) * mlp_in(h))`` (Llama's gate, up and down)."""
+    ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(h)) * mlp_in(h))`` (Llama's gate, up and down),
+    or with ``"geglu"`` the same with ``spec.gelu``'s GELU for the SiLU (Gemma's)."""
     s = spec
     kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"))
     y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
     y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
-    if s.mlp == "swiglu":
+    if s.mlp in ("swiglu", "geglu"):
         gate = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_gate", **kw)(h)
-        y = nn.silu(nn.with_logical_constraint(gate, ("batch", None, "mlp"))) * y
+        gate = nn.with_logical_constraint(gate, ("batch", None, "mlp"))
+        y = (nn.silu(gate) if s.mlp == "swiglu" else nn.gelu(gate, approximate=s.gelu == "tanh")) * y
     else:
         y = nn.gelu(y, approximate=s.gelu == "tanh")
     return Projection((s.width,), ("mlp", "embed"), std=s.out_std, name="mlp_out", **kw)(y)
@@ -200,6 +206,8 @@ class TransformerLanguageModel(nn.Module):
             positions = self.decode_positions(tokens.shape[1]) if decode else jnp.arange(tokens.shape[1])
         mask = None if segments is None else segment_mask(segments)
         x = lookup(self.embed, tokens, s.dtype)
+        if s.embed_scale:  # Gemma's sqrt(width), rounded to the compute dtype as its own is to its weights'
+            x = x * jnp.asarray(s.width**0.5, s.dtype)
         if s.position == "learned":
             table = jnp.take(self.position, positions, axis=0).astype(s.dtype)
             x = x + (table if table.ndim == 3 else table[None])
@@ -214,13 +222,16 @@ class TransformerLanguageModel(nn.Module):
         what a loss that computes the logits in pieces multiplies by."""
         s = self.spec
         if s.tie_embeddings:
-            return Head(self.embed.embedding, transposed=True, used=s.vocab_used, dtype=s.dtype)
+            return Head(
+                self.embed.embedding, transposed=True, used=s.vocab_used, dtype=s.dtype, softcap=s.logit_softcap
+            )
         kernel, bias = self.output.weights((s.width,))
-        return Head(kernel, bias, used=s.vocab_used, dtype=s.dtype)
+        return Head(kernel, bias, used=s.vocab_used, dtype=s.dtype, softcap=s.logit_softcap)
 
     def unembed(self, features: jnp.ndarray) -> jnp.ndarray:
         """Logits (..., vocab), float32 (or the compute dtype if wider), of final hidden states
-        (..., width): :meth:`head`'s logits, the unused ids masked (:func:`mask_unused_vocab`)."""
+        (..., width): :meth:`head`'s logits (soft-capped with ``spec.logit_softcap``), the unused ids
+        masked (:func:`mask_unused_vocab`)."""
         return nn.with_logical_constraint(self.head().logits(features), ("batch", None, "vocab"))
 
     def __call__(

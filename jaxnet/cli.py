@@ -6,6 +6,7 @@
                  [--members-at-once K] [--max-members N] [--add]
     jaxnet eval --workdir DIR [--split test|val] [--step N|best] [key=value ...]
     jaxnet eval --workdir hf:PATH data.path=CORPUS [--split test|val] [key=value ...]
+    jaxnet eval --workdir DIR|hf:PATH --task FILE... [--step N|best] [--json] [--batch-size N]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
                    [--cast]
     jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,... | --chat MESSAGE [--system TEXT]] [--tokens N]
@@ -26,6 +27,7 @@
     jaxnet prepare chat FILE... --tokenizer hf:DIR --out DIR [--val FILE] [--test FILE] [--chat-template FILE]
                    [--workers N] [--seq-lens N,...]
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
+    jaxnet lm-eval --model jaxnet --model_args workdir=DIR|hf:PATH --tasks TASK... [any lm-eval option]
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
@@ -122,6 +124,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "overrides", nargs="*", metavar="key=value", help="change the saved config, e.g. data.dir=DIR"
+    )
+    evaluate.add_argument(
+        "--task",
+        nargs="+",
+        action="extend",
+        metavar="FILE",
+        help="score benchmark tasks instead: JSONL files of multiple-choice rows (context, choices, gold) or "
+        "log-likelihood rows (context, continuation); prints acc and acc_norm per task and averaged",
+    )
+    evaluate.add_argument("--json", action="store_true", help="with --task: print the result as JSON")
+    evaluate.add_argument(
+        "--batch-size", type=int, default=0, metavar="N", help="with --task: requests per batch (0 = automatic)"
+    )
+
+    commands.add_parser(
+        "lm-eval",
+        add_help=False,
+        help="lm-evaluation-harness's own command line with jaxnet's model registered: jaxnet lm-eval --model jaxnet "
+        "--model_args workdir=RUN|hf:DIR --tasks ... [any lm-eval option] (pip install 'jaxnet[lm-eval]')",
     )
 
     predict = commands.add_parser(
@@ -381,6 +402,10 @@ def _study_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    if args.command == "lm-eval":
+        from jaxnet import harness
+
+        return harness.main(args.arguments)
     if args.command == "plan":
         return _plan(args, argv)
     if args.command == "prepare":
@@ -488,6 +513,16 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             add=args.add,
         )
         return 130 if record.get("interrupted_by") == "SIGINT" else 0
+    if args.command == "eval" and args.task:
+        if args.overrides:
+            raise UserError(f"--task scores the checkpoint as it is; {args.overrides[0]} has nothing to change")
+        if args.batch_size < 0:
+            raise UserError(f"--batch-size {args.batch_size}: give a number of requests of at least 1 (0 = automatic)")
+        from jaxnet import benchmarks
+
+        result = benchmarks.evaluate(args.workdir, args.task, step=args.step, batch_size=args.batch_size)
+        print(json.dumps(result) if args.json else benchmarks.table(result))
+        return 0
     if args.command == "eval":
         from jaxnet.train import evaluate
 
@@ -653,6 +688,9 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line as the ``jaxnet`` command reads it; a :class:`UserError` if it cannot."""
     parser = _parser()
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["lm-eval"]:  # lm-eval's own options, which it parses (jaxnet.harness)
+        return argparse.Namespace(command="lm-eval", arguments=list(words[1:]))
     args, extra = parser.parse_known_args(argv)
     # argparse stops collecting positionals at the first option, so gather the key=value
     # pairs that come after --workdir here.

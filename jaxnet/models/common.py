@@ -305,9 +305,25 @@ def add_loss(module: nn.Module, name: str, value: jnp.ndarray) -> None:
     module.sow(LOSSES, name, jnp.asarray(value, jnp.float32), reduce_fn=lambda a, b: a + b, init_fn=lambda: 0.0)
 
 
+#: The collection a model sows figures it reports into (:func:`add_stat`).
+STATS = "stats"
+
+
+def add_stat(module: nn.Module, name: str, value: jnp.ndarray) -> None:
+    """Report ``value`` (a scalar) as the train metric ``name`` (a mixture's expert load): logged
+    with the train step's metrics, never added to the objective; the same name from several calls
+    is summed. Training collects them; evaluation and prediction do not::
+
+        add_stat(self, f"moe/{self.name}/load_max", counts.max() / counts.mean())
+    """
+    if module.is_initializing():
+        return
+    module.sow(STATS, name, jnp.asarray(value, jnp.float32), reduce_fn=lambda a, b: a + b, init_fn=lambda: 0.0)
+
+
 def added_losses(collection: Any) -> dict[str, jnp.ndarray]:
-    """The losses a model added (its :data:`LOSSES` collection after ``apply``), summed by name over
-    the modules that added them, in the order first met."""
+    """The losses a model added (its :data:`LOSSES` collection after ``apply``; or the figures of
+    its :data:`STATS`), summed by name over the modules that added them, in the order first met."""
     totals: dict[str, jnp.ndarray] = {}
     for path, value in jax.tree_util.tree_flatten_with_path(collection)[0]:
         name = str(getattr(path[-1], "key", path[-1]))

@@ -28,8 +28,8 @@ from jaxnet.config import MeshConfig
 from jaxnet.errors import UserError
 from jaxnet.models.adapters.lora import BASE as LORA_BASE
 
-AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")
 REPLICA_AXIS = "data"  # parallel.mode=replicas: one whole model per device along this axis
 
 # Logical parameter axis -> mesh axis (None: not split). The first matching rule wins.
@@ -40,6 +40,7 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("mlp", "tensor"),  # MLP hidden units, LSTM gate units, conv output channels
     ("vocab", "tensor"),
     ("kv", None),
+    ("expert", "expert"),  # a mixture's experts (the batch is split along it too: tokens travel to them)
 )
 
 
@@ -89,22 +90,23 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """The leading (batch) dimension is split along ``data`` and ``fsdp``."""
+    """The leading (batch) dimension is split along ``data``, ``fsdp`` and ``expert``."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
 def batch_devices(mesh: Mesh) -> int:
-    """Number of ways a batch is split (``data * fsdp``)."""
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    """Number of ways a batch is split (``data * fsdp * expert``)."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
 def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> None:
     """A batch must split evenly across the data-parallel devices."""
     devices = batch_devices(mesh)
     if batch_size % devices:
+        split = " x ".join(f"mesh.{a}={mesh.shape[a]}" for a in BATCH_AXES if a != "expert" or mesh.shape[a] > 1)
         raise UserError(
             f"{what}={batch_size} is not divisible by the {devices} devices it is split over "
-            f"(mesh.data={mesh.shape['data']} x mesh.fsdp={mesh.shape['fsdp']}); use a multiple of {devices}"
+            f"({split}); use a multiple of {devices}"
         )
 
 

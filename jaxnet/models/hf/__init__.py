@@ -46,6 +46,7 @@ from jaxnet.models.hf import files, gemma
 from jaxnet.models.hf.gemma import Gemma, Gemma2, Gemma3Text
 from jaxnet.models.hf.gpt2 import GPT2
 from jaxnet.models.hf.llama import Llama, Mistral, Qwen2
+from jaxnet.models.hf.moe import Mixtral, Qwen3Moe
 from jaxnet.models.hf.phi3 import Phi3
 from jaxnet.models.hf.qwen3 import Qwen3
 from jaxnet.models.hf.table import Table, check, file_tensors, fill
@@ -56,7 +57,19 @@ PREFIX = "hf:"
 #: Every architecture jaxnet reads and writes, by ``config.json``'s ``model_type``.
 TABLES: dict[str, Table] = {
     table.model_type: table
-    for table in (GPT2(), Llama(), Qwen2(), Mistral(), Qwen3(), Phi3(), Gemma(), Gemma2(), Gemma3Text())
+    for table in (
+        GPT2(),
+        Llama(),
+        Qwen2(),
+        Mistral(),
+        Mixtral(),
+        Qwen3Moe(),
+        Qwen3(),
+        Phi3(),
+        Gemma(),
+        Gemma2(),
+        Gemma3Text(),
+    )
 }
 
 #: Architectures jaxnet knows and does not read, by ``model_type``: what each is and what it reads instead.
@@ -227,7 +240,8 @@ def refusals(table: Table, model: ModelConfig) -> list[str]:
     back.pop("vocab", None)
     theirs = table.model(back, 0).arithmetic()
     ours = model.arithmetic()
-    differ = [k for k, v in ours.items() if theirs.get(k) != v]
+    # a key only one side uses differs by the pattern that uses it, which is named
+    differ = [k for k, v in ours.items() if k in theirs and theirs[k] != v]
     return [f"model.{k}={_shown(ours[k])} ({table.title}: {_shown(theirs.get(k))})" for k in differ]
 
 

@@ -53,13 +53,34 @@ from jaxnet.models.transformer.spec import (
     TransformerSpec,
     check,
     preset,
-    shortest_pattern,
     spec_keys,
 )
 
 #: Keys of how a Transformer is computed or trained, or of its size in ids and positions, not
 #: of the function it computes (:meth:`TransformerConfig.arithmetic`); ``mlp_ratio`` is in ``mlp_hidden``.
-HOW = ("dropout", "attention", "remat", "vocab_used", "mlp_ratio")
+#: The keys of a mixture of experts (``mlp_pattern`` entry ``moe``).
+MOE_KEYS = (
+    "experts",
+    "experts_per_token",
+    "expert_hidden",
+    "shared_experts",
+    "router_renorm",
+    "router_aux_loss",
+    "router_z_loss",
+    "capacity_factor",
+    "expert_matmul",
+)
+HOW = (
+    "dropout",
+    "attention",
+    "remat",
+    "vocab_used",
+    "mlp_ratio",
+    "router_aux_loss",
+    "router_z_loss",
+    "capacity_factor",
+    "expert_matmul",
+)
 
 
 @dataclass
@@ -100,7 +121,8 @@ class TransformerConfig(TransformerKeys):
                 f"model.heads) that is a multiple of 8 up to 128; here the backend is {backend}, the dtype {cfg.dtype} "
                 f"and the head size {head_dim}. Use model.attention=auto"
             )
-        return dataclasses.replace(cfg, attention=attention)
+        matmul = cfg.expert_matmul if cfg.expert_matmul != "auto" else ("blocks" if backend == "cpu" else "ragged")
+        return dataclasses.replace(cfg, attention=attention, expert_matmul=matmul)
 
     def unfused_because(self) -> str:
         """Why no fused attention kernel computes this model's attention ("" when one may): soft-capped
@@ -127,21 +149,26 @@ class TransformerConfig(TransformerKeys):
         """The resolved spec's keys but those of how it is computed or trained (the kernel, the
         dtypes, dropout, rematerialisation) and its size in ids and positions."""
         spec = dataclasses.replace(self, attention="xla", dtype="float32").spec(vocab=1, context=1)
-        keys = {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
-        # Each pattern as the layers have it, and the settings of what the model does not have at their defaults
-        layers = [spec.layer(i) for i in range(spec.layers)]
-        keys["attention_pattern"] = shortest_pattern(layer.attention for layer in layers)
-        keys["mlp_pattern"] = shortest_pattern(layer.mlp for layer in layers)
-        unused = {}
-        if "local" not in keys["attention_pattern"]:
-            unused.update(window=0, rope_local_theta=0.0)
+        out = {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
+        layers = [spec.layer(i) for i in range(spec.layers)]  # the patterns as each layer has them
+        out["attention_pattern"] = tuple(layer.attention for layer in layers)
+        out["mlp_pattern"] = tuple(layer.mlp for layer in layers)
+        unused = []  # keys no layer uses
+        if "dense" not in out["mlp_pattern"]:
+            unused += ["mlp_hidden", "mlp", "gelu"]
+        if "moe" not in out["mlp_pattern"]:
+            unused += [k for k in MOE_KEYS if k not in HOW]
+        if "local" not in out["attention_pattern"]:
+            unused += ["window", "rope_local_theta"]
         if spec.rope_scaling != "llama3":
-            unused.update(rope_low_freq_factor=None, rope_high_freq_factor=None, rope_original_context=None)
+            unused += ["rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context"]
         if spec.rope_scaling == "none":
-            unused.update(rope_factor=None)
+            unused += ["rope_factor"]
         if spec.mlp == "swiglu":
-            unused.update(gelu=None)
-        return {**keys, **unused}
+            unused += ["gelu"]
+        if spec.rope_local_theta == spec.rope_theta and spec.rope_scaling == "none":
+            out["rope_local_theta"] = 0.0  # the local layers' base given, the same as the rest's
+        return {k: v for k, v in out.items() if k not in unused}
 
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``
@@ -158,8 +185,15 @@ class TransformerConfig(TransformerKeys):
 
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Key/value heads split over ``tensor`` like the query heads where it divides them, whole
-        on every tensor device otherwise (fewer key/value heads than tensor devices)."""
+        on every tensor device otherwise (fewer key/value heads than tensor devices); an ``expert``
+        axis that does not divide the experts is a :class:`UserError`."""
         kv_heads = self.kv_heads or self.heads
+        ways = mesh_shape.get("expert", 1)
+        if ways > 1 and (not self.experts or self.experts % ways):
+            raise UserError(
+                f"mesh.expert={ways} does not divide model.experts={self.experts}; give an expert axis that divides "
+                "the experts (or mesh.expert=1)"
+            )
         return (("kv_heads", "tensor" if kv_heads % mesh_shape.get("tensor", 1) == 0 else None),)
 
 

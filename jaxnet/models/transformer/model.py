@@ -47,6 +47,7 @@ import jax.numpy as jnp
 
 from jaxnet.models.common import Head, OffsetRMSNorm, Projection, lookup, normal
 from jaxnet.models.transformer.attention import SelfAttention, segment_mask
+from jaxnet.models.transformer.moe import MoE
 from jaxnet.models.transformer.spec import TransformerSpec
 
 
@@ -94,9 +95,15 @@ def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
     return Projection((s.width,), ("mlp", "embed"), std=s.out_std, name="mlp_out", **kw)(y)
 
 
-#: The MLP of each kind a layer's ``mlp_pattern`` entry names: ``mlp(spec, h) -> y``, called
-#: inside the block (its parameters under the block's name). A new kind is one entry here.
-MLPS = {"dense": dense_mlp}
+def moe_mlp(spec: TransformerSpec, index: int, h: jnp.ndarray) -> jnp.ndarray:
+    """The mixture of experts of block ``index`` (``mlp_pattern`` entry ``moe``), its parameters
+    under ``moe`` (:class:`~jaxnet.models.transformer.moe.MoE`)."""
+    return MoE(spec, index, name="moe")(h)
+
+
+#: The MLP of each kind a layer's ``mlp_pattern`` entry names: ``mlp(spec, index, h) -> y``, called
+#: inside block ``index`` (its parameters under the block's name). A new kind is one entry here.
+MLPS = {"dense": lambda spec, index, h: dense_mlp(spec, h), "moe": moe_mlp}
 
 
 class Block(nn.Module):
@@ -122,7 +129,7 @@ class Block(nn.Module):
         if s.post_norms:
             y = norm(s, "norm_1_post")(y)
         x = x + drop(y)
-        y = MLPS[s.layer(self.index).mlp](s, norm(s, "norm_2")(x))
+        y = MLPS[s.layer(self.index).mlp](s, self.index, norm(s, "norm_2")(x))
         if s.post_norms:
             y = norm(s, "norm_2_post")(y)
         return nn.with_logical_constraint(x + drop(y), ("batch", None, None))

@@ -261,6 +261,21 @@ def _parser() -> argparse.ArgumentParser:
         "--nodes", type=int, help="hosts the GPUs are spread over (default: the target's gpus_per_node, 8, to a node)"
     )
     plan.add_argument("--max-batch", action="store_true", help="also find the largest train.batch_size that fits")
+    plan.add_argument(
+        "--search",
+        action="store_true",
+        help="find the largest batch and the model.remat policy (and --mesh, among those given) with the best "
+        "expected tokens/s that fits; runner-up rows beside it",
+    )
+    plan.add_argument(
+        "--policies", help="with --search: the model.remat policies to try, comma-separated (default: all)"
+    )
+    plan.add_argument(
+        "--mesh",
+        action="append",
+        metavar="AXIS=N,...",
+        help="with --search: a mesh to try (e.g. --mesh fsdp=8 --mesh data=2,fsdp=4); default: the config's",
+    )
     plan.add_argument("--out", help="write the plan as JSON to this file")
     goal = plan.add_mutually_exclusive_group()
     goal.add_argument("--tokens", type=float, help="goal: train on N tokens (e.g. 10e9); default: train.steps")
@@ -644,6 +659,19 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     if args.gpus is not None and args.gpus < 1:
         raise UserError(f"--gpus {args.gpus}: give a number of GPUs of at least 1")
+    if not args.search and (args.policies or args.mesh):
+        raise UserError(
+            "--policies and --mesh choose what --search tries; add --search (or set model.remat and mesh.*)"
+        )
+    if args.search and (args.max_batch or args.calibrate or args.tokens or args.epochs or args.price is not None):
+        raise UserError(
+            "--search finds the batch and policy; plan its answer again for --max-batch, a goal or --calibrate"
+        )
+    if args.mesh:
+        from jaxnet import plan_search
+
+        for mesh in args.mesh:
+            plan_search.parse_mesh(mesh)
     target = planner.load_target(args.target)
     planner.check_goal(args.tokens, args.epochs, args.price)
     if args.calibrate is not None:
@@ -660,6 +688,8 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)
+    if args.search:
+        return _plan_search(args, argv, cfg)
     report = planner.plan(
         cfg,
         args.target,
@@ -683,6 +713,35 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
             raise UserError(f"cannot write --out {args.out}: {e.strerror}") from None
         print(f"wrote {args.out}")
     return 0
+
+
+def _plan_search(args: argparse.Namespace, argv: list[str] | None, cfg: object) -> int:
+    from jaxnet import plan_search
+
+    found = plan_search.search(
+        cfg,
+        args.target,
+        args.gpus,
+        policies=tuple(p for p in args.policies.split(",") if p) if args.policies else None,
+        meshes=[plan_search.parse_mesh(m) for m in args.mesh] if args.mesh else None,
+        nodes=args.nodes,
+        say=print,
+    )
+    found["command"] = shlex.join(["jaxnet", *(sys.argv[1:] if argv is None else argv)])
+    print(plan_search.describe(found))
+    if args.out:
+        _write_json(args.out, found)
+    return 0
+
+
+def _write_json(path: str, record: dict) -> None:
+    try:
+        with open(path, "w") as f:
+            json.dump(record, f, indent=2)
+            f.write("\n")
+    except OSError as e:
+        raise UserError(f"cannot write --out {path}: {e.strerror}") from None
+    print(f"wrote {path}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

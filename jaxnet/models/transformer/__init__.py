@@ -74,6 +74,7 @@ HOW = (
     "dropout",
     "attention",
     "remat",
+    "matmul",
     "vocab_used",
     "mlp_ratio",
     "router_aux_loss",

@@ -18,8 +18,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from jaxnet.models.common import OffsetRMSNorm, Projection, project, soft_cap
+from jaxnet.models.common import ATTENTION_OUTPUT, OffsetRMSNorm, Projection, project, soft_cap
 from jaxnet.models.transformer.spec import TransformerSpec
 
 #: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
@@ -290,6 +291,7 @@ class SelfAttention(nn.Module):
                 param_dtype=s.param_dtype,
                 use_bias=s.biased("qkv"),
                 kernel_init=init,
+                matmul=s.matmul,
                 name=name,
             )
 
@@ -304,7 +306,8 @@ class SelfAttention(nn.Module):
             weights = [p.weights((s.width,)) for p in projections]
             kernel = jnp.stack([k for k, _ in weights], axis=1)
             bias = jnp.stack([b for _, b in weights]) if s.biased("qkv") else None
-            qkv = nn.with_logical_constraint(project(x, kernel, bias, 1, s.dtype), ("batch", None, None, "heads", None))
+            qkv = project(x, kernel, bias, 1, s.dtype, s.matmul)
+            qkv = nn.with_logical_constraint(qkv, ("batch", None, None, "heads", None))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
             deltas = [p.adapter(x) for p in projections]  # LoRA adapters' terms, each through its rank
             q, k, v = (a if d is None else a + d for a, d in zip((q, k, v), deltas, strict=True))
@@ -338,6 +341,7 @@ class SelfAttention(nn.Module):
             out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible, **scaling)
         else:
             out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask, window=layer.window, **scaling)
+        out = checkpoint_name(out, ATTENTION_OUTPUT)  # what model.remat=minimal keeps
         return Projection(
             (s.width,),
             ("heads", "kv", "embed"),
@@ -346,5 +350,6 @@ class SelfAttention(nn.Module):
             use_bias=s.biased("out"),
             dtype=s.dtype,
             param_dtype=s.param_dtype,
+            matmul=s.matmul,
             name="out",
         )(out)

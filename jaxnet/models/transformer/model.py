@@ -45,7 +45,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models.common import Head, OffsetRMSNorm, Projection, lookup, normal
+from jaxnet.models.common import Head, OffsetRMSNorm, Projection, lookup, normal, remat_policy
 from jaxnet.models.transformer.attention import SelfAttention, segment_mask
 from jaxnet.models.transformer.moe import MoE
 from jaxnet.models.transformer.spec import TransformerSpec
@@ -83,7 +83,7 @@ def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
     ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(h)) * mlp_in(h))`` (Llama's gate, up and down),
     or with ``"geglu"`` the same with ``spec.gelu``'s GELU for the SiLU (Gemma's)."""
     s = spec
-    kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"))
+    kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"), matmul=s.matmul)
     y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
     y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
     if s.mlp in ("swiglu", "geglu"):
@@ -163,8 +163,9 @@ class TransformerLanguageModel(nn.Module):
     ``cache`` collection: each call appends its tokens' keys and values and attends to everything
     cached so far, so generating token ``t`` costs one position, not ``t``. Positions past the
     context do not exist; :mod:`jaxnet.sample` slides the window. Only a causal model decodes.
-    ``spec.remat`` recomputes each block's activations in the backward pass instead of keeping
-    them: less memory for long contexts, about a third more compute.
+    ``spec.remat`` names what each block keeps for the backward pass (``none``: everything);
+    the rest is recomputed there (:func:`~jaxnet.models.common.remat_policy`): less memory for long
+    contexts, up to a third more compute (``full``, which keeps only each block's input).
 
     **Packed rows** (:mod:`jaxnet.data.packing`): ``segments`` (batch, time) numbers the examples
     of each row (0 for padding) and ``positions`` (batch, time) restarts at each: a token attends
@@ -188,7 +189,8 @@ class TransformerLanguageModel(nn.Module):
             self.position = self.param("position", normal(0.02, (None, "embed")), (s.context, s.width), s.param_dtype)
         self.drop = nn.Dropout(s.dropout, name="Dropout_0")
         # train and decode pick the code path: static arguments of the rematerialised call
-        block = nn.remat(Block, static_argnums=(3, 4)) if s.remat else Block
+        policy = remat_policy(s.remat) if s.remat != "none" else None
+        block = nn.remat(Block, static_argnums=(3, 4), policy=policy) if s.remat != "none" else Block
         self.blocks = [block(s, i, name=f"block_{i}") for i in range(s.layers)]
         self.norm_out = norm(s, "norm_out")
         if not s.tie_embeddings:

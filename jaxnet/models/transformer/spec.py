@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import ModelConfig, field
+from jaxnet.models.common import MATMULS, REMAT, REMAT_ALIASES
 
 _LLAMA: dict[str, Any] = {
     "position": "rotary",
@@ -152,7 +153,22 @@ class TransformerKeys(ModelConfig):
         "moved first (xla_head_major) on a CPU, XLA's (jax.nn.dot_product_attention) otherwise",
         choices=("auto", "xla", "xla_head_major", "cudnn"),
     )
-    remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
+    remat: str = field(
+        "none",
+        "what each block keeps for the backward pass, the rest recomputed there (less memory, more compute): "
+        "none = everything; full = its input only; dots = every matrix product's output; dots_no_batch = the "
+        "projections' outputs (attention's products recomputed); minimal = the attention's output; offload = what "
+        "dots_no_batch keeps, in host memory",
+        choices=REMAT,
+        aliases=REMAT_ALIASES,
+    )
+    matmul: str = field(
+        "default",
+        "how the projections of attention and the MLP multiply: default = in model.dtype; fp8 = float8 (e4m3 "
+        "forward, e5m2 gradients, current scaling; an H100/H200 runs float8 GEMMs, a CPU simulates them), the "
+        "parameters, optimizer, output layer and attention's own products unchanged",
+        choices=MATMULS,
+    )
     gelu: str = field(
         "tanh",
         "the MLP's GELU: tanh = the tanh approximation (GPT-2's gelu_new), exact = x * Phi(x) with erf",

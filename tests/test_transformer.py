@@ -318,6 +318,11 @@ def test_soft_capped_attention_never_runs_a_fused_kernel_and_says_why():
     )
     with pytest.raises(UserError, match="model.attention=cudnn: model.attention_softcap=50 soft-caps"):
         dataclasses.replace(capped, attention="cudnn").for_backend("cuda")
+    # and jaxnet plan's line on the attention kernel gives the reason beside XLA's
+    from jaxnet.plan_hlo import attention_kernel
+
+    said = attention_kernel("", "xla", False, capped.unfused_because())["description"]
+    assert said == f"XLA's softmax(QK^T)V (no cuDNN attention call: {capped.unfused_because()})"
 
 
 def test_local_layers_count_the_flops_of_their_window():

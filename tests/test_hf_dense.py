@@ -152,12 +152,9 @@ def test_greedy_generation_with_the_cache_equals_generate_past_the_window(checkp
     np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize(
-    "name, extra",
-    [("gemma2", ["model.param_dtype=bfloat16"]), ("phi3", [])],  # bfloat16 parameters: a bfloat16 export
-)
-def test_finetune_then_export_and_transformers_reproduces_the_logits(checkpoints, tmp_path, name, extra):
-    source = checkpoints[name]
+def test_a_gemma2_finetune_exported_is_reproduced_by_transformers(checkpoints, tmp_path):
+    """bfloat16 parameters (model.param_dtype): the norms' w held as the file's bytes, a bfloat16 export."""
+    source, extra = checkpoints["gemma2"], ["model.param_dtype=bfloat16"]
     text = tmp_path / "text.txt"
     text.write_text(write_corpus_source(tmp_path / "src.jsonl").read_text()[:20_000])
     run = tmp_path / "run"
@@ -171,9 +168,20 @@ def test_finetune_then_export_and_transformers_reproduces_the_logits(checkpoints
     out = tmp_path / "exported"
     assert cli.main(["export", "--workdir", str(run), "--format", "hf", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == json.loads((source / "config.json").read_text())["architectures"]
-    assert config["torch_dtype"] == ("bfloat16" if extra else "float32")
+    assert config["architectures"] == ["Gemma2ForCausalLM"] and config["torch_dtype"] == "bfloat16"
     np.testing.assert_allclose(reference_logits(out, tokens), logits, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["phi3", "gemma3", "qwen3"])
+def test_an_export_is_read_by_transformers_as_the_same_model(checkpoints, tmp_path, name):
+    """Each table written back (Phi-3's fused tensors joined again, Gemma 3's rope by layer type,
+    Qwen3's windows as max_window_layers): transformers computes the logits jaxnet computes."""
+    source = checkpoints[name]
+    trained = jaxnet.load(f"hf:{source}")
+    out = hf.export(tmp_path / "out", trained.params, trained.config.model, 64, source=f"hf:{source}")
+    assert json.loads((out / "config.json").read_text())["architectures"] == [MODELS[name][1]]
+    tokens = tokens_for(source, seed=5)
+    np.testing.assert_allclose(reference_logits(out, tokens), trained.predict(tokens), rtol=RTOL, atol=ATOL)
 
 
 def random_adapters(params, paths: list[str], rank: int, seed: int) -> dict:

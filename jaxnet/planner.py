@@ -422,7 +422,10 @@ def plan(
             "launches": launched,
         },
         "attention": attention_kernel(
-            text, getattr(models.resolve(run.cfg.model, "cuda"), "attention", None), "segments" in first
+            text,
+            getattr(models.resolve(run.cfg.model, "cuda"), "attention", None),
+            "segments" in first,
+            getattr(run.cfg.model, "unfused_because", lambda: "")(),  # soft-capped logits: why not cuDNN
         ),
         "compile_s": round(compile_s, 2),
         "eval_compile_s": round(eval_s, 2),

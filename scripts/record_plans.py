@@ -1,12 +1,13 @@
 """Write the committed plan records: the published runs the expected step is fitted on and checked
 against, every shipped experiment compiled for one H100, gpt2_small on 1 and 8 H100s (fsdp=8) and on
 one H200, llama3_8b on 8 H100s (fsdp=8) with and without model.remat, and the families `jaxnet study
-devices` compares on one H200, llama3_8b with LoRA rank 16 on 1 and 2 H100s, from this CPU-only machine
+devices` compares on one H200, llama3_8b with LoRA rank 16 on 1 and 2 H100s, qwen3_8b and gemma3_12b
+on 8 H100s (fsdp=8) with and without model.remat, from this CPU-only machine
 (XLA deviceless compilation).
 
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
-    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, others, devices, or one NAME)
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, others, devices, NAME)
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>][-<label>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date (a record of an earlier date for the
@@ -93,6 +94,13 @@ LLAMA += [
         2,
         "lora16",
     ),
+]
+# The dense families fine-tuned most beside Llama, on the same node and batch as llama3_8b: Qwen3 8B
+# and Gemma 3 12B's text decoder, the largest batch with and without recomputing each block.
+DENSE = [
+    (name, ["mesh.fsdp=8", *remat, "--max-batch", "--tokens", "1e9", "--price", "3"], "h100", 8, *label)
+    for name in ("qwen3_8b", "gemma3_12b")
+    for remat, label in (([], []), (["model.remat=true"], ["remat"]))
 ]
 # The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.
 DEVICES = [(name, [], "h200", 1) for name in ("cnn_fashion_mnist", "lstm_ptb_small", "transformer_shakespeare")]
@@ -226,11 +234,13 @@ def records(which: str) -> list[tuple]:
         return GPT2[:1]
     if which == "devices":
         return DEVICES
+    if which == "dense":
+        return DENSE
     if which in config.list_experiments():
         return [(which, [], "h100", 1)]
-    own = {"gpt2_small", "llama3_8b", *UNPLANNED}  # planned in GPT2 and LLAMA; no shape of their own
+    own = {"gpt2_small", "llama3_8b", "qwen3_8b", "gemma3_12b", *UNPLANNED}  # planned in GPT2, LLAMA and DENSE
     others = [(name, [], "h100", 1) for name in config.list_experiments() if name not in own]
-    return others + DEVICES if which == "others" else GPT2 + LLAMA + others + DEVICES
+    return others + DEVICES if which == "others" else GPT2 + LLAMA + DENSE + others + DEVICES
 
 
 def main(argv: list[str]) -> int:

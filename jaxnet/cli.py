@@ -638,6 +638,12 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             system=args.system,
         )
         print(text)
+        if args.chat is not None and not text.strip():
+            print(
+                "(the reply is empty: the model ended its turn at once; a model trained longer, or sampling with "
+                "--temperature 0.8 --seed N, may answer)",
+                file=sys.stderr,
+            )
         return 0
     if args.command == "export":
         from jaxnet.predict import export_run

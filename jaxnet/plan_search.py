@@ -220,7 +220,32 @@ def search(
     ``none`` was searched), the expected (and predicted) step and tokens per second.
 
     >>> search(load_experiment("gpt2_small"), "h100", 1, policies=("none", "full"))["best"]  # doctest: +SKIP
+
+    As :func:`jaxnet.plan`, a default corpus not prepared yet is prepared in a temporary directory.
     """
+    import tempfile
+
+    from jaxnet.data import tokens as tokens_lib
+
+    given = dict(policies=policies, meshes=meshes, model=model, dataset=dataset, task=task, nodes=nodes, say=say)
+    with tempfile.TemporaryDirectory(prefix="jaxnet-plan-") as scratch, tokens_lib.prepared_in(scratch):
+        return _search(cfg, target, gpus, **given)
+
+
+def _search(
+    cfg: Config,
+    target: str,
+    gpus: int | None,
+    *,
+    policies: tuple[str, ...] | None,
+    meshes: list[dict[str, int]] | None,
+    model: nn.Module | None,
+    dataset: Any,
+    task: tasks.Task | None,
+    nodes: int | None,
+    say: Any,
+) -> dict[str, Any]:
+    """:func:`search`, its corpus (if it prepares one) in a temporary directory."""
     say = say or (lambda line: None)
     tgt = load_target(target)
     if not hasattr(cfg.model, "remat"):  # a family without recomputation policies: batch and mesh only

@@ -7,7 +7,8 @@ on 8 H100s (fsdp=8) with and without model.remat, from this CPU-only machine
 
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
-    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, others, devices, NAME)
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, others, devices, or one NAME)
+    python scripts/record_plans.py spread       # the published runs' spread of the expected step, from the table
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>][-<label>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date (a record of an earlier date for the
@@ -48,7 +49,7 @@ sys.path.insert(0, os.environ.get("JAXNET_PLAN_DIR") or os.path.join(sys.prefix,
 
 import numpy as np  # noqa: E402
 
-from jaxnet import config, planner  # noqa: E402
+from jaxnet import config, plan_estimate, planner  # noqa: E402
 from jaxnet.data import Dataset  # noqa: E402
 from jaxnet.errors import UserError  # noqa: E402
 
@@ -202,6 +203,9 @@ def published(date: str) -> dict:
             efficiency_this_run_needs=needs if math.isfinite(needs) else None,
         )
         rows.append(row)
+    fit["spread"] = plan_estimate.published_spread(rows)  # how far the expected step fell from the published ones
+    (ROOT / "jaxnet" / "targets" / planner.FIT_FILE).write_text(json.dumps(fit, indent=2) + "\n")
+    planner.load_fit.cache_clear()
     summary = {
         "kind": "published-runs-vs-plan",
         "date": date,
@@ -215,6 +219,19 @@ def published(date: str) -> dict:
     }
     write(out / f"plan-published-runs-{date}.json", summary)
     return summary
+
+
+def spread() -> dict:
+    """The spread of the newest committed published-runs table (:func:`published`'s) written into
+    jaxnet/targets/expected.json beside its fit, without planning anything again."""
+    table = sorted((ROOT / "benchmarks" / "results").glob("plan-published-runs-*.json"))[-1]
+    path = ROOT / "jaxnet" / "targets" / planner.FIT_FILE
+    fit = json.loads(path.read_text())
+    fit["spread"] = plan_estimate.published_spread(json.loads(table.read_text())["rows"])
+    fit["spread"]["source"] = str(table.relative_to(ROOT))
+    path.write_text(json.dumps(fit, indent=2) + "\n")
+    print(f"wrote {path.relative_to(ROOT)}: spread {fit['spread']['low']:+.2%} .. {fit['spread']['high']:+.2%}")
+    return fit
 
 
 def host(report: dict) -> str:
@@ -247,6 +264,9 @@ def main(argv: list[str]) -> int:
     date = datetime.date.today().isoformat()
     out = ROOT / "benchmarks" / "results"
     which = argv[0] if argv else "all"
+    if which == "spread":
+        spread()
+        return 0
     if which in ("published", "all"):
         published(date)
     for name, overrides, target, gpus, *label in records(which) if which != "published" else []:

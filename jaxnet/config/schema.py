@@ -239,6 +239,12 @@ class TrainConfig(Checked):
     init_skip: str = field(
         "", "regex: with train.init_from, paths it matches (searched anywhere) keep their fresh initialisation"
     )
+    check_tokenizer: bool = field(
+        True,
+        "with train.init_from=hf:DIR, refuse data not tokenized by DIR's own tokenizer.json (GPT-2's for a GPT-2 "
+        "checkpoint of 50,257 ids without one), and a DIR without tokenizer.json whose data cannot be checked; "
+        "false = only that the data's ids fit the checkpoint (data tokenized otherwise on purpose)",
+    )
     steps_per_call: int = field(
         1,
         "steps run by one compiled call (a lax.scan over that many batches): one dispatch and host round trip per "
@@ -320,6 +326,13 @@ class TrainConfig(Checked):
         "optimizer stay float32; a full train.objective=dpo run: the dtype of its frozen reference copy "
         "('' = model.param_dtype)",
         choices=("", "float32", "bfloat16"),
+    )
+    base_vectors: str = field(
+        "float32",
+        "LoRA with train.base_dtype: float32 keeps the base's norm scales and biases in float32 (a vanishing part "
+        "of its memory, the part whose rounding the model feels most); base_dtype casts them too, as loading the "
+        "whole model in bfloat16 does",
+        choices=("float32", "base_dtype"),
     )
     on_nonfinite: str = field(
         "stop",
@@ -728,7 +741,13 @@ def _check_lora(cfg: Config) -> None:
         frozen_copy = t.objective == "dpo"  # a full DPO run's reference is a frozen copy, held in base_dtype
         given = [
             f"train.{k}={getattr(t, k)}"
-            for k, off in (("lora_targets", ""), ("lora_alpha", 0.0), ("lora_dropout", 0.0), ("base_dtype", ""))
+            for k, off in (
+                ("lora_targets", ""),
+                ("lora_alpha", 0.0),
+                ("lora_dropout", 0.0),
+                ("base_dtype", ""),
+                ("base_vectors", "float32"),
+            )
             if getattr(t, k) != off and not (k == "base_dtype" and frozen_copy)
         ]
         if given:

@@ -288,6 +288,13 @@ class Run:
         tasks.check_labels(self.task, name, outputs, self.sample, self.dataset)
         return boxed
 
+    @property
+    def blockwise_loss(self) -> bool:
+        """Whether the train step computes the task's loss from the model's final hidden states and
+        output layer in blocks (:mod:`jaxnet.blockwise`), never holding the whole logits: a
+        cross-entropy task and a model that offers them (the Transformer, with LoRA or without)."""
+        return self.task.from_features is not None and adapters.features_apply(self.model) is not None
+
     def _check_loss_from(self, loss_from: str) -> None:
         """``train.loss_from=features`` needs a task that computes its loss from features and a model
         that offers them."""

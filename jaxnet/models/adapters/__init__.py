@@ -100,6 +100,9 @@ def features_apply(model: Any) -> Callable[..., Any] | None:
     """
     import flax.linen as nn
 
+    offered = getattr(model, "features_apply", None)
+    if getattr(model, "is_jaxnet_adapter", False) and callable(offered):  # a wrapper (LoRA) asks what it wraps
+        return offered()
     module = model.module if isinstance(model, Linen) else model
     if not isinstance(module, nn.Module):
         return None

@@ -149,6 +149,8 @@ class Run:
             )
         self.text = isinstance(self.dataset, text_lib.TextDataset)
         self.mesh: Mesh = parallel.make_mesh(cfg.mesh, devices)
+        if self.mesh.shape["context"] > 1:  # mesh.context=-1 is known only now
+            parallel.check_sequence(cfg.data.seq_len, self.mesh)
         accum = cfg.optim.grad_accum
         parallel.check_batch(
             cfg.train.batch_size // accum,

@@ -57,13 +57,15 @@ from jaxnet.models.transformer.spec import (
 
 #: Keys of how a Transformer is computed or trained, or of its size in ids and positions, not
 #: of the function it computes (:meth:`TransformerConfig.arithmetic`); ``mlp_ratio`` is in ``mlp_hidden``.
-HOW = ("dropout", "attention", "remat", "vocab_used", "mlp_ratio")
+HOW = ("dropout", "attention", "remat", "vocab_used", "mlp_ratio", "context_attention")
 
 
 @dataclass
 class TransformerConfig(TransformerKeys):
     """``model.*`` keys of :class:`TransformerLanguageModel` (declared in :class:`TransformerKeys`),
     with what the family owns beside its module; :meth:`spec` makes them its spec."""
+
+    splits_sequence = True  # attention works across a sequence split over mesh.context (context.py)
 
     @classmethod
     def preset(cls, name: str, **keys: Any) -> TransformerConfig:

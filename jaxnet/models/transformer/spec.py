@@ -112,6 +112,13 @@ class TransformerKeys(ModelConfig):
         choices=("auto", "xla", "xla_head_major", "cudnn"),
     )
     remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
+    context_attention: str = field(
+        "auto",
+        "with mesh.context > 1, how attention reaches the keys and values of the other devices: ring = passed "
+        "device to device (ppermute), a piece at a time; gather = all of them gathered on every device "
+        "(all_gather); auto = gather when a device holds at most 2048 tokens of a row, ring above",
+        choices=("auto", "ring", "gather"),
+    )
     gelu: str = field(
         "tanh",
         "the MLP's GELU: tanh = the tanh approximation (GPT-2's gelu_new), exact = x * Phi(x) with erf",

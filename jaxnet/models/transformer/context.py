@@ -402,27 +402,29 @@ def _pair_backward(setup: _Setup, grads: tuple, q: tuple, kv: tuple) -> tuple:
     return dq, _join_blocks(dk_blocks, 1), _join_blocks(dv_blocks, 1)
 
 
-def _schedule(setup: _Setup, step: int, source: Any, device: Any) -> list[tuple[Any, Any]]:
-    """The (query half, key half) pairs a device computes at ring step ``step``, with the keys of
-    device ``source``: under the causal rule only those in which some query sees some key, the
-    same amount of work on every device; every pair otherwise."""
+def _schedule(setup: _Setup, own: bool, source: Any, device: Any) -> list[tuple[Any, Any]]:
+    """The (query half, key half) pairs a device computes with the keys of device ``source`` (its
+    ``own``, or another's): under the causal rule only those in which some query sees some key,
+    the same amount of work on every device; every pair otherwise."""
     if not setup.causal:
         return [(0, 0), (0, 1), (1, 0), (1, 1)]
-    if step == 0:  # its own chunks: d sees d (diagonal); 2C-1-d sees d and itself (diagonal)
+    if own:  # chunk d sees itself (diagonal); chunk 2C-1-d sees chunk d and itself (diagonal)
         return [(0, 0), (1, 0), (1, 1)]
-    # An earlier device's chunks: both of mine see its first; its last is later than both of mine.
+    # An earlier device's chunks: both of mine see its first; its last comes after both of mine.
     # A later device's: my last sees both of its chunks; my first sees neither.
     # So (1, 0) always, and (0, 0) or (1, 1).
     other = jnp.where(source < device, 0, 1)
     return [(1, 0), (other, other)]
 
 
-def _take(tree: Any, half: Any) -> Any:
-    return jax.tree.map(lambda x: x[half], tree)
+def _take(tree: Any, index: Any) -> Any:
+    """Entry ``index`` (a number, or traced) of the leading axis of every array of ``tree``."""
+    return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, index, 0, keepdims=False), tree)
 
 
-def _put(tree: Any, half: Any, value: Any) -> Any:
-    return jax.tree.map(lambda x, y: x.at[half].set(y), tree, value)
+def _put(tree: Any, index: Any, value: Any) -> Any:
+    """``tree`` with entry ``index`` of the leading axis of every array replaced by ``value``'s."""
+    return jax.tree.map(lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, index, 0), tree, value)
 
 
 def _ring_shift(setup: _Setup, tree: Any) -> Any:
@@ -431,36 +433,50 @@ def _ring_shift(setup: _Setup, tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.lax.ppermute(x, setup.axis, perm), tree)
 
 
-def _source(step: int, device: Any, ways: int) -> Any:
-    return (device - step) % ways
+def _other_devices(setup: _Setup, device: Any, own: Any, start: Any, step: Any, last: Any) -> Any:
+    """Ring steps 1 .. C-1: ``step(carry, held, source) -> carry`` with the keys and values ``held``
+    of device ``source`` = device - s at step s, starting from ``start`` (the carry after the
+    device's own). The ring passes them on before each step's work, so a transfer can run under
+    it; the last step passes nothing on (``last`` is ``step`` there). Gathered: read from ``own``
+    of every device."""
+    ways = setup.ways
+    source_of = lambda s: (device - s) % ways  # noqa: E731
+    if setup.gather:
+        everyone = jax.lax.all_gather(own, setup.axis)
+        body = lambda carry, s: (step(carry, _take(everyone, source_of(s)), source_of(s)), None)  # noqa: E731
+        return jax.lax.scan(body, start, jnp.arange(1, ways))[0]
+
+    def body(carry: tuple, s: Any) -> tuple:
+        inner, held = carry
+        ahead = _ring_shift(setup, held)  # for the next step, independent of this step's work
+        return (step(inner, held, source_of(s)), ahead), None
+
+    carry, held = jax.lax.scan(body, (start, _ring_shift(setup, own)), jnp.arange(1, ways - 1))[0]
+    return last(carry, held, source_of(ways - 1))
 
 
 def _forward(setup: _Setup, q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, seg: Any) -> tuple:
     batch, length, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
+    kv_heads, c = k.shape[2], length // 2
     device = jax.lax.axis_index(setup.axis)
-    qg = _halves(q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim))
     segs = None if seg is None else _halves(seg)
-    mine = (qg, _indices(setup, device, length // 2), segs)
-    c = length // 2
+    mine = (_halves(q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)), _indices(setup, device, c), segs)
     wide = _acc(q)
     acc = (
         jnp.zeros((2, batch, kv_heads, heads // kv_heads, c, head_dim), wide),
         jnp.full((2, batch, kv_heads, heads // kv_heads, c), _HIDDEN, wide),
         jnp.zeros((2, batch, kv_heads, heads // kv_heads, c), wide),
     )
-    held = (_halves(k), _halves(v), segs)
-    everyone = jax.lax.all_gather(held, setup.axis) if setup.gather else None
-    for step in range(setup.ways):
-        source = _source(step, device, setup.ways)
-        if setup.gather:
-            held = _take(everyone, source)
-        elif step:
-            held = _ring_shift(setup, held)
-        theirs = (held[0], held[1], _indices(setup, source, length // 2), held[2])
-        for qh, kh in _schedule(setup, step, source, device):
-            updated = _pair_forward(setup, _take(acc, qh), _take(mine, qh), _take(theirs, kh))
-            acc = _put(acc, qh, updated)
+
+    def attend_to(acc: tuple, held: tuple, source: Any, own: bool = False) -> tuple:
+        theirs = (held[0], held[1], _indices(setup, source, c), held[2])
+        for qh, kh in _schedule(setup, own, source, device):
+            acc = _put(acc, qh, _pair_forward(setup, _take(acc, qh), _take(mine, qh), _take(theirs, kh)))
+        return acc
+
+    own = (_halves(k), _halves(v), segs)
+    acc = attend_to(acc, own, device, own=True)
+    acc = _other_devices(setup, device, own, acc, attend_to, attend_to)
     o, m, total = acc
     lse = m + jnp.log(total)  # (2, b, kv_heads, g, c); every query sees at least itself
     out = o / total[..., None]  # (2, b, kv_heads, g, c, d)
@@ -481,42 +497,49 @@ def _attention_fwd(setup: _Setup, q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray
 def _attention_bwd(setup: _Setup, saved: tuple, d_out: jnp.ndarray) -> tuple:
     q, k, v, seg, out, lse = saved
     batch, length, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
+    kv_heads, c = k.shape[2], length // 2
     groups = heads // kv_heads
     device = jax.lax.axis_index(setup.axis)
     grouped = lambda x: _halves(x.reshape(batch, length, kv_heads, groups, head_dim))  # noqa: E731
     qg, dog = grouped(q), grouped(d_out)
-    # delta_i = sum_d dO_i O_i (the softmax's backward): (2, b, kv_heads, g, c), like the lse
     wide = _acc(q)
+    # delta_i = sum_d dO_i O_i (the softmax's backward): (2, b, kv_heads, g, c), like the lse
     delta = jnp.moveaxis(jnp.sum(dog.astype(wide) * grouped(out).astype(wide), axis=-1), 2, 4)
     segs = None if seg is None else _halves(seg)
-    mine = (qg, dog, lse, delta, _indices(setup, device, length // 2), segs)
-    dq = jnp.zeros(qg.shape, wide)
-    held = (_halves(k), _halves(v), segs)
-    zeros = (jnp.zeros(held[0].shape, wide), jnp.zeros(held[1].shape, wide))
-    if setup.gather:
-        everyone = jax.lax.all_gather(held, setup.axis)
-        d_everyone = jax.tree.map(lambda x: jnp.zeros((setup.ways, *x.shape), wide), zeros)
-    else:
-        d_held = zeros
-    for step in range(setup.ways):
-        source = _source(step, device, setup.ways)
-        if setup.gather:
-            held, d_held = _take(everyone, source), _take(d_everyone, source)
-        elif step:
-            held, d_held = _ring_shift(setup, (held, d_held))
-        theirs = (held[0], held[1], _indices(setup, source, length // 2), held[2])
-        for qh, kh in _schedule(setup, step, source, device):
-            grads = (dq[qh], d_held[0][kh], d_held[1][kh])
-            dq_h, dk_h, dv_h = _pair_backward(setup, grads, _take(mine, qh), _take(theirs, kh))
-            dq = dq.at[qh].set(dq_h)
-            d_held = (d_held[0].at[kh].set(dk_h), d_held[1].at[kh].set(dv_h))
-        if setup.gather:
-            d_everyone = _put(d_everyone, source, d_held)
-    if setup.gather:
-        dk, dv = (jax.lax.psum_scatter(x, setup.axis, scatter_dimension=0) for x in d_everyone)
-    else:
-        dk, dv = _ring_shift(setup, d_held)  # the gradients of the keys held last, home to their owner
+    mine = (qg, dog, lse, delta, _indices(setup, device, c), segs)
+    own = (_halves(k), _halves(v), segs)
+    no_grads = (jnp.zeros(own[0].shape, wide), jnp.zeros(own[1].shape, wide))
+
+    def grads_from(dq: jnp.ndarray, held: tuple, source: Any, own: bool = False) -> tuple:
+        """dq with the part of the keys ``held`` added, and their gradients from this device's queries."""
+        theirs = (held[0], held[1], _indices(setup, source, c), held[2])
+        dk, dv = no_grads
+        for qh, kh in _schedule(setup, own, source, device):
+            (dk_h, dv_h), (dq_h,) = _take((dk, dv), kh), _take((dq,), qh)
+            dq_h, dk_h, dv_h = _pair_backward(setup, (dq_h, dk_h, dv_h), _take(mine, qh), _take(theirs, kh))
+            (dk, dv), (dq,) = _put((dk, dv), kh, (dk_h, dv_h)), _put((dq,), qh, (dq_h,))
+        return dq, (dk, dv)
+
+    dq, d_own = grads_from(jnp.zeros(qg.shape, wide), own, device, own=True)
+    if setup.gather:  # every device's key gradients, summed over the devices into their owners'
+
+        def gathered(carry: tuple, held: tuple, source: Any) -> tuple:
+            dq, d_all = carry
+            dq, part = grads_from(dq, held, source)
+            return dq, _put(d_all, source, jax.tree.map(jnp.add, _take(d_all, source), part))
+
+        d_all = jax.tree.map(lambda x: jnp.zeros((setup.ways, *x.shape), wide), d_own)
+        d_all = _put(d_all, device, d_own)
+        dq, d_all = _other_devices(setup, device, own, (dq, d_all), gathered, gathered)
+        dk, dv = (jax.lax.psum_scatter(x, setup.axis, scatter_dimension=0) for x in d_all)
+    else:  # the key gradients travel with the keys, each device adding its part, and come home
+
+        def passed(carry: tuple, held: tuple, source: Any) -> tuple:
+            dq, travelling = carry  # the gradients of ``held``, arriving while this device works
+            dq, part = grads_from(dq, held, source)
+            return dq, _ring_shift(setup, jax.tree.map(jnp.add, travelling, part))
+
+        dq, (dk, dv) = _other_devices(setup, device, own, (dq, _ring_shift(setup, d_own)), passed, passed)
     dq = _whole(dq).reshape(batch, length, heads, head_dim)
     return dq.astype(q.dtype), _whole(dk).astype(k.dtype), _whole(dv).astype(v.dtype), None
 

@@ -6,6 +6,7 @@
                  [--members-at-once K] [--max-members N] [--add]
     jaxnet eval --workdir DIR [--split test|val] [--step N|best] [key=value ...]
     jaxnet eval --workdir hf:PATH data.path=CORPUS [--split test|val] [key=value ...]
+    jaxnet eval --workdir DIR|hf:PATH --task FILE... [--step N|best] [--json] [--batch-size N]
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
                    [--cast]
     jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,... | --chat MESSAGE [--system TEXT]] [--tokens N]
@@ -26,6 +27,7 @@
     jaxnet prepare chat FILE... --tokenizer hf:DIR --out DIR [--val FILE] [--test FILE] [--chat-template FILE]
                    [--workers N] [--seq-lens N,...]
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
+    jaxnet lm-eval --model jaxnet --model_args workdir=DIR|hf:PATH --tasks TASK... [any lm-eval option]
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
@@ -122,6 +124,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "overrides", nargs="*", metavar="key=value", help="change the saved config, e.g. data.dir=DIR"
+    )
+    evaluate.add_argument(
+        "--task",
+        nargs="+",
+        action="extend",
+        metavar="FILE",
+        help="score benchmark tasks instead: JSONL files of multiple-choice rows (context, choices, gold) or "
+        "log-likelihood rows (context, continuation); prints acc and acc_norm per task and averaged",
+    )
+    evaluate.add_argument("--json", action="store_true", help="with --task: print the result as JSON")
+    evaluate.add_argument(
+        "--batch-size", type=int, default=0, metavar="N", help="with --task: requests per batch (0 = automatic)"
+    )
+
+    commands.add_parser(
+        "lm-eval",
+        add_help=False,
+        help="lm-evaluation-harness's own command line with jaxnet's model registered: jaxnet lm-eval --model jaxnet "
+        "--model_args workdir=RUN|hf:DIR --tasks ... [any lm-eval option] (pip install 'jaxnet[lm-eval]')",
     )
 
     predict = commands.add_parser(
@@ -240,6 +261,21 @@ def _parser() -> argparse.ArgumentParser:
         "--nodes", type=int, help="hosts the GPUs are spread over (default: the target's gpus_per_node, 8, to a node)"
     )
     plan.add_argument("--max-batch", action="store_true", help="also find the largest train.batch_size that fits")
+    plan.add_argument(
+        "--search",
+        action="store_true",
+        help="find the largest batch and the model.remat policy (and --mesh, among those given) with the best "
+        "expected tokens/s that fits; runner-up rows beside it",
+    )
+    plan.add_argument(
+        "--policies", help="with --search: the model.remat policies to try, comma-separated (default: all)"
+    )
+    plan.add_argument(
+        "--mesh",
+        action="append",
+        metavar="AXIS=N,...",
+        help="with --search: a mesh to try (e.g. --mesh fsdp=8 --mesh data=2,fsdp=4); default: the config's",
+    )
     plan.add_argument("--out", help="write the plan as JSON to this file")
     goal = plan.add_mutually_exclusive_group()
     goal.add_argument("--tokens", type=float, help="goal: train on N tokens (e.g. 10e9); default: train.steps")
@@ -381,6 +417,10 @@ def _study_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    if args.command == "lm-eval":
+        from jaxnet import harness
+
+        return harness.main(args.arguments)
     if args.command == "plan":
         return _plan(args, argv)
     if args.command == "prepare":
@@ -488,6 +528,16 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             add=args.add,
         )
         return 130 if record.get("interrupted_by") == "SIGINT" else 0
+    if args.command == "eval" and args.task:
+        if args.overrides:
+            raise UserError(f"--task scores the checkpoint as it is; {args.overrides[0]} has nothing to change")
+        if args.batch_size < 0:
+            raise UserError(f"--batch-size {args.batch_size}: give a number of requests of at least 1 (0 = automatic)")
+        from jaxnet import benchmarks
+
+        result = benchmarks.evaluate(args.workdir, args.task, step=args.step, batch_size=args.batch_size)
+        print(json.dumps(result) if args.json else benchmarks.table(result))
+        return 0
     if args.command == "eval":
         from jaxnet.train import evaluate
 
@@ -609,6 +659,19 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     if args.gpus is not None and args.gpus < 1:
         raise UserError(f"--gpus {args.gpus}: give a number of GPUs of at least 1")
+    if not args.search and (args.policies or args.mesh):
+        raise UserError(
+            "--policies and --mesh choose what --search tries; add --search (or set model.remat and mesh.*)"
+        )
+    if args.search and (args.max_batch or args.calibrate or args.tokens or args.epochs or args.price is not None):
+        raise UserError(
+            "--search finds the batch and policy; plan its answer again for --max-batch, a goal or --calibrate"
+        )
+    if args.mesh:
+        from jaxnet import plan_search
+
+        for mesh in args.mesh:
+            plan_search.parse_mesh(mesh)
     target = planner.load_target(args.target)
     planner.check_goal(args.tokens, args.epochs, args.price)
     if args.calibrate is not None:
@@ -625,6 +688,8 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)
+    if args.search:
+        return _plan_search(args, argv, cfg)
     report = planner.plan(
         cfg,
         args.target,
@@ -650,9 +715,41 @@ def _plan(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
+def _plan_search(args: argparse.Namespace, argv: list[str] | None, cfg: object) -> int:
+    from jaxnet import plan_search
+
+    found = plan_search.search(
+        cfg,
+        args.target,
+        args.gpus,
+        policies=tuple(p for p in args.policies.split(",") if p) if args.policies else None,
+        meshes=[plan_search.parse_mesh(m) for m in args.mesh] if args.mesh else None,
+        nodes=args.nodes,
+        say=print,
+    )
+    found["command"] = shlex.join(["jaxnet", *(sys.argv[1:] if argv is None else argv)])
+    print(plan_search.describe(found))
+    if args.out:
+        _write_json(args.out, found)
+    return 0
+
+
+def _write_json(path: str, record: dict) -> None:
+    try:
+        with open(path, "w") as f:
+            json.dump(record, f, indent=2)
+            f.write("\n")
+    except OSError as e:
+        raise UserError(f"cannot write --out {path}: {e.strerror}") from None
+    print(f"wrote {path}")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line as the ``jaxnet`` command reads it; a :class:`UserError` if it cannot."""
     parser = _parser()
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["lm-eval"]:  # lm-eval's own options, which it parses (jaxnet.harness)
+        return argparse.Namespace(command="lm-eval", arguments=list(words[1:]))
     args, extra = parser.parse_known_args(argv)
     # argparse stops collecting positionals at the first option, so gather the key=value
     # pairs that come after --workdir here.

@@ -37,9 +37,26 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def peak_flops(device_kind: str) -> float | None:
-    """Dense bf16 peak FLOP/s of one device of this kind, or None if unknown (every CPU)."""
-    for name, peak in PEAK_BF16_FLOPS:
+# Dense float8 peak of one device, FLOP/s, where the device has float8 matrix units (vendor data
+# sheets, no sparsity: H100 SXM and H200 3,958 TFLOP/s with sparsity, half of it dense; H100 PCIe
+# 3,026). Twice the bf16 peak; MFU is still reported against the bf16 peak (what comparisons of
+# float8 training runs quote), this one is for a plan's compute bound of float8 products.
+PEAK_FP8_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 1979e12),
+    ("H100 PCIe", 1513e12),
+    ("H100", 1979e12),  # SXM
+)
+
+
+def peak_flops(device_kind: str, dtype: str = "bfloat16") -> float | None:
+    """Dense peak FLOP/s of one device of this kind for matrix products in ``dtype`` (``bfloat16``,
+    or ``float8`` where the device has float8 matrix units), or None if unknown (every CPU).
+
+    >>> peak_flops("NVIDIA H100 80GB HBM3"), peak_flops("NVIDIA H100 80GB HBM3", "float8")
+    (989000000000000.0, 1979000000000000.0)
+    """
+    table = PEAK_FP8_FLOPS if dtype == "float8" else PEAK_BF16_FLOPS
+    for name, peak in table:
         if name.lower() in device_kind.lower():
             return peak
     return None

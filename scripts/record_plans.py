@@ -78,6 +78,9 @@ LLAMA = [
         "remat-b56",
     ),
 ]
+# The same node with the projections in float8 (model.matmul=fp8): its float8 GEMMs counted, their
+# FLOPs at the float8 peak, one sequence a GPU.
+LLAMA.append(("llama3_8b", ["mesh.fsdp=8", "model.matmul=fp8", "--tokens", "1e9", "--price", "3"], "h100", 8, "fp8"))
 # LoRA rank 16 on the attention and MLP of Llama 3 8B, its base frozen in bfloat16, with remat: on one
 # H100 and on two (fsdp=2), the largest batch of 8,192-token sequences beside the full fine-tune above.
 LORA = ["train.lora_rank=16", "train.lora_alpha=32", "train.lora_targets=all", "train.base_dtype=bfloat16"]

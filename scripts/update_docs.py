@@ -966,6 +966,142 @@ def render_plan_vs_measured() -> str:
     return "\n".join(lines)
 
 
+def _tokens(x: float | None) -> str:
+    return "-" if not x else f"{x:,.0f}"
+
+
+def render_speed() -> str:
+    """jaxnet against PyTorch on one GPU (the newest benchmarks/results/speed-*.json measured on a
+    GPU, written by scripts/gpu_check.sh --only setup,facts,speed), with jaxnet plan's expected step
+    of each row beside it; before a GPU run, the plan's rows alone (planned-speed-rows-*.json)."""
+    results = ROOT / "benchmarks" / "results"
+    measured = [f for f in sorted(results.glob("speed-*.json")) if json.loads(f.read_text()).get("mode") == "gpu"]
+    planned = sorted(results.glob("planned-speed-rows-*.json"))
+    lines = []
+    if measured:
+        r = json.loads(measured[-1].read_text())
+        lines += [
+            "| row | batch x sequence | jaxnet step | jaxnet tokens/s | jaxnet MFU | PyTorch step | PyTorch tokens/s "
+            "| PyTorch MFU | jaxnet / PyTorch tokens/s | plan: **expected** step (bound) | measured / expected |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, row in r["rows"].items():
+            if "jaxnet" not in row:
+                lines.append(f"| {name} | {row.get('status', '?')} | | | | | | | | | |")
+                continue
+            cells = []
+            for side in ("jaxnet", "torch"):
+                s = row.get(side) or {}
+                if "median_step_s" in s:
+                    mfu = f"{100 * s['mfu']:.1f} %" if s.get("mfu") else "-"
+                    cells += [_ms(s["median_step_s"]), _tokens(s["tokens_per_s"]), mfu]
+                else:
+                    cells += [s.get("status", "-"), "", ""]
+            ratio = row.get("jaxnet_over_torch_tokens_per_s")
+            plan = row.get("plan") or {}
+            expected = f"{_ms(plan['expected_step_s'])} ({plan['bound']})" if plan.get("expected_step_s") else "-"
+            over = row.get("jaxnet_measured_over_expected")
+            lines.append(
+                f"| {name} | {row['batch']} x {row['seq_len']} | {' | '.join(cells)} "
+                f"| {f'{ratio:.2f}' if ratio else '-'} | {expected} | {f'x{over:.2f}' if over else '-'} |"
+            )
+        facts = r.get("facts") or {}
+        v = r.get("versions") or {}
+        gpu = (facts.get("gpus") or [r["device_kind"]])[0].split(",")
+        versions = ", ".join(
+            f"{k} {v[k]}" for k in ("jax", "jax-cuda13-plugin", "flax", "torch", "torchao") if v.get(k)
+        )
+        lines += [
+            "",
+            f"Measured on one {gpu[0]} (driver {gpu[1].strip() if len(gpu) > 1 else '?'}; {versions}; {r['date']}): "
+            f"{r['timing']}. MFU: jaxnet.flops' count of the step over the step time and {r['peak_source']} "
+            f"({(r.get('peak_flops') or 0) / 1e12:.0f} TFLOP/s), for the float8 rows too. The expected step is "
+            f"jaxnet plan's on a CPU without a GPU ({planned[-1].name if planned else 'no plan record'}). "
+            f"`{r.get('command', 'bash scripts/gpu_check.sh --only setup,facts,speed')}` "
+            f"([{measured[-1].name}](benchmarks/results/{measured[-1].name})).",
+        ]
+    else:
+        lines.append(
+            "Not measured on a GPU yet: `bash scripts/gpu_check.sh --only setup,facts,speed` on one writes it."
+        )
+    if planned:
+        p = json.loads(planned[-1].read_text())
+        targets = sorted({t for plans in p["rows"].values() for t in plans})
+        lines += [
+            "",
+            "What `jaxnet plan` expects of the same rows (**predictions**, compiled on a CPU without a GPU):",
+            "",
+            "| row | "
+            + " | ".join(f"{t.upper()}: **expected** step, MFU (bound)" for t in targets)
+            + " | float8 GEMMs |",
+            "|---|" + "---|" * len(targets) + "---|",
+        ]
+        for name, plans in p["rows"].items():
+            cells = []
+            for t in targets:
+                x = plans.get(t) or {}
+                mfu = f", {100 * x['expected_mfu']:.0f} %" if x.get("expected_mfu") else ""
+                cells.append(f"{_ms(x['expected_step_s'])}{mfu} ({x['bound']})" if x.get("expected_step_s") else "-")
+            dtypes = next(iter(plans.values()))["matmul_dtypes"]
+            fp8 = sum(n for d, n in dtypes.items() if d.startswith("f8"))
+            lines.append(f"| {name} | {' | '.join(cells)} | {fp8 or '-'} of {sum(dtypes.values())} |")
+        v = p["versions"]
+        lines += [
+            "",
+            f"`{p['command']}` (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; {p['date']}; "
+            f"[{planned[-1].name}](benchmarks/results/{planned[-1].name})). {p['label']}.",
+        ]
+    return "\n".join(lines)
+
+
+def render_search() -> str:
+    """The committed plan search (benchmarks/results/searched-*.json, scripts/record_search.py)
+    beside the hand-chosen plans it is compared with."""
+    files = sorted((ROOT / "benchmarks" / "results").glob("searched-*.json"))
+    if not files:
+        return "No search recorded yet: `python scripts/record_search.py` writes it."
+    r = json.loads(files[-1].read_text())
+    lines = [
+        "| mesh | `model.remat` | largest batch that fits | memory per device | next batch | FLOPs a token "
+        "(recompute) | **expected** step (bound) | **expected** tokens/s | compiles |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in [r["best"], *r["runners_up"], *[c for c in r["candidates"] if not c["fits"]]]:
+        mesh = " x ".join(f"{a}={n}" for a, n in c["mesh"].items() if n > 1) or "1"
+        if not c["fits"]:
+            lines.append(f"| {mesh} | `{c['remat']}` | does not fit | | | | | | |")
+            continue
+        share = c.get("recompute_fraction")
+        recompute = f" (+{100 * share:.0f} %)" if share else ""
+        nxt = f"{c['next_size']} ({c['memory_at_next'] / 2**30:.1f} GiB)" if c.get("memory_at_next") else "-"
+        best = "**" if c is r["best"] else ""
+        lines.append(
+            f"| {mesh} | {best}`{c['remat']}`{best} | {best}{c['batch_size']}{best} | {c['memory'] / 2**30:.1f} GiB "
+            f"| {nxt} | {c['flops_per_token'] / 1e9:.1f} GFLOP{recompute} "
+            f"| {_ms(c['expected_step_s'])} ({c['bound']}) | {best}{_tokens(c['tokens_per_s'])}{best} "
+            f"| {c['compiles']} |"
+        )
+    lines += ["", "The hand-chosen plans committed before it (the same model, node and mesh):", ""]
+    lines += ["| command | batch | **expected** step | **expected** tokens/s |", "|---|---|---|---|"]
+    for h in r["hand_chosen"]:
+        lines.append(
+            f"| `{h['command']}` | {h['batch_size']} | {_ms(h['expected_step_s'])} "
+            f"| {_tokens(h['expected_tokens_per_s'])} |"
+        )
+    ratio = r.get("search_over_hand_chosen")
+    v = r["versions"]
+    lines += [
+        "",
+        f"`{r['jaxnet_command']}`, recorded by `{r['command']}`: {r['compiles']} compiles, {r['compile_s'] / 60:.0f} "
+        f"min of compiling ({r['wall_s'] / 60:.0f} min in all) on {r['host']} (jax {v['jax']}, jax-cuda12-plugin "
+        f"{v['jax-cuda12-plugin']}; {r['date']}; [{files[-1].name}](benchmarks/results/{files[-1].name})). The "
+        f"search's best is x{ratio:.2f} the best hand-chosen plan's expected tokens/s. {r['label']}."
+        if ratio
+        else "",
+    ]
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "headline": headline,
     "results": render,
@@ -983,6 +1119,8 @@ BLOCKS = {
     "lora-plan": render_lora_plan,
     "blockwise": render_blockwise,
     "plan-vs-measured": render_plan_vs_measured,
+    "speed": render_speed,
+    "search": render_search,
 }
 
 

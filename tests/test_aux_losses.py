@@ -92,5 +92,5 @@ def test_an_added_loss_named_like_a_metric_is_refused_in_one_line():
     model, task = Pulled(name_of_loss="accuracy"), jaxnet.tasks.classification(inputs="x")
     tx = optax.sgd(0.1)
     state = state_lib.create(jaxnet.models.adapters.adapt(model), tx, (jnp.asarray(x),), seed=0)
-    with pytest.raises(UserError, match="adds a loss named 'accuracy', which is also a metric"):
+    with pytest.raises(UserError, match="adds a loss or figure named 'accuracy', which is also a metric"):
         make_train_step(jaxnet.models.adapters.adapt(model), tx, task=task)(state, {"x": x, "label": y})

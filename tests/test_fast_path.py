@@ -68,21 +68,69 @@ def test_cli_refuses_cudnn_attention_on_a_cpu_without_writing(tmp_path, capsys):
     assert not workdir.exists()
 
 
-def test_remat_changes_memory_not_results():
-    """Rematerialised blocks give the same loss and gradients (they recompute, in the same order)."""
-    cfg = dataclasses.replace(TRANSFORMER, dtype="float32", dropout=0.1)
-    plain, remat = models.build(cfg, 50, 32), models.build(dataclasses.replace(cfg, remat=True), 50, 32)
-    tokens = jax.random.randint(jax.random.PRNGKey(0), (4, 32), 0, 50)
-    params = plain.init(jax.random.PRNGKey(1), tokens)["params"]
-    assert jax.tree.structure(params) == jax.tree.structure(remat.init(jax.random.PRNGKey(1), tokens)["params"])
+_TRAINED: dict[str, tuple] = {}
 
-    def loss(model, p):
-        logits = model.apply({"params": p}, tokens, train=True, rngs={"dropout": jax.random.PRNGKey(2)})
-        return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
-    (l1, g1), (l2, g2) = (jax.value_and_grad(lambda p, m=m: loss(m, p))(params) for m in (plain, remat))
-    np.testing.assert_allclose(l1, l2, rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g2)
-    # the rematerialised backward pass recomputes: its jaxpr holds a remat (checkpoint) call
-    jaxpr = str(jax.make_jaxpr(jax.grad(lambda p: loss(remat, p)))(params))
+def trained(policy: str) -> tuple[list[float], object, str]:
+    """Three SGD steps of a one-block Transformer (dropout on, float32) under ``model.remat=policy``,
+    from the same initial weights: the steps' losses, the first step's gradients and the jaxpr of
+    the gradient (computed once per policy)."""
+    if policy not in _TRAINED:
+        cfg = dataclasses.replace(TRANSFORMER, layers=1, width=32, heads=2, dtype="float32", dropout=0.1)
+        model = models.build(dataclasses.replace(cfg, attention="xla", remat=policy), 50, 16)
+        tokens = jax.random.randint(jax.random.PRNGKey(0), (4, 16), 0, 50)
+        if "params" not in _TRAINED:  # the parameters do not depend on the policy
+            _TRAINED["params"] = jax.jit(model.init)(jax.random.PRNGKey(1), tokens)["params"]
+        params = _TRAINED["params"]
+
+        def loss(p, step):
+            rngs = {"dropout": jax.random.fold_in(jax.random.PRNGKey(2), step)}
+            logits = model.apply({"params": p}, tokens, train=True, rngs=rngs)
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None], -1))
+
+        @jax.jit
+        def step(p, i):
+            value, grads = jax.value_and_grad(loss)(p, i)
+            return jax.tree.map(lambda w, g: w - 0.5 * g, p, grads), value, grads
+
+        losses, first = [], None
+        for i in range(3):
+            params, value, grads = step(params, i)
+            losses.append(float(value))
+            first = grads if first is None else first
+        _TRAINED[policy] = (losses, first, str(jax.make_jaxpr(jax.grad(loss))(params, 0)))
+    return _TRAINED[policy]
+
+
+@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch", "minimal", "offload"])
+def test_every_remat_policy_trains_to_the_losses_of_none(policy):
+    """Recomputation changes what is kept, not what is computed: three training steps under each
+    policy give the losses of model.remat=none (the same order of operations: equal to float
+    rounding) and the first step's gradients, and the backward pass holds a remat call."""
+    losses, grads, jaxpr = trained(policy)
+    plain_losses, plain_grads, plain_jaxpr = trained("none")
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-6)
+    assert losses[-1] < losses[0]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, plain_grads)
     assert "remat" in jaxpr or "checkpoint" in jaxpr
+    assert "remat" not in plain_jaxpr and "checkpoint" not in plain_jaxpr
+
+
+def test_remat_true_and_false_are_read_as_full_and_none(tmp_path):
+    """model.remat was true or false before it named a policy: both spellings still read, from the
+    command line, from Python and from a saved config.json (older runs' directories)."""
+    from jaxnet import config
+
+    cfg = config.load_experiment("transformer_shakespeare:smoke")
+    assert [config.apply_overrides(cfg, [f"model.remat={v}"]).model.remat for v in ("true", "false", "dots")] == [
+        "full",
+        "none",
+        "dots",
+    ]
+    assert dataclasses.replace(TRANSFORMER, remat=True).remat == "full"
+    tree = cfg.to_dict()
+    tree["model"]["remat"] = False
+    (tmp_path / "config.json").write_text(__import__("json").dumps(tree))
+    assert config.load(tmp_path / "config.json").model.remat == "none"
+    with pytest.raises(UserError, match="model.remat='some' is not one of: none, full, dots"):
+        config.apply_overrides(cfg, ["model.remat=some"])

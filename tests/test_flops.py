@@ -72,5 +72,7 @@ def test_peak_table_and_mfu():
     assert flops.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert flops.peak_flops("NVIDIA H100 PCIe") == 756e12
     assert flops.peak_flops("NVIDIA H200") == 989e12
+    assert flops.peak_flops("NVIDIA H200", "float8") == flops.peak_flops("NVIDIA H100 80GB HBM3", "float8") == 1979e12
+    assert flops.peak_flops("NVIDIA A100-SXM4-80GB", "float8") is None  # no float8 matrix units
     assert flops.peak_flops("cpu") is None and flops.mfu(1e12, 1.0, "cpu") is None
     assert flops.mfu(494.5e12, 2.0, "NVIDIA H100 80GB HBM3", devices=2) == pytest.approx(0.5)

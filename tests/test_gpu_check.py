@@ -40,6 +40,10 @@ def gpu_check_sh(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess
         (["--dry-run", "--only", "tests,lunch"], "unknown part 'lunch'"),
         (["--dry-run", "--only", ","], "unknown part '(none)'"),
         (["--dry-run", "stray"], "unrecognized arguments: stray"),
+        (
+            ["--dry-run", "--only", "speed", "--rows", "gpt2_small-fp16-none"],
+            "unknown speed row 'gpt2_small-fp16-none'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, message):
@@ -248,3 +252,46 @@ def tempfile_root() -> str:
     import tempfile
 
     return str(Path(tempfile.gettempdir()) / "gpu-check-")
+
+
+def test_dry_run_of_the_speed_part_measures_a_row_and_writes_its_file(tmp_path):
+    """One speed row on the CPU (GPT-2 small's smoke shape in simulated float8): jaxnet's step
+    measured in alternation with PyTorch's side, which says in a line why it cannot run here (no
+    torchao), the rows not asked for absent, and the results file named after the device."""
+    out = tmp_path / "out"
+    rows = ("--only", "speed", "--rows", "gpt2_small-fp8-none")
+    result = gpu_check_sh("--dry-run", *rows, "--out", str(out), "--carry", str(tmp_path / "none"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads(next(out.glob("speed-cpu-*.json")).read_text())
+    assert record["kind"] == "gpu-speed" and record["mode"] == "dry-run (CPU)" and record["peak_flops"] is None
+    assert list(record["rows"]) == ["gpt2_small-fp8-none"]
+    row = record["rows"]["gpt2_small-fp8-none"]
+    assert (row["matmul"], row["remat"], row["tokens_per_step"]) == ("fp8", "none", 2 * 64)
+    assert (
+        row["jaxnet"]["status"] == "measured"
+        and len(row["jaxnet"]["step_s_each_round"]) == gpu_check.gpu_speed.DRY_ROUNDS
+    )
+    assert row["jaxnet"]["median_step_s"] > 0 and row["jaxnet"]["tokens_per_s"] == pytest.approx(
+        128 / row["jaxnet"]["median_step_s"]
+    )
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        assert row["torch"]["status"].startswith("not installable: torchao's float8 training")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["parts"]["speed"]["status"] == "passed" and summary["parts"]["speed"]["files"]
+
+
+def test_speed_rows_past_the_deadline_are_recorded_not_measured(tmp_path):
+    """A deadline already past: no row starts, each is written as 'not measured: budget'."""
+    import time
+
+    out = tmp_path / "speed.json"
+    command = [sys.executable, str(ROOT / "scripts" / "gpu_speed.py"), "run", "--out", str(out)]
+    command += ["--deadline", str(time.time() - 1), "--dry-run"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert list(rows) == [gpu_check.gpu_speed.row_id(*r) for r in gpu_check.gpu_speed.ROWS]
+    assert {r["status"] for r in rows.values()} == {"not measured: budget"}

@@ -86,7 +86,7 @@ def test_a_table_refuses_every_key_it_cannot_write_without_naming_them_itself():
         "model.qk_norm=true (Llama: false)",
     ]
     windowed = TransformerConfig.preset("llama", layers=2, width=16, heads=2, attention_pattern=("local",), window=4)
-    assert "model.attention_pattern=local (Llama: global)" in hf.refusals(hf.TABLES["llama"], windowed)
+    assert hf.refusals(hf.TABLES["llama"], windowed) == ["model.attention_pattern=local,local (Llama: global,global)"]
     with pytest.raises(
         UserError, match=r"no Hugging Face architecture.*GPT-2: model.position=rotary \(GPT-2: learned\)"
     ):

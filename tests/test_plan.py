@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cpu_env, needs_fashion_mnist
+from conftest import cpu_env, fails, needs_fashion_mnist
 
-from jaxnet import cli, config, planner
+from jaxnet import cli, config, plan_search, planner
 from jaxnet.bench import roofline
 
 pytestmark = pytest.mark.skipif(
@@ -80,6 +80,32 @@ def test_attention_flops_by_formula_match_flops_py():
     p = plan_of("transformer_shakespeare:smoke")
     pairs = 32 * 33 / 2
     assert p["flops_per_step"]["cudnn_attention_by_formula"] == 3 * 2 * (2 * 2 * 8 * pairs * 32)
+
+
+def test_fp8_compiles_the_projections_to_float8_gemms_and_counts_them_at_the_float8_peak():
+    """transformer_shakespeare:smoke with model.matmul=fp8 on an H100: each of the 2 blocks' four
+    products (queries/keys/values together, attention's output, the MLP's two) is a float8 GEMM
+    forward (e4m3 x e4m3) and two backward (an e5m2 gradient with an e4m3 operand, either first as
+    XLA orders them): 24 float8 GEMMs; the tied output layer's 3 products stay bf16. Their FLOPs are
+    those of the projections, 3 x 2 x 256 tokens x 2 x (32 x 96 + 32 x 32 + 2 x 32 x 128), taken
+    at the float8 peak (the data sheet's, about twice the bf16 one) in the compute bound."""
+    p = plan_of("transformer_shakespeare:smoke", "model.matmul=fp8")
+    dtypes = p["kernels"]["matmul_dtypes"]
+    assert set(dtypes) == {"bf16", "f8e4m3fn", "f8e5m2"} and dtypes["bf16"] == 3
+    assert dtypes["f8e4m3fn"] + dtypes["f8e5m2"] == 24 and min(dtypes["f8e4m3fn"], dtypes["f8e5m2"]) >= 8
+    f = p["flops_per_step"]
+    assert f["fp8"] == 3 * 2 * 256 * 2 * (32 * 96 + 32 * 32 + 2 * 32 * 128)
+    assert set(f["matmuls_by_dtype"]) == {"bf16", "f8e4m3fn", "f8e5m2"}
+    pred = p["prediction"]
+    assert pred["peak_fp8_flops"] == 1979e12 and pred["peak_flops"] == 989e12  # the data sheet: 3,958 and 1,979 sparse
+    expected = (f["per_device"] - f["fp8"]) / pred["peak_flops"] + f["fp8"] / pred["peak_fp8_flops"]
+    assert pred["compute_s"] == pytest.approx(expected)
+    share = f["fp8"] / f["per_device"]  # MFU against each precision's peak in its share of the FLOPs
+    assert pred["mfu_peak_flops"] == pytest.approx(1 / ((1 - share) / 989e12 + share / 1979e12))
+    assert pred["mfu_bound"] == pytest.approx(f["jaxnet_flops_py"] / pred["predicted_step_s"] / pred["mfu_peak_flops"])
+    plain = plan_of("transformer_shakespeare:smoke")
+    assert plain["flops_per_step"]["fp8"] == 0 and plain["prediction"]["peak_fp8_flops"] is None
+    assert plain["prediction"]["mfu_peak_flops"] == 989e12
 
 
 def test_lstm_plans_on_its_scan_path_and_says_why():
@@ -780,3 +806,56 @@ def test_the_input_line_names_the_gpus_each_host_has():
         line = planner._input_line({"input_rate": rate})
         assert want in line, line
         assert f"{64 / rate['hosts'] / 0.1:,.0f} examples/s" in line
+
+
+@pytest.mark.parametrize(
+    "start, usable, answer",
+    [(2, 175, (7, 8)), (1, 105, (None, 1)), (16, 135, (3, 4)), (4, 1e9, (99999990, 99999991)), (3, 130, (3, 4))],
+)
+def test_largest_multiple_finds_where_a_line_of_memory_crosses_the_limit(start, usable, answer):
+    """Memory 100 + 10 k for k multiples of the data-parallel size: the largest k within the limit
+    and the next one, found from any start in at most 6 evaluations, four when the line is exact
+    however far the crossing (k = 1 does not fit 105: none does)."""
+    asked = []
+
+    def memory_at(k: int) -> float:
+        asked.append(k)
+        return 100 + 10 * k
+
+    assert plan_search.largest_multiple(memory_at, start, usable) == answer
+    assert len(asked) == len(set(asked)) <= (4 if answer[0] and answer[0] > 2 * start else 6)
+
+
+@pytest.mark.slow  # about 10 compiles: minutes on a loaded 2-core CPU
+def test_search_finds_the_largest_fitting_batch_of_each_policy_and_ranks_them(tmp_path):
+    """--search on a 6 MiB H100: for model.remat none and full, the largest batch that fits with
+    10 % headroom fits and the next does not; full recomputes (more FLOPs a token than none); the
+    best row has the most expected tokens/s and the runners-up follow in order."""
+    target = small_target(tmp_path, 6)
+    cfg = config.load_experiment("transformer_shakespeare:smoke")
+    found = plan_search.search(cfg, target, 1, policies=("none", "full"))
+    rows = {c["remat"]: c for c in found["candidates"]}
+    usable = 0.9 * (6 << 20)
+    for c in rows.values():
+        assert c["fits"] and c["memory"] <= usable
+        assert c["next_size"] is None or c["memory_at_next"] > usable
+        assert c["tokens_per_s"] == pytest.approx(c["batch_size"] * 32 / c["expected_step_s"])
+    assert rows["full"]["recompute_fraction"] > 0.05
+    assert [found["best"], *found["runners_up"]] == sorted(rows.values(), key=lambda c: -c["tokens_per_s"])
+    assert found["compiles"] == sum(c["compiles"] for c in rows.values()) and found["compile_s"] > 0
+    text = plan_search.describe(found)
+    assert f"train.batch_size={found['best']['batch_size']}" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policies", "full"], "--policies and --mesh choose what --search tries"),
+        (["--search", "--mesh", "fsdp"], "--mesh fsdp: give axis=size pairs"),
+        (["--search", "--policies", "none,most"], "'most' is not one of none, full, dots"),
+        (["--search", "--max-batch"], "--search finds the batch and policy"),
+    ],
+)
+def test_search_options_refused_in_one_line(args, message, capsys):
+    err = fails(["plan", "transformer_shakespeare:smoke", "--target", "h100", *args], capsys)
+    assert message in err

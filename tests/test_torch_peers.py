@@ -155,6 +155,22 @@ def test_transformer_logits(position: str, tie: bool) -> None:
     _close(model(torch.from_numpy(tokens[:, :9]).long()), expected[:, :9])
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_llama_shaped_transformer_logits(tie: bool) -> None:
+    """The Llama-shaped twin (the GPU speed check's peer): grouped-query attention (4 query heads
+    sharing 2 key/value heads), rotary positions of base 500,000, RMSNorm, SwiGLU, no biases."""
+    cfg = models.TransformerConfig.preset(
+        "llama", layers=2, width=32, heads=4, kv_heads=2, mlp_hidden=48, rope_theta=500000.0, norm_eps=1e-5,
+        tie_embeddings=tie, dtype="float32", attention="xla",
+    )  # fmt: skip
+    tokens = np.random.default_rng(0).integers(0, 50, (3, 16)).astype(np.int32)
+    module, variables = _flax(cfg, 50, tokens[:1], seq_len=16)
+    model = _torch_twin(cfg, 50, variables, seq_len=16).eval()
+    assert isinstance(model, torch_peers.LlamaLanguageModel)
+    assert _trainable(model) == param_count(variables["params"])
+    _close(model(torch.from_numpy(tokens).long()), _apply(module, variables, tokens, train=False))
+
+
 def _train_both(
     model_cfg: ModelConfig, optim_cfg: OptimConfig, batches: list[dict], num_classes: int, seq_len: int = 0
 ) -> tuple[list[float], list[float]]:

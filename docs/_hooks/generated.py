@@ -23,6 +23,9 @@ def _row(key: str, f: dataclasses.Field, default: Any) -> str:
     limits = []
     if meta.get("choices"):
         limits.append("one of " + ", ".join(f"`{c}`" if c else "`''`" for c in meta["choices"]))
+    if meta.get("aliases"):
+        spelled = {k: v for k, v in meta["aliases"].items() if isinstance(k, str)}
+        limits.append("also " + ", ".join(f"`{k}` (= `{v}`)" for k, v in spelled.items()))
     if meta.get("low") is not None:
         limits.append(f">= {meta['low']}")
     if meta.get("high") is not None:

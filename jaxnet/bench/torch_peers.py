@@ -1,6 +1,7 @@
 """PyTorch twins of jaxnet's four Flax models and a small trainer, for the benchmark only. The
-Transformer's twin is GPT-shaped only (causal, multi-head, LayerNorm, tanh GELU) and stays so:
-it is the peer a benchmark compares with, not a second home of every variant.
+Transformer has two twins, the shapes benchmarks compare: GPT's (causal, multi-head, LayerNorm,
+tanh GELU) and Llama's (RMSNorm, SwiGLU, grouped-query attention, rotary positions, no biases);
+they are the peers a benchmark compares with, not a second home of every variant.
 
 torch is an optional peer, never a dependency of jaxnet: this module imports without it, and
 :func:`available` says whether it is there. Everything else raises a clear ``ImportError`` when
@@ -356,6 +357,93 @@ class TransformerLanguageModel(nn.Module):
         return F.linear(x, self.embed.weight) if self.tie_embeddings else self.output(x)
 
 
+class LlamaBlock(nn.Module):
+    """Twin of :class:`jaxnet.models.transformer.Block` in Llama's shape: pre-RMSNorm causal
+    attention with ``kv_heads`` key/value heads (each repeated for its query heads, as torchtitan
+    does before ``scaled_dot_product_attention``), rotary positions, and a SwiGLU MLP; no biases."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, hidden: int, eps: float, out_std: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.norm_1, self.norm_2 = nn.RMSNorm(width, eps=eps), nn.RMSNorm(width, eps=eps)
+        self.query = nn.Linear(width, heads * head_dim, bias=False)
+        self.key = nn.Linear(width, kv_heads * head_dim, bias=False)
+        self.value = nn.Linear(width, kv_heads * head_dim, bias=False)
+        self.out = nn.Linear(heads * head_dim, width, bias=False)
+        self.mlp_gate = nn.Linear(width, hidden, bias=False)
+        self.mlp_in = nn.Linear(width, hidden, bias=False)
+        self.mlp_out = nn.Linear(hidden, width, bias=False)
+        for layer in (self.query, self.key, self.value, self.mlp_gate, self.mlp_in):
+            nn.init.normal_(layer.weight, 0.0, 0.02)
+        for layer in (self.out, self.mlp_out):
+            nn.init.normal_(layer.weight, 0.0, out_std)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The block applied to ``x`` (B, T, width) with rotary ``cos``, ``sin`` (1, T, 1, head_dim / 2)."""
+        batch, length, _ = x.shape
+        h = self.norm_1(x)
+        q = _rotary(self.query(h).view(batch, length, self.heads, self.head_dim), cos, sin)
+        k = _rotary(self.key(h).view(batch, length, self.kv_heads, self.head_dim), cos, sin)
+        v = self.value(h).view(batch, length, self.kv_heads, self.head_dim)
+        groups = self.heads // self.kv_heads
+        k, v = (a.repeat_interleave(groups, dim=2) if groups > 1 else a for a in (k, v))
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.out(y.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
+        h = self.norm_2(x)
+        return x + self.mlp_out(F.silu(self.mlp_gate(h)) * self.mlp_in(h))
+
+
+class LlamaLanguageModel(nn.Module):
+    """Twin of :class:`jaxnet.models.transformer.TransformerLanguageModel` in Llama's shape
+    (``TransformerConfig.preset("llama")``: rotary positions of base ``rope_theta``, RMSNorm,
+    SwiGLU, grouped-query attention, no biases; tied or untied output)."""
+
+    def __init__(self, spec: Any):
+        super().__init__()
+        s = spec
+        self.tie_embeddings = s.tie_embeddings
+        self.embed = nn.Embedding(s.vocab, s.width)
+        nn.init.normal_(self.embed.weight, 0.0, 0.02)
+        self.blocks = nn.ModuleList(
+            LlamaBlock(s.width, s.heads, s.kv_heads, s.head_dim, s.mlp_hidden, s.norm_eps, s.out_std)
+            for _ in range(s.layers)
+        )
+        self.norm_out = nn.RMSNorm(s.width, eps=s.norm_eps)
+        self.output = None
+        if not s.tie_embeddings:
+            self.output = nn.Linear(s.width, s.vocab, bias=False)
+            nn.init.normal_(self.output.weight, 0.0, 0.02)
+        half = s.head_dim // 2
+        freqs = s.rope_theta ** (-torch.arange(half, dtype=torch.float32) / half)
+        angles = torch.arange(s.context, dtype=torch.float32)[:, None] * freqs[None, :]
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, T, V) of ``tokens`` (B, T), T at most the context."""
+        length = tokens.shape[1]
+        cos, sin = self.cos[None, :length, None].float(), self.sin[None, :length, None].float()
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        x = self.norm_out(x)
+        return F.linear(x, self.embed.weight) if self.tie_embeddings else self.output(x)
+
+
+def _llama_shaped(spec: Any) -> bool:
+    """Whether a Transformer spec is the shape :class:`LlamaLanguageModel` computes."""
+    return (
+        spec.causal
+        and spec.norm == "rms"
+        and spec.mlp == "swiglu"
+        and spec.bias == "none"
+        and spec.position == "rotary"
+        and spec.rope_scaling == "none"
+        and spec.dropout == 0
+        and spec.vocab_used in (0, spec.vocab)
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Building and loading
 
@@ -388,6 +476,8 @@ def build_model(
         if seq_len < 1:
             raise ValueError("the Transformer needs seq_len >= 1 (its context)")
         spec = c.spec(num_classes, c.context or seq_len)
+        if _llama_shaped(spec):
+            return LlamaLanguageModel(spec).to(getattr(torch, c.param_dtype))
         different = [
             what
             for what, differs in (
@@ -405,7 +495,9 @@ def build_model(
             if differs
         ]
         if different:
-            raise ValueError(f"no torch twin for {'; '.join(different)}: the torch Transformer is GPT-shaped only")
+            raise ValueError(
+                f"no torch twin for {'; '.join(different)}: the torch Transformers are GPT- and Llama-shaped only"
+            )
         model = TransformerLanguageModel(
             num_classes, seq_len, c.layers, c.width, c.heads, c.mlp_ratio, c.dropout, c.position, c.tie_embeddings
         )
@@ -460,9 +552,30 @@ def _pairs_lstm(model: LSTMLanguageModel, params: dict) -> list[tuple[Any, np.nd
     return pairs
 
 
+def _pairs_llama(model: LlamaLanguageModel, params: dict) -> list[tuple[Any, np.ndarray]]:
+    """(torch tensor, value) pairs for the Llama-shaped twin: each kernel flattened to (inputs,
+    outputs), then transposed to ``Linear``'s (outputs, inputs)."""
+    pairs = [(model.embed.weight, params["embed"]["embedding"])]
+    for i, block in enumerate(model.blocks):
+        p = params[f"block_{i}"]
+        attention = p["attention"]
+        width = attention["out"]["kernel"].shape[-1]
+        for name in ("query", "key", "value"):
+            pairs.append((getattr(block, name).weight, attention[name]["kernel"].reshape(width, -1).T))
+        pairs.append((block.out.weight, attention["out"]["kernel"].reshape(-1, width).T))
+        pairs += [(block.norm_1.weight, p["norm_1"]["scale"]), (block.norm_2.weight, p["norm_2"]["scale"])]
+        pairs += [(getattr(block, name).weight, p[name]["kernel"].T) for name in ("mlp_gate", "mlp_in", "mlp_out")]
+    pairs.append((model.norm_out.weight, params["norm_out"]["scale"]))
+    if not model.tie_embeddings:
+        pairs.append((model.output.weight, params["output"]["kernel"].T))
+    return pairs
+
+
 def _pairs_transformer(model: TransformerLanguageModel, params: dict) -> list[tuple[Any, np.ndarray]]:
     """(torch tensor, value) pairs for the Transformer: multi-axis kernels flattened (queries, keys and
     values side by side in the twin's one ``Linear``), then transposed."""
+    if isinstance(model, LlamaLanguageModel):
+        return _pairs_llama(model, params)
     pairs = [(model.embed.weight, params["embed"]["embedding"])]
     if model.position is not None:
         pairs.append((model.position, params["position"]))

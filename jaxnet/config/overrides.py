@@ -104,7 +104,7 @@ def _set(cfg: Config, key: str, value: Any, saved: bool = False) -> None:
             return  # a saved config from before per-family model configs holds every family's keys
         raise _unknown_key(cfg, key)
     f = known[key]
-    value = _parse(key, value, f.type)
+    value = _parse(key, model_base.unalias(value, f), f.type)
     check_field(key, value, f)
     *path, leaf = key.split(".")
     node = cfg

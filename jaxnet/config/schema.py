@@ -118,6 +118,21 @@ class DataConfig(Checked):
     )
     std: str = field("", "folder, arrayrecord: per-channel std, as data.mean ('' = computed)")
     prefetch: int = field(2, "batches prepared ahead of the step on a background thread", low=0)
+    mixture: tuple[str, ...] = field(
+        (),
+        "data.name=tokens: corpora of one tokenizer mixed by weight, DIR:WEIGHT,... (weights normalised; each batch's "
+        "rows drawn so each corpus's share of tokens follows its weight; data.path is then not read)",
+    )
+    mixture_schedule: tuple[str, ...] = field(
+        (),
+        "data.mixture: new weights from a step on, STEP:W1/W2/...,... in data.mixture's order (0 leaves a corpus out)",
+    )
+    mixture_end: str = field(
+        "cycle",
+        "data.mixture: a corpus whose windows have all been read starts another pass in a new order (cycle), or the "
+        "run ends at that step (stop: train.steps becomes it, said at the start)",
+        choices=("cycle", "stop"),
+    )
     mask_rate: float = field(
         0.15,
         "masked_lm: fraction of tokens chosen for prediction (80 % become a mask token, 10 % a random token, "
@@ -203,6 +218,11 @@ class TrainConfig(Checked):
         "0 = the whole split); in-memory text is always evaluated whole",
         low=0,
     )
+    eval_tasks: tuple[str, ...] = field(
+        (),
+        "benchmark tasks scored at each validation pass: JSONL files of multiple-choice rows (context, choices, gold) "
+        "or of log-likelihood rows (context, continuation), e.g. tasks/a.jsonl,tasks/b.jsonl",
+    )
     checkpoint_every: int = field(500, "steps between checkpoints (0 = only at the end)", low=0)
     keep_checkpoints: int = field(3, "checkpoints kept on disk (the newest ones)", low=1)
     keep_best: str = field(
@@ -232,6 +252,12 @@ class TrainConfig(Checked):
         "weight of PaLM's z-loss, z * logsumexp(logits)^2 per predicted token, added to the training loss of the "
         "cross-entropy tasks (0 = off; evaluation reports the cross-entropy alone)",
         low=0.0,
+    )
+    router_aux_loss: float = field(
+        -1.0,
+        "coefficient of a mixture of experts' load-balancing loss for this run (-1 = the model's "
+        "model.router_aux_loss, a checkpoint's router_aux_loss_coef)",
+        low=-1.0,
     )
     loss_from: str = field(
         "auto",
@@ -291,6 +317,12 @@ class MeshConfig(Checked):
     data: int = field(-1, "devices along the data-parallel axis (-1 = the rest of the devices)", low=-1)
     fsdp: int = field(
         1, "devices that split the batch and shard parameters and optimizer state (-1 = the rest)", low=-1
+    )
+    expert: int = field(
+        1,
+        "devices that split a mixture's experts (must divide model.experts) and the batch; tokens travel to "
+        "their experts and back by all-to-all (-1 = the rest)",
+        low=-1,
     )
     context: int = field(
         1,
@@ -520,7 +552,7 @@ def validate(cfg: Config) -> None:
             "optim.schedule=warmup_cosine warms up over optim.warmup_steps, which is 0; set optim.warmup_steps=N "
             "(or optim.schedule=cosine for no warmup)"
         )
-    for axis in ("data", "fsdp", "context", "tensor"):
+    for axis in ("data", "fsdp", "expert", "context", "tensor"):
         if getattr(cfg.mesh, axis) == 0:
             raise UserError(f"mesh.{axis}=0: use a positive device count or -1 for the rest of the devices")
     text_data = cfg.data.name in TEXT_DATA
@@ -539,6 +571,7 @@ def validate(cfg: Config) -> None:
             f"data.batching=packed packs a prepared corpus's documents (data.name=tokens), not data.name="
             f"{cfg.data.name}; prepare it with jaxnet prepare and train with data.name=tokens data.path=DIR"
         )
+    _check_mixture(cfg)
     cfg.model.validate()
     if cfg.model.carries_state and cfg.optim.grad_accum > 1:
         raise UserError(
@@ -552,13 +585,98 @@ def validate(cfg: Config) -> None:
     profile_steps(cfg)
     _check_steps_per_call(cfg)
     _check_context(cfg, text_data)
-    if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1):
+    if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1 or cfg.mesh.expert != 1):
         raise UserError(
-            f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1 and "
-            f"mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.tensor={cfg.mesh.tensor})"
+            f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1, mesh.expert=1 "
+            f"and mesh.tensor=1 (got mesh.fsdp={cfg.mesh.fsdp}, mesh.expert={cfg.mesh.expert}, "
+            f"mesh.tensor={cfg.mesh.tensor})"
         )
     _check_sgd(cfg)
     _check_fine_tuning(cfg)
+
+
+MIXTURE_EXAMPLE = "e.g. data.mixture=corpora/web:0.7,corpora/code:0.3"
+
+
+def mixture_sources(cfg: Config) -> list[tuple[str, float]]:
+    """``data.mixture`` as (directory, weight) pairs, each weight a number > 0 (not yet normalised).
+
+    >>> cfg = Config(); cfg.data.mixture = ("corpora/a:3", "corpora/b:1")
+    >>> mixture_sources(cfg)
+    [('corpora/a', 3.0), ('corpora/b', 1.0)]
+    """
+    out = []
+    for entry in cfg.data.mixture:
+        path, colon, weight = entry.rpartition(":")
+        if not colon or not path.strip():
+            raise UserError(f"data.mixture entry {entry!r} is not DIR:WEIGHT; {MIXTURE_EXAMPLE}")
+        try:
+            w = float(weight)
+        except ValueError:
+            raise UserError(
+                f"data.mixture entry {entry!r}: its weight {weight!r} is not a number; {MIXTURE_EXAMPLE}"
+            ) from None
+        if not (math.isfinite(w) and w > 0):
+            raise UserError(
+                f"data.mixture entry {entry!r}: a weight must be a number > 0 (leave a corpus out rather than weigh "
+                "it 0; data.mixture_schedule may set 0 from a step on)"
+            )
+        out.append((path.strip(), w))
+    return out
+
+
+def mixture_schedule(cfg: Config) -> list[tuple[int, tuple[float, ...]]]:
+    """``data.mixture_schedule`` as (step, weights) pairs in step order: from ``step`` on, the
+    corpora of ``data.mixture`` (in its order) are drawn by these weights (>= 0, not all 0).
+
+    >>> cfg = Config(); cfg.data.mixture = ("a:1", "b:1"); cfg.data.mixture_schedule = ("100:0.2/0.8",)
+    >>> mixture_schedule(cfg)
+    [(100, (0.2, 0.8))]
+    """
+    count, out = len(cfg.data.mixture), []
+    for entry in cfg.data.mixture_schedule:
+        step, colon, weights = entry.partition(":")
+        example = f"e.g. data.mixture_schedule=1000:{'/'.join(['0.5'] * max(count, 2))}"
+        if not colon or not step.strip().isdigit() or int(step) < 1:
+            raise UserError(f"data.mixture_schedule entry {entry!r} is not STEP:W1/W2/... with STEP >= 1; {example}")
+        try:
+            values = tuple(float(w) for w in weights.split("/"))
+        except ValueError:
+            raise UserError(f"data.mixture_schedule entry {entry!r}: its weights are not numbers; {example}") from None
+        if len(values) != count:
+            raise UserError(
+                f"data.mixture_schedule entry {entry!r} has {len(values)} weights for the {count} corpora of "
+                f"data.mixture; give one per corpus, in its order ({example})"
+            )
+        if not all(math.isfinite(w) and w >= 0 for w in values) or not sum(values) > 0:
+            raise UserError(f"data.mixture_schedule entry {entry!r}: weights must be >= 0 and not all 0")
+        if out and int(step) <= out[-1][0]:
+            raise UserError(f"data.mixture_schedule: step {int(step)} follows step {out[-1][0]}; list steps in order")
+        out.append((int(step), values))
+    return out
+
+
+def _check_mixture(cfg: Config) -> None:
+    """The mixture keys fit together and parse (the corpora themselves are read with the data)."""
+    d = cfg.data
+    if not d.mixture:
+        set_alone = (("mixture_schedule", bool(d.mixture_schedule)), ("mixture_end", d.mixture_end != "cycle"))
+        given = [k for k, v in set_alone if v]
+        if given:
+            raise UserError(f"data.{given[0]} needs data.mixture=DIR:WEIGHT,... ({MIXTURE_EXAMPLE})")
+        return
+    if d.name != "tokens":
+        raise UserError(
+            f"data.mixture mixes prepared corpora (jaxnet prepare), which data.name=tokens reads; data.name is "
+            f"{d.name}: set data.name=tokens"
+        )
+    if batching(cfg) != "windows":
+        raise UserError(
+            f"data.mixture draws windows of data.seq_len tokens from each corpus; data.batching={batching(cfg)} is not "
+            "supported with it: use data.batching=windows (a Transformer)"
+        )
+    mixture_sources(cfg)
+    mixture_schedule(cfg)
 
 
 def _check_context(cfg: Config, text_data: bool) -> None:

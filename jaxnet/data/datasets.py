@@ -151,6 +151,8 @@ def load(cfg: DataConfig) -> Dataset | TextDataset | ImageFiles:
     Image datasets hold out ``cfg.val_size`` training examples for validation; text datasets
     come with their own validation split (see :mod:`jaxnet.data.text`).
     """
+    if cfg.mixture:  # several corpora by weight (jaxnet.data.mixture)
+        return tokens.load(cfg)
     if cfg.name in TEXT_LOADERS:
         return TEXT_LOADERS[cfg.name](cfg)
     if cfg.name in FILE_LOADERS:

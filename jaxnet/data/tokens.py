@@ -350,7 +350,12 @@ def _padded(vocab: list[str], size: int, name: str) -> list[str]:
 
 def load(cfg: Any) -> TokenDataset:
     """The corpus at ``cfg.path`` (a :class:`~jaxnet.config.DataConfig`): its files are opened and their
-    ids read as batches need them (nanoGPT's and llm.c's files are scanned once for their largest id)."""
+    ids read as batches need them (nanoGPT's and llm.c's files are scanned once for their largest id);
+    with ``cfg.mixture``, the corpora it names mixed by weight (:mod:`jaxnet.data.mixture`)."""
+    if cfg.mixture:  # several corpora by weight
+        from jaxnet.data import mixture
+
+        return mixture.load(cfg, load)
     if not cfg.path:
         raise UserError("data.name=tokens needs data.path=DIR, a directory made by jaxnet prepare (or nanoGPT, llm.c)")
     path = Path(cfg.path)
@@ -492,8 +497,13 @@ def load_or_prepare(
     ``corpus.json``; any other ``data.path`` must already be a corpus, or it is a one-line error
     and nothing is written.
 
+    A config with ``data.mixture`` reads its corpora instead (:mod:`jaxnet.data.mixture`): they
+    are never prepared here.
+
     >>> ds = load_or_prepare(cfg.data, "shakespeare")    # doctest: +SKIP
     """
+    if cfg.mixture:
+        return load(cfg)
     default = default_corpus(source, tokenizer) if default is None else default
     path = Path(cfg.path)
     ours = bool(cfg.path) and os.path.normpath(cfg.path) == os.path.normpath(default) and cfg.format in ("", "jaxnet")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,17 +23,29 @@ import numpy as np
 from jaxnet.errors import UserError
 
 
-def field(default: Any, doc: str, *, low: float | None = None, high: float | None = None, choices: tuple = ()) -> Any:
+def field(
+    default: Any,
+    doc: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    choices: tuple = (),
+    aliases: dict | None = None,
+) -> Any:
     """A config field with its description and the range of values it accepts.
 
     ``low`` and ``high`` are inclusive bounds for numbers (and for every item of a tuple). The
-    type comes from the annotation: ``bool``, ``int``, ``float``, ``str`` or ``tuple[T, ...]``::
+    type comes from the annotation: ``bool``, ``int``, ``float``, ``str`` or ``tuple[T, ...]``.
+    ``aliases`` are older spellings still accepted, each read as the value it maps to (from the
+    command line, a saved ``config.json`` or Python), e.g. a key that was ``true``/``false`` before
+    it named choices::
 
         @dataclass
         class MLPConfig(ModelConfig):
             hidden: int = field(64, "hidden units", low=1)
+            remat: str = field("none", "recompute", choices=("none", "full"), aliases={True: "full", False: "none"})
     """
-    meta = {"doc": doc, "low": low, "high": high, "choices": choices}
+    meta = {"doc": doc, "low": low, "high": high, "choices": choices, "aliases": dict(aliases or {})}
     if isinstance(default, tuple):
         return dataclasses.field(default_factory=lambda: default, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -73,8 +86,15 @@ class Checked:
         if types is not None:
             if name not in types:
                 raise unknown_attribute(type(self), name, getattr(self, "name", ""))
+            value = unalias(value, _fields(type(self))[name])
             value = checked_value(f"{_prefix(type(self))}{name}", value, types[name])
         object.__setattr__(self, name, value)
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    """The fields of dataclass ``cls`` by name."""
+    return {f.name: f for f in dataclasses.fields(cls)}
 
 
 @functools.cache
@@ -87,6 +107,23 @@ def _attribute_types(cls: type) -> dict[str, Any] | None:
     except NameError:
         return None
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def unalias(value: Any, f: dataclasses.Field) -> Any:
+    """``value`` as field ``f`` reads it: an older spelling among its ``aliases`` (a bool, or a string
+    compared without case) is the value it maps to; anything else is returned unchanged.
+
+    >>> unalias("True", dataclasses.field(metadata={"aliases": {True: "full", "true": "full"}}))
+    'full'
+    """
+    aliases = f.metadata.get("aliases") or {}
+    if not aliases:
+        return value
+    if isinstance(value, bool | np.bool_):
+        return aliases.get(bool(value), value)
+    if isinstance(value, str):
+        return aliases.get(value.strip().lower(), value)
+    return value
 
 
 def checked_value(key: str, value: Any, typ: Any) -> Any:
@@ -226,6 +263,12 @@ def unknown_key(key: str, known: list[str], model_name: str) -> UserError:
     return UserError(f"unknown config key {key!r}{hint}")
 
 
+def _leaves(tree: Any) -> list:
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
 #: The keys every family has that say how a model is computed, not what (:meth:`ModelConfig.arithmetic`).
 _HOW = ("name", "dtype", "param_dtype")
 
@@ -295,6 +338,11 @@ class ModelConfig(Checked):
                 return 2 * batch * (input_shape[0] * self.hidden + self.hidden * outputs)
         """
         return None
+
+    def active_parameters(self, params: Any) -> int:
+        """How many of ``params`` (this model's parameter tree, arrays or shapes) each example
+        computes with: all of them by default; a mixture of experts only its routed experts'."""
+        return int(sum(math.prod(np.shape(x)) for x in _leaves(params)))
 
     def arithmetic(self) -> dict[str, Any]:
         """The keys that decide what this model computes (not how: kernels, dtypes, dropout,

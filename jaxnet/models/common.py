@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,6 +13,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from jax import custom_batching, lax
+
+from jaxnet.errors import UserError
 
 # A config's dtype names; float64 needs JAX's 64-bit mode (JAX_ENABLE_X64=1), for numerical checks.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
@@ -27,6 +30,56 @@ def lookup(embed: nn.Embed, tokens: jnp.ndarray, dtype: Any, axes: tuple = ("bat
     """
     table = nn.with_logical_constraint(embed.embedding, (None, None))
     return nn.with_logical_constraint(jnp.take(table, tokens, axis=0).astype(dtype), axes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rematerialisation: what a recomputed layer keeps for the backward pass
+
+#: The recomputation policies by name, each saying what a rematerialised layer keeps for the
+#: backward pass (the rest is recomputed there): ``none`` keeps everything (no recomputation);
+#: ``full`` only the layer's inputs; ``dots`` every matrix product's output; ``dots_no_batch`` the
+#: outputs of products without batch dimensions (the projections; attention's products, batched
+#: over heads, are recomputed); ``minimal`` only the values named :data:`SAVED_NAMES` (the
+#: attention's output); ``offload`` what ``dots_no_batch`` keeps, moved to the host's memory and
+#: back (JAX's offload policy).
+REMAT = ("none", "full", "dots", "dots_no_batch", "minimal", "offload")
+#: Older spellings of the policies (``model.remat`` was true or false).
+REMAT_ALIASES = {True: "full", False: "none", "true": "full", "false": "none"}
+#: The name of the attention's output (``jax.ad_checkpoint.checkpoint_name``), what ``minimal`` keeps.
+ATTENTION_OUTPUT = "context"
+SAVED_NAMES = (ATTENTION_OUTPUT,)
+
+
+def remat_policy(name: str) -> Callable | None:
+    """JAX's ``jax.checkpoint`` policy of recomputation policy ``name`` (:data:`REMAT`; None for
+    ``full``, which keeps nothing but the inputs). The one place the policies are looked up, so a
+    JAX that lacks one says so in a line rather than deep in a trace::
+
+        block = nn.remat(Block, policy=remat_policy("dots_no_batch"))
+    """
+    policies = jax.checkpoint_policies
+    wanted = {
+        "full": None,
+        "dots": "dots_saveable",
+        "dots_no_batch": "dots_with_no_batch_dims_saveable",
+        "minimal": "save_only_these_names",
+        "offload": "offload_dot_with_no_batch_dims",
+    }
+    if name not in wanted:
+        raise ValueError(f"remat policy {name!r} is not one of {', '.join(REMAT[1:])}")
+    attribute = wanted[name]
+    if attribute is None:
+        return None
+    if not hasattr(policies, attribute):
+        raise UserError(
+            f"model.remat={name} needs jax.checkpoint_policies.{attribute}, which this JAX ({jax.__version__}) "
+            "lacks; choose another policy"
+        )
+    if name == "minimal":
+        return policies.save_only_these_names(*SAVED_NAMES)
+    if name == "offload":
+        return policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+    return getattr(policies, attribute)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,12 +163,88 @@ def normal(std: float, names: tuple) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.normal(std), names)
 
 
-def project(x: jnp.ndarray, kernel: jnp.ndarray, bias: jnp.ndarray | None, contract: int, dtype: Any) -> jnp.ndarray:
+#: How a projection multiplies: ``default`` in the compute dtype (``model.dtype``); ``fp8`` through
+#: float8 (:func:`fp8_matmul`).
+MATMULS = ("default", "fp8")
+
+
+def project(
+    x: jnp.ndarray, kernel: jnp.ndarray, bias: jnp.ndarray | None, contract: int, dtype: Any, matmul: str = "default"
+) -> jnp.ndarray:
     """``x @ kernel + bias`` in ``dtype``, contracting the last ``contract`` axes of ``x`` with the
-    first ``contract`` of ``kernel``."""
-    inputs = tuple(range(x.ndim - contract, x.ndim))
-    y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), ((inputs, tuple(range(contract))), ((), ())))
+    first ``contract`` of ``kernel``; with ``matmul="fp8"`` the product goes through float8
+    (:func:`fp8_matmul`), the bias is added in ``dtype``."""
+    x, kernel = x.astype(dtype), kernel.astype(dtype)
+    if matmul == "fp8":
+        y = fp8_matmul(x, kernel, contract)
+    else:
+        inputs = tuple(range(x.ndim - contract, x.ndim))
+        y = jax.lax.dot_general(x, kernel, ((inputs, tuple(range(contract))), ((), ())))
     return y if bias is None else y + bias.astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Float8 products: e4m3 forward, e5m2 gradients, each tensor scaled by its own current maximum
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+
+
+def fp8_quantize(x: jnp.ndarray, dtype: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``x`` in float8 ``dtype`` and its scale (float32), by *current* scaling: the tensor divided
+    by ``max|x| / largest float8``, so its largest magnitude lands on the format's largest number
+    (448 for e4m3, 57344 for e5m2); ``x ~ q * scale``. A tensor of zeros has scale 1::
+
+        q, scale = fp8_quantize(x, jnp.float8_e4m3fn)
+    """
+    top = float(jnp.finfo(dtype).max)
+    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+    scale = jax.lax.stop_gradient(jnp.where(amax > 0, amax / top, 1.0))
+    return jnp.clip(x.astype(jnp.float32) / scale, -top, top).astype(dtype), scale
+
+
+def _scaled_dot(a: jnp.ndarray, b: jnp.ndarray, dims: Any, scale: jnp.ndarray, dtype: Any) -> jnp.ndarray:
+    """``dot_general(a, b) * scale`` of float8 operands, accumulated in float32 and returned in
+    ``dtype``: the form XLA's GPU compiler runs as one float8 GEMM (a Triton or cuBLASLt kernel,
+    the scale applied to its float32 result)."""
+    return (jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32) * scale).astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def fp8_matmul(x: jnp.ndarray, kernel: jnp.ndarray, contract: int = 1) -> jnp.ndarray:
+    """``x @ kernel`` contracting the last ``contract`` axes of ``x`` with the first ``contract`` of
+    ``kernel``, through float8 as Hopper's tensor cores run it: both operands quantized to e4m3
+    (:func:`fp8_quantize`: current scaling, each tensor by its own maximum in this step, no
+    history kept), products accumulated in float32; in the backward pass the incoming gradient is
+    quantized to e5m2 (more range, less precision) and multiplied with the saved e4m3 operands
+    (kept in float8: half the bytes of bfloat16). Results and gradients are in the operands'
+    dtype. On a GPU with float8 matrix units (compute capability 8.9 and up) each of the three
+    products is a float8 GEMM; on a CPU XLA computes the same products of float8 values in wider
+    arithmetic, a simulation with the same rounding of the operands::
+
+        y = fp8_matmul(x, kernel)                 # (b, t, w) @ (w, f) -> (b, t, f)
+    """
+    return _fp8_forward(x, kernel, contract)[0]
+
+
+def _fp8_forward(x: jnp.ndarray, kernel: jnp.ndarray, contract: int) -> tuple[jnp.ndarray, tuple]:
+    (xq, x_scale), (kq, k_scale) = fp8_quantize(x, E4M3), fp8_quantize(kernel, E4M3)
+    dims = ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ()))
+    return _scaled_dot(xq, kq, dims, x_scale * k_scale, x.dtype), (xq, x_scale, kq, k_scale)
+
+
+def _fp8_backward(contract: int, saved: tuple, grad: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    xq, x_scale, kq, k_scale = saved
+    gq, g_scale = fp8_quantize(grad, E5M2)
+    lead = xq.ndim - contract
+    # d x[..., K] = sum over F of g[..., F] k[K, F];  d k[K, F] = sum over ... of x[..., K] g[..., F]
+    to_x = ((tuple(range(lead, grad.ndim)), tuple(range(contract, kq.ndim))), ((), ()))
+    to_kernel = ((tuple(range(lead)), tuple(range(lead))), ((), ()))
+    dx = _scaled_dot(gq, kq, to_x, g_scale * k_scale, grad.dtype)
+    dk = _scaled_dot(xq, gq, to_kernel, x_scale * g_scale, grad.dtype)
+    return dx, dk
+
+
+fp8_matmul.defvjp(_fp8_forward, _fp8_backward)
 
 
 LORA = "lora"
@@ -145,7 +274,9 @@ class Projection(nn.Module):
     ``names`` are the logical names of the kernel's axes (inputs, then outputs). The kernel is
     created at its full shape (Flax's ``DenseGeneral`` creates it flat and reshapes, which its own
     logical-axis constraints reject), so its axes can be named and split. It starts from
-    N(0, ``std``) unless ``kernel_init`` says otherwise; the bias (``use_bias``) from zeros::
+    N(0, ``std``) unless ``kernel_init`` says otherwise; the bias (``use_bias``) from zeros.
+    ``matmul`` is how the product is taken (:data:`MATMULS`: ``fp8`` through float8, the
+    parameters staying in ``param_dtype``)::
 
         q = Projection((heads, head_dim), ("embed", "heads", "kv"), name="query")(x)  # (b, t, heads, head_dim)
     """
@@ -158,6 +289,7 @@ class Projection(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     kernel_init: Callable | None = None
+    matmul: str = "default"
 
     @nn.compact
     def weights(self, inputs: tuple[int, ...]) -> tuple[jnp.ndarray, jnp.ndarray | None]:
@@ -188,7 +320,7 @@ class Projection(nn.Module):
 
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         kernel, bias = self.weights(tuple(x.shape[x.ndim - self.contract :]))
-        y = project(x, kernel, bias, self.contract, self.dtype)
+        y = project(x, kernel, bias, self.contract, self.dtype, self.matmul)
         delta = self.adapter(x)
         return y if delta is None else y + delta
 
@@ -264,9 +396,25 @@ def add_loss(module: nn.Module, name: str, value: jnp.ndarray) -> None:
     module.sow(LOSSES, name, jnp.asarray(value, jnp.float32), reduce_fn=lambda a, b: a + b, init_fn=lambda: 0.0)
 
 
+#: The collection a model sows figures it reports into (:func:`add_stat`).
+STATS = "stats"
+
+
+def add_stat(module: nn.Module, name: str, value: jnp.ndarray) -> None:
+    """Report ``value`` (a scalar) as the train metric ``name`` (a mixture's expert load): logged
+    with the train step's metrics, never added to the objective; the same name from several calls
+    is summed. Training collects them; evaluation and prediction do not::
+
+        add_stat(self, f"moe/{self.name}/load_max", counts.max() / counts.mean())
+    """
+    if module.is_initializing():
+        return
+    module.sow(STATS, name, jnp.asarray(value, jnp.float32), reduce_fn=lambda a, b: a + b, init_fn=lambda: 0.0)
+
+
 def added_losses(collection: Any) -> dict[str, jnp.ndarray]:
-    """The losses a model added (its :data:`LOSSES` collection after ``apply``), summed by name over
-    the modules that added them, in the order first met."""
+    """The losses a model added (its :data:`LOSSES` collection after ``apply``; or the figures of
+    its :data:`STATS`), summed by name over the modules that added them, in the order first met."""
     totals: dict[str, jnp.ndarray] = {}
     for path, value in jax.tree_util.tree_flatten_with_path(collection)[0]:
         name = str(getattr(path[-1], "key", path[-1]))

@@ -1,10 +1,11 @@
 """The device mesh, and where parameters, optimizer state and batches live on it.
 
-The mesh has four axes: ``data`` (the batch is split, parameters replicated), ``fsdp`` (the
+The mesh has five axes: ``data`` (the batch is split, parameters replicated), ``fsdp`` (the
 batch is split and so are parameters and optimizer state, gathered layer by layer by the
-compiler), ``context`` (each row's sequence is split: the activations' ``length`` axis, attention
-working across the pieces, :mod:`jaxnet.models.transformer.context`) and ``tensor`` (the hidden
-dimensions of a layer are split: attention heads, MLP hidden units, LSTM gates). Models name the
+compiler), ``expert`` (a mixture's experts are split, and the batch), ``context`` (each row's
+sequence is split: the activations' ``length`` axis, attention working across the pieces,
+:mod:`jaxnet.models.transformer.context`) and ``tensor`` (the hidden dimensions of a layer are
+split: attention heads, MLP hidden units, LSTM gates). Models name the
 axes of their parameters logically (``embed``, ``heads``, ``mlp``, ``vocab``, ...) and of a few
 activations (``batch``, ``length``); :data:`RULES` is the one table that maps those names onto
 mesh axes, so no model knows about devices. Every placement decision goes through this module.
@@ -31,8 +32,8 @@ from jaxnet.errors import UserError
 from jaxnet.models.adapters.lora import BASE as LORA_BASE
 from jaxnet.models.transformer import context
 
-AXES = ("data", "fsdp", "context", "tensor")
-BATCH_AXES = ("data", "fsdp")
+AXES = ("data", "fsdp", "expert", "context", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")
 REPLICA_AXIS = "data"  # parallel.mode=replicas: one whole model per device along this axis
 
 # Logical parameter axis -> mesh axis (None: not split). The first matching rule wins.
@@ -43,6 +44,7 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("mlp", "tensor"),  # MLP hidden units, LSTM gate units, conv output channels
     ("vocab", "tensor"),
     ("kv", None),
+    ("expert", "expert"),  # a mixture's experts (the batch is split along it too: tokens travel to them)
     ("length", "context"),  # the sequence of the activations (context parallelism)
 )
 
@@ -75,7 +77,7 @@ def mesh_shape(cfg: MeshConfig, device_count: int) -> dict[str, int]:
 
 
 def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
-    """A ``(data, fsdp, context, tensor)`` mesh over the first ``data * fsdp * context * tensor`` devices."""
+    """A ``(data, fsdp, expert, context, tensor)`` mesh over the first (product of their sizes) devices."""
     devices = devices if devices is not None else jax.devices()
     sizes = mesh_shape(cfg, len(devices))
     count = math.prod(sizes.values())
@@ -93,22 +95,23 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """The leading (batch) dimension is split along ``data`` and ``fsdp``."""
+    """The leading (batch) dimension is split along ``data``, ``fsdp`` and ``expert``."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
 def batch_devices(mesh: Mesh) -> int:
-    """Number of ways a batch is split (``data * fsdp``)."""
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    """Number of ways a batch is split (``data * fsdp * expert``)."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
 def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> None:
     """A batch must split evenly across the data-parallel devices."""
     devices = batch_devices(mesh)
     if batch_size % devices:
+        split = " x ".join(f"mesh.{a}={mesh.shape[a]}" for a in BATCH_AXES if a != "expert" or mesh.shape[a] > 1)
         raise UserError(
             f"{what}={batch_size} is not divisible by the {devices} devices it is split over "
-            f"(mesh.data={mesh.shape['data']} x mesh.fsdp={mesh.shape['fsdp']}); use a multiple of {devices}"
+            f"({split}); use a multiple of {devices}"
         )
 
 

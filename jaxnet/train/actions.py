@@ -225,6 +225,9 @@ class LogTrain(Action):
         values.update(steps_per_s=rate, examples_per_s=rate * self.batch_size)
         if self.tokens_per_example:
             values["tokens_per_s"] = values["examples_per_s"] * self.tokens_per_example
+        seen = getattr(loop.run.dataset, "seen", None)
+        if seen is not None:  # a mixture: the tokens read from each corpus so far (from the step alone)
+            values.update(seen(loop.cfg, loop.step))
         loop.log(values)
         shown = {"loss": values["loss"]}
         first_metric = next((k for k in loop.run.task.metrics if not k.startswith("_")), None)

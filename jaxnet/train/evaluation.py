@@ -23,6 +23,9 @@ from jaxnet.observe import write_json
 from jaxnet.train import init_from, record
 from jaxnet.train.loop import Run, check_vocab, load_experiment_file
 
+#: Evaluation runs on every local device, whatever mesh the run trained on: all along ``data``.
+ONE_AXIS = ("mesh.data=-1", "mesh.fsdp=1", "mesh.expert=1", "mesh.tensor=1")
+
 
 def evaluate(
     workdir: str | os.PathLike,
@@ -50,9 +53,7 @@ def evaluate(
         raise UserError(f"{workdir} has no checkpoints yet; train first with `jaxnet train`")
     check_rebuildable(workdir, model=model, dataset=dataset, task=task)
     load_experiment_file(workdir / "config.json")
-    cfg = config_lib.apply_overrides(
-        config_lib.load(workdir / "config.json"), ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])]
-    )
+    cfg = config_lib.apply_overrides(config_lib.load(workdir / "config.json"), [*ONE_AXIS, *(overrides or [])])
     _check_optimizer_given(workdir, optimizer)
     run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     check_vocab(workdir, run.dataset)
@@ -93,7 +94,7 @@ def evaluate_pretrained(spec: str, split: str = "test", overrides: list[str] | N
     cfg.model = model_config(checkpoint.table.family)
     cfg.data.name, cfg.data.seq_len, cfg.train.eval_batch_size = "tokens", checkpoint.context, 8
     cfg.train.init_from = str(spec)
-    cfg = config_lib.apply_overrides(cfg, ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", *(overrides or [])])
+    cfg = config_lib.apply_overrides(cfg, [*ONE_AXIS, *(overrides or [])])
     start = init_from.Start(init_from.with_hf_shape(cfg, checkpoint), checkpoint)
     config_lib.validate(start.cfg)
     run = Run(start.cfg)

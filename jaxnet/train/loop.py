@@ -29,7 +29,7 @@ from jaxnet import data as data_lib
 from jaxnet import models, observe, optim, parallel, tasks, xla_options
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import Config
-from jaxnet.data import pipeline
+from jaxnet.data import mixture, pipeline
 from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
 from jaxnet.models import adapters
@@ -148,6 +148,8 @@ class Run:
                 "or a jaxnet Dataset / TextDataset"
             )
         self.text = isinstance(self.dataset, text_lib.TextDataset)
+        if model is None and "model" not in self.hooks:  # the family's own checks of the mesh's sizes first
+            cfg.model.axis_rules({axis: getattr(cfg.mesh, axis) for axis in parallel.AXES})
         self.mesh: Mesh = parallel.make_mesh(cfg.mesh, devices)
         if self.mesh.shape["context"] > 1:  # mesh.context=-1 is known only now
             parallel.check_sequence(cfg.data.seq_len, self.mesh)
@@ -176,7 +178,10 @@ class Run:
             # Per-device replicas see only their rows: BatchNorm averages its statistics across them.
             batch_axis = parallel.REPLICA_AXIS if self.replicas else None
             outputs = self.dataset.num_classes + self.task.extra_inputs
-            model = models.build(cfg.model, outputs, cfg.data.seq_len, batch_axis=batch_axis, backend=backend)
+            built = cfg.model
+            if cfg.train.router_aux_loss >= 0 and hasattr(built, "router_aux_loss"):  # this run's coefficient
+                built = dataclasses.replace(built, router_aux_loss=cfg.train.router_aux_loss)
+            model = models.build(built, outputs, cfg.data.seq_len, batch_axis=batch_axis, backend=backend)
             # The family's own logical axes (a built model's; yours are placed by the shared rules).
             self.rules = tuple(cfg.model.axis_rules(dict(self.mesh.shape))) + parallel.RULES
         self.model = adapters.adapt(model)
@@ -224,6 +229,10 @@ class Run:
             compiler_options=options,
             out_shardings=(parallel.replicated(self.mesh), parallel.replicated(self.mesh)),
         )
+        if cfg.train.eval_tasks:  # read and encoded now: a bad task file is one line before any step
+            from jaxnet.train import eval_tasks
+
+            eval_tasks.check(self)
 
     def optimizer(self, cfg: Config) -> optim.UserOptimizer | None:
         """Your optimizer for ``cfg`` (a sweep member's, its numbers traced): the one given to the
@@ -391,22 +400,23 @@ class Run:
         n, batch = item
         return n, parallel.put_batch(batch, self.mesh, lead=int(n > 1))
 
-    def _eval_batches(self, split: str) -> tuple[Any, int]:
+    def _eval_batches(self, split: str, dataset: Any = None) -> tuple[Any, int]:
         """Evaluation batches of ``split`` (this process's rows of them) and their number of rows
-        (0 if the split is empty)."""
+        (0 if the split is empty); of ``dataset`` (a corpus of a mixture) instead of the run's."""
+        dataset = self.dataset if dataset is None else dataset
         devices = parallel.batch_devices(self.mesh)
-        wanted = self.dataset.eval_rows(self.cfg, split) if self.dataset.size(split) else 0
+        wanted = dataset.eval_rows(self.cfg, split) if dataset.size(split) else 0
         if not wanted:
             return iter(()), 0
         rows = -(-wanted // devices) * devices
         mine = parallel.process_rows(self.mesh, rows) if jax.process_count() > 1 else None
         # A dataset whose eval_batches takes ``rows`` reads only this process's rows (a corpus on
         # disk); the others make whole batches, sliced below. A transform draws for whole batches.
-        reads_rows = mine is not None and self.task.transform is None and _takes_rows(self.dataset.eval_batches)
+        reads_rows = mine is not None and self.task.transform is None and _takes_rows(dataset.eval_batches)
         if reads_rows:
-            batches = self.dataset.eval_batches(self.cfg, split, rows, rows=mine)
+            batches = dataset.eval_batches(self.cfg, split, rows, rows=mine)
             return batches, rows
-        batches = self.dataset.eval_batches(self.cfg, split, rows)
+        batches = dataset.eval_batches(self.cfg, split, rows)
         if self.task.transform is not None:  # the same corruption on every evaluation of the split
             salt = ("train", "val", "test").index(split)
             transform = self.task.transform
@@ -424,8 +434,38 @@ class Run:
 
         A stateful model walking streams carries its state from batch to batch, starting from
         zeros; with window batching every batch starts from zeros.
+
+        A mixture of corpora (``data.mixture``) reports the metrics over all its corpora's tokens of
+        ``split`` together, and each corpus's as ``NAME/loss``, ``NAME/perplexity``, ...; the
+        validation pass of a run with ``train.eval_tasks`` adds their scores
+        (:mod:`jaxnet.train.eval_tasks`).
         """
-        batches, rows = self._eval_batches(split)
+        parts = getattr(self.dataset, "parts", None)
+        if parts is None:
+            out = self._summarize(self._eval_totals(state, split))
+        else:
+            each = {name: self._eval_totals(state, split, part) for name, part in parts}
+            found = [t for t in each.values() if t]
+            out = self._summarize({k: sum(t[k] for t in found) for k in found[0]}) if found else {}
+            for name, totals in each.items():
+                out.update({f"{name}/{k}": v for k, v in self._summarize(totals).items()})
+        if split == "val" and self.cfg.train.eval_tasks:
+            from jaxnet.train import eval_tasks
+
+            out.update(eval_tasks.in_loop(self, state))
+        return out
+
+    def _summarize(self, totals: dict[str, float]) -> dict[str, float]:
+        """The task's metrics from an evaluation's summed totals (``{}`` for none)."""
+        if not totals:
+            return {}
+        totals = dict(totals)
+        count = float(totals.pop("count"))
+        return self.task.summarize({k: float(v) / count for k, v in totals.items()})
+
+    def _eval_totals(self, state: state_lib.TrainState, split: str, dataset: Any = None) -> dict[str, float]:
+        """The summed loss, metrics and ``count`` of ``split`` (of ``dataset``, default the run's), on the host."""
+        batches, rows = self._eval_batches(split, dataset)
         if not rows:
             return {}
         zeros: dict = {}
@@ -440,9 +480,7 @@ class Run:
             totals = sums if totals is None else accumulate(totals, sums)
         if totals is None:
             return {}
-        totals = jax.device_get(totals)
-        count = float(totals.pop("count"))
-        return self.task.summarize({k: float(v) / count for k, v in totals.items()})
+        return {k: float(v) for k, v in jax.device_get(totals).items()}
 
 
 def _takes_rows(method: Callable) -> bool:
@@ -647,6 +685,7 @@ def train(
     cfg = start.cfg
     trackers_lib.check(cfg)
     cfg = schedule_extension(cfg, workdir, print if parallel.is_primary() else lambda *_: None)
+    cfg = mixture.end_of_data(cfg, data_lib.load, print if parallel.is_primary() else lambda *_: None)
     run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
@@ -746,6 +785,8 @@ def _train(
         notice = empty_val_notice(run.dataset)
         if notice:
             progress.note(notice)
+        if hasattr(run.dataset, "first_pass"):  # a mixture: how far the run reads each corpus
+            progress.note(run.dataset.first_pass(cfg))
     loop = actions_lib.Loop(run, workdir, state, start, end, log, progress, skip=train_cfg.on_nonfinite == "skip")
     profile = config_lib.profile_steps(cfg)
     builtin = [
@@ -930,6 +971,8 @@ def _summary(
         summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
         if run.text:
             summary["tokens_per_s"] = round(train_cfg.batch_size * cfg.data.seq_len / step_seconds, 1)
+    if hasattr(run.dataset, "summary"):  # a mixture: each corpus's weights and the tokens read from it
+        summary["mixture"] = run.dataset.summary(cfg, end)
     if best is not None and (end == train_cfg.steps or best.stopped_early):
         summary.update(best_lib.final_metrics(best, run, loop, log))
     elif end == train_cfg.steps:

@@ -24,7 +24,7 @@ import optax
 from jaxnet import tasks
 from jaxnet.errors import UserError
 from jaxnet.models import adapters
-from jaxnet.models.common import LOSSES, added_losses
+from jaxnet.models.common import LOSSES, STATS, added_losses
 from jaxnet.tasks import Task, cross_entropy, hits  # noqa: F401  (re-exported)
 from jaxnet.train.state import TrainState
 
@@ -106,13 +106,14 @@ def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
 
     Losses the model adds (:func:`jaxnet.models.common.add_loss`: a router's load balance) are
     added to the task's, and each is a metric of its name; the loss returned (and logged as
-    ``loss``) is their sum, the objective."""
+    ``loss``) is their sum, the objective. Figures it reports (:func:`~jaxnet.models.common.add_stat`)
+    are metrics too."""
     features_apply = adapters.features_apply(model)
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
         t = task_of(task, batch)
         variables = {"params": params, **model_state}
-        mutable = [*model_state, LOSSES]
+        mutable = [*model_state, LOSSES, STATS]
         kwargs = dict(**t.model_keywords(batch), train=True, rngs={"dropout": rng}, mutable=mutable)
         if t.from_features is not None and features_apply is not None:
             (features, head), new_model_state = features_apply(variables, *t.model_inputs(batch), **kwargs)
@@ -122,15 +123,16 @@ def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
             loss, metrics = t.train_values(outputs, batch)
         new_model_state = dict(new_model_state)
         added = added_losses(new_model_state.pop(LOSSES, {}))
-        clash = [name for name in added if name in metrics or name in STEP_METRICS]
+        stats = added_losses(new_model_state.pop(STATS, {}))
+        clash = [name for name in [*added, *stats] if name in metrics or name in STEP_METRICS]
         if clash:
             raise UserError(
-                f"the model adds a loss named {clash[0]!r}, which is also a metric of task {t.name!r}; give it "
-                "another name"
+                f"the model adds a loss or figure named {clash[0]!r}, which is also a metric of task {t.name!r}; "
+                "give it another name"
             )
         if added:
             loss = loss + sum(added.values())
-            metrics = {**metrics, **added}
+        metrics = {**metrics, **added, **stats}
         return loss, (new_model_state, metrics)
 
     return jax.value_and_grad(loss_fn, has_aux=True)

@@ -44,13 +44,16 @@ from jaxnet.models.base import ModelConfig
 from jaxnet.models.hf import files
 from jaxnet.models.hf.gpt2 import GPT2
 from jaxnet.models.hf.llama import Llama, Mistral, Qwen2
+from jaxnet.models.hf.moe import Mixtral, Qwen3Moe
 from jaxnet.models.hf.table import Table, check, file_tensors, fill
 
 PREFIX = "hf:"
 """How ``train.init_from``, :func:`jaxnet.load` and :func:`jaxnet.load_params` name a checkpoint directory."""
 
 #: Every architecture jaxnet reads and writes, by ``config.json``'s ``model_type``.
-TABLES: dict[str, Table] = {table.model_type: table for table in (GPT2(), Llama(), Qwen2(), Mistral())}
+TABLES: dict[str, Table] = {
+    table.model_type: table for table in (GPT2(), Llama(), Qwen2(), Mistral(), Mixtral(), Qwen3Moe())
+}
 
 
 def is_hf(spec: Any) -> bool:
@@ -215,7 +218,8 @@ def refusals(table: Table, model: ModelConfig) -> list[str]:
     back.pop("vocab", None)
     theirs = table.model(back, 0).arithmetic()
     ours = model.arithmetic()
-    differ = [k for k, v in ours.items() if theirs.get(k) != v]
+    # a key only one side uses differs by the pattern that uses it, which is named
+    differ = [k for k, v in ours.items() if k in theirs and theirs[k] != v]
     return [f"model.{k}={_shown(ours[k])} ({table.title}: {_shown(theirs.get(k))})" for k in differ]
 
 

@@ -186,12 +186,18 @@ class Llama(Table):
             rules.append(Rule(f"{n}self_attn.{short}_proj.weight", (f"{b}attention/{name}/kernel",), layout))
             if keys["bias"] == "all" or (keys["bias"] == "qkv" and short != "o"):
                 rules.append(Rule(f"{n}self_attn.{short}_proj.bias", (f"{b}attention/{name}/bias",), VECTOR))
+        rules += self.mlp_rules(keys)
+        if not keys["tie_embeddings"]:
+            rules.append(Rule("lm_head.weight", ("output/kernel",), Layout(inputs=1, transposed=True, vocab="cols")))
+        return rules
+
+    def mlp_rules(self, keys: dict[str, Any], layer: str = "{i}") -> list[Rule]:
+        """The dense MLP's rules of block ``layer`` (a number, or ``{i}``: every block)."""
+        b, n, rules = f"block_{layer}/", f"layers.{layer}.", []
         for short, name in {"gate": "mlp_gate", "up": "mlp_in", "down": "mlp_out"}.items():
             rules.append(Rule(f"{n}mlp.{short}_proj.weight", (f"{b}{name}/kernel",), LINEAR))
             if keys["bias"] == "all":
                 rules.append(Rule(f"{n}mlp.{short}_proj.bias", (f"{b}{name}/bias",), VECTOR))
-        if not keys["tie_embeddings"]:
-            rules.append(Rule("lm_head.weight", ("output/kernel",), Layout(inputs=1, transposed=True, vocab="cols")))
         return rules
 
     def aliases(self, keys: dict[str, Any]) -> dict[str, str]:

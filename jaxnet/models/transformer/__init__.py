@@ -29,8 +29,12 @@ is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
+
+import jax
+import numpy as np
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import Unpacked, has_cudnn, register, register_migration
@@ -43,7 +47,8 @@ from jaxnet.models.transformer.attention import (
     rotary,
     segment_mask,
 )
-from jaxnet.models.transformer.model import Block, TransformerLanguageModel, norm
+from jaxnet.models.transformer.model import Block, TransformerLanguageModel
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import (
     PRESETS,
     Layer,
@@ -57,7 +62,31 @@ from jaxnet.models.transformer.spec import (
 
 #: Keys of how a Transformer is computed or trained, or of its size in ids and positions, not
 #: of the function it computes (:meth:`TransformerConfig.arithmetic`); ``mlp_ratio`` is in ``mlp_hidden``.
-HOW = ("dropout", "attention", "remat", "vocab_used", "mlp_ratio", "context_attention")
+#: The keys of a mixture of experts (``mlp_pattern`` entry ``moe``).
+MOE_KEYS = (
+    "experts",
+    "experts_per_token",
+    "expert_hidden",
+    "shared_experts",
+    "router_renorm",
+    "router_aux_loss",
+    "router_z_loss",
+    "capacity_factor",
+    "expert_matmul",
+)
+HOW = (
+    "dropout",
+    "attention",
+    "remat",
+    "matmul",
+    "vocab_used",
+    "mlp_ratio",
+    "router_aux_loss",
+    "router_z_loss",
+    "capacity_factor",
+    "expert_matmul",
+    "context_attention",
+)
 
 
 @dataclass
@@ -96,7 +125,8 @@ class TransformerConfig(TransformerKeys):
                 f"model.heads) that is a multiple of 8 up to 128; here the backend is {backend}, the dtype {cfg.dtype} "
                 f"and the head size {head_dim}. Use model.attention=auto"
             )
-        return dataclasses.replace(cfg, attention=attention)
+        matmul = cfg.expert_matmul if cfg.expert_matmul != "auto" else ("blocks" if backend == "cpu" else "ragged")
+        return dataclasses.replace(cfg, attention=attention, expert_matmul=matmul)
 
     def spec(self, vocab: int, context: int) -> TransformerSpec:
         """The :class:`TransformerSpec` of these keys over ``vocab`` token ids and ``context``
@@ -112,7 +142,29 @@ class TransformerConfig(TransformerKeys):
         """The resolved spec's keys but those of how it is computed or trained (the kernel, the
         dtypes, dropout, rematerialisation) and its size in ids and positions."""
         spec = dataclasses.replace(self, attention="xla", dtype="float32").spec(vocab=1, context=1)
-        return {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
+        out = {k: getattr(spec, k) for k in spec_keys() if k not in HOW}
+        layers = [spec.layer(i) for i in range(spec.layers)]  # the patterns as each layer has them
+        out["attention_pattern"] = tuple(layer.attention for layer in layers)
+        out["mlp_pattern"] = tuple(layer.mlp for layer in layers)
+        unused = []  # keys no layer uses
+        if "dense" not in out["mlp_pattern"]:
+            unused += ["mlp_hidden", "mlp", "gelu"]
+        if "moe" not in out["mlp_pattern"]:
+            unused += [k for k in MOE_KEYS if k not in HOW]
+        if "local" not in out["attention_pattern"]:
+            unused += ["window", "rope_local_theta"]
+        return {k: v for k, v in out.items() if k not in unused}
+
+    def active_parameters(self, params: Any) -> int:
+        """The parameters each token computes with: every one but the experts it is not routed to
+        (``experts_per_token / experts`` of each mixture's expert kernels)."""
+        total = 0
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+            names = [str(getattr(k, "key", k)) for k in path]
+            size = math.prod(np.shape(leaf))
+            routed = len(names) >= 2 and names[-2] == "moe" and names[-1] in ("gate", "up", "down")
+            total += size * self.experts_per_token // self.experts if routed else size
+        return total
 
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``
@@ -129,26 +181,36 @@ class TransformerConfig(TransformerKeys):
 
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Key/value heads split over ``tensor`` like the query heads where it divides them, whole
-        on every tensor device otherwise (fewer key/value heads than tensor devices)."""
+        on every tensor device otherwise (fewer key/value heads than tensor devices); an ``expert``
+        axis that does not divide the experts is a :class:`UserError`."""
         kv_heads = self.kv_heads or self.heads
+        ways = mesh_shape.get("expert", 1)
+        if ways > 1 and (not self.experts or self.experts % ways):
+            raise UserError(
+                f"mesh.expert={ways} does not divide model.experts={self.experts}; give an expert axis that divides "
+                "the experts (or mesh.expert=1)"
+            )
         return (("kv_heads", "tensor" if kv_heads % mesh_shape.get("tensor", 1) == 0 else None),)
 
 
 def transformer_flops(spec: TransformerSpec, *, batch: int, causal: bool = True) -> float:
     """Forward FLOPs of :class:`TransformerLanguageModel` of ``spec`` on ``batch`` sequences of
     ``spec.context`` tokens (see :mod:`jaxnet.flops`): the projections (queries, keys and values
-    of their own head counts, the output, the MLP: two matrices, three for SwiGLU), the attention
-    scores and weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the logits."""
+    of their own head counts, the output, the MLP: two matrices, three for SwiGLU; a mixture layer's
+    router, the k experts each token goes to and its shared experts), the attention scores and
+    weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the
+    logits."""
     length = spec.context
     tokens = batch * length
     w, hd = spec.width, spec.head_dim
     attention = w * spec.heads * hd + 2 * w * spec.kv_heads * hd + spec.heads * hd * w
-    mlp = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
-    projections = 2 * tokens * (attention + mlp)
+    dense = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
+    routed = w * spec.experts + 3 * w * spec.expert_hidden * (spec.experts_per_token + spec.shared_experts)
     pairs = length * (length + 1) / 2 if causal and spec.causal else length * length
     scores = 2 * 2 * batch * pairs * spec.heads * hd  # q.k and the weighted sum of v, over all heads
     logits = 2 * tokens * w * spec.vocab
-    return spec.layers * (projections + scores) + logits
+    mlps = sum(routed if spec.layer(i).mlp == "moe" else dense for i in range(spec.layers))
+    return spec.layers * (2 * tokens * attention + scores) + 2 * tokens * mlps + logits
 
 
 # The packed layout of jaxnet before queries, keys and values were kept apart.

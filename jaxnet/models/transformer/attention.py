@@ -18,9 +18,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from jaxnet.models.common import Projection, project
+from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project
 from jaxnet.models.transformer import context
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
 
 #: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
@@ -206,18 +208,6 @@ class _PackedKey(nn.Module):
         return self.make_rng("params")
 
 
-def head_norm(spec: TransformerSpec, name: str) -> nn.Module:
-    """RMSNorm over each head's ``head_dim`` (``spec.qk_norm``: Qwen3's and Gemma 3's ``q_norm`` and
-    ``k_norm``), its scale of ``head_dim`` named along ``kv``."""
-    return nn.RMSNorm(
-        epsilon=spec.norm_eps,
-        dtype=spec.dtype,
-        param_dtype=spec.param_dtype,
-        name=name,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("kv",)),
-    )
-
-
 class SelfAttention(nn.Module):
     """Self-attention of a :class:`TransformerSpec`: queries, keys and values (each a
     :class:`~jaxnet.models.common.Projection`: ``query``, ``key``, ``value``; keys and values of
@@ -262,6 +252,7 @@ class SelfAttention(nn.Module):
                 param_dtype=s.param_dtype,
                 use_bias=s.biased("qkv"),
                 kernel_init=init,
+                matmul=s.matmul,
                 name=name,
             )
 
@@ -276,7 +267,7 @@ class SelfAttention(nn.Module):
             weights = [p.weights((s.width,)) for p in projections]
             kernel = jnp.stack([k for k, _ in weights], axis=1)
             bias = jnp.stack([b for _, b in weights]) if s.biased("qkv") else None
-            qkv = project(x, kernel, bias, 1, s.dtype)
+            qkv = project(x, kernel, bias, 1, s.dtype, s.matmul)
             qkv = nn.with_logical_constraint(qkv, ("batch", context.LENGTH, None, "heads", None))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
             deltas = [p.adapter(x) for p in projections]  # LoRA adapters' terms, each through its rank
@@ -286,7 +277,7 @@ class SelfAttention(nn.Module):
             q = nn.with_logical_constraint(q, ("batch", context.LENGTH, "heads", None))
             k, v = (nn.with_logical_constraint(a, ("batch", context.LENGTH, "kv_heads", None)) for a in (k, v))
         if s.qk_norm:  # each head's queries and keys, over its head_dim, before the positions
-            q, k = (head_norm(s, name)(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
+            q, k = (norm(s, name, "kv", "rms")(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
         if s.position == "rotary":
             q, k = (rotary(a, positions, layer.rope_theta, layer.rope_llama3) for a in (q, k))
         if decode:
@@ -315,6 +306,7 @@ class SelfAttention(nn.Module):
                 segments=segments,
                 context_attention=s.context_attention,
             )
+        out = checkpoint_name(out, ATTENTION_OUTPUT)  # what model.remat=minimal keeps
         return Projection(
             (s.width,),
             ("heads", "kv", "embed"),
@@ -323,5 +315,6 @@ class SelfAttention(nn.Module):
             use_bias=s.biased("out"),
             dtype=s.dtype,
             param_dtype=s.param_dtype,
+            matmul=s.matmul,
             name="out",
         )(out)

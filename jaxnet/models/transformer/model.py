@@ -45,33 +45,13 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models.common import Head, Projection, lookup, normal
+from jaxnet.models.common import Head, Projection, lookup, normal, remat_policy
 from jaxnet.models.transformer import context
 from jaxnet.models.transformer.attention import SelfAttention, segment_mask
 from jaxnet.models.transformer.context import LENGTH
+from jaxnet.models.transformer.moe import MoE
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
-
-
-def norm(spec: TransformerSpec, name: str) -> nn.Module:
-    """The normalisation before each residual branch and before the unembedding, of epsilon
-    ``spec.norm_eps``: LayerNorm (``spec.norm="layer"``: scale and bias) or RMSNorm (``"rms"``:
-    x / sqrt(mean(x^2) + eps) * scale, in float32, as Llama's), its parameters named along ``embed``."""
-    if spec.norm == "rms":
-        return nn.RMSNorm(
-            epsilon=spec.norm_eps,
-            dtype=spec.dtype,
-            param_dtype=spec.param_dtype,
-            name=name,
-            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        )
-    return nn.LayerNorm(
-        epsilon=spec.norm_eps,
-        dtype=spec.dtype,
-        param_dtype=spec.param_dtype,
-        name=name,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-    )
 
 
 def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
@@ -79,7 +59,7 @@ def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
     block's scope (``mlp_in``, ``mlp_gate``, ``mlp_out``): ``mlp_out(gelu(mlp_in(h)))`` or, with
     ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(h)) * mlp_in(h))`` (Llama's gate, up and down)."""
     s = spec
-    kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"))
+    kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"), matmul=s.matmul)
     y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
     y = nn.with_logical_constraint(y, ("batch", LENGTH, "mlp"))
     if s.mlp == "swiglu":
@@ -90,9 +70,15 @@ def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
     return Projection((s.width,), ("mlp", "embed"), std=s.out_std, name="mlp_out", **kw)(y)
 
 
-#: The MLP of each kind a layer's ``mlp_pattern`` entry names: ``mlp(spec, h) -> y``, called
-#: inside the block (its parameters under the block's name). A new kind is one entry here.
-MLPS = {"dense": dense_mlp}
+def moe_mlp(spec: TransformerSpec, index: int, h: jnp.ndarray) -> jnp.ndarray:
+    """The mixture of experts of block ``index`` (``mlp_pattern`` entry ``moe``), its parameters
+    under ``moe`` (:class:`~jaxnet.models.transformer.moe.MoE`)."""
+    return MoE(spec, index, name="moe")(h)
+
+
+#: The MLP of each kind a layer's ``mlp_pattern`` entry names: ``mlp(spec, index, h) -> y``, called
+#: inside block ``index`` (its parameters under the block's name). A new kind is one entry here.
+MLPS = {"dense": lambda spec, index, h: dense_mlp(spec, h), "moe": moe_mlp}
 
 
 class Block(nn.Module):
@@ -124,7 +110,7 @@ class Block(nn.Module):
         if s.post_norms:
             y = norm(s, "norm_1_post")(y)
         x = x + drop(y)
-        y = MLPS[s.layer(self.index).mlp](s, norm(s, "norm_2")(x))
+        y = MLPS[s.layer(self.index).mlp](s, self.index, norm(s, "norm_2")(x))
         if s.post_norms:
             y = norm(s, "norm_2_post")(y)
         return nn.with_logical_constraint(x + drop(y), ("batch", LENGTH, None))
@@ -158,8 +144,9 @@ class TransformerLanguageModel(nn.Module):
     ``cache`` collection: each call appends its tokens' keys and values and attends to everything
     cached so far, so generating token ``t`` costs one position, not ``t``. Positions past the
     context do not exist; :mod:`jaxnet.sample` slides the window. Only a causal model decodes.
-    ``spec.remat`` recomputes each block's activations in the backward pass instead of keeping
-    them: less memory for long contexts, about a third more compute.
+    ``spec.remat`` names what each block keeps for the backward pass (``none``: everything);
+    the rest is recomputed there (:func:`~jaxnet.models.common.remat_policy`): less memory for long
+    contexts, up to a third more compute (``full``, which keeps only each block's input).
 
     **Packed rows** (:mod:`jaxnet.data.packing`): ``segments`` (batch, time) numbers the examples
     of each row (0 for padding) and ``positions`` (batch, time) restarts at each: a token attends
@@ -191,7 +178,8 @@ class TransformerLanguageModel(nn.Module):
             self.position = self.param("position", normal(0.02, (None, "embed")), (s.context, s.width), s.param_dtype)
         self.drop = nn.Dropout(s.dropout, name="Dropout_0")
         # train and decode pick the code path: static arguments of the rematerialised call
-        block = nn.remat(Block, static_argnums=(3, 4)) if s.remat else Block
+        policy = remat_policy(s.remat) if s.remat != "none" else None
+        block = nn.remat(Block, static_argnums=(3, 4), policy=policy) if s.remat != "none" else Block
         self.blocks = [block(s, i, name=f"block_{i}") for i in range(s.layers)]
         self.norm_out = norm(s, "norm_out")
         if not s.tie_embeddings:

@@ -16,8 +16,9 @@ way::
 from layer to layer is one pattern (:meth:`TransformerSpec.layer`): attention over every earlier
 position (``global``) or over the last ``window`` (``local``, with its own rotary base), norms
 after each branch too (``post_norms``), the queries and keys normalised (``qk_norm``), and the
-MLP's kind (``dense``). ``attention_pattern`` and ``mlp_pattern`` repeat over the layers (a
-pattern as long as ``layers`` names each one): ``("local", "global")`` alternates.
+MLP's kind (``dense``, or ``moe``: a mixture of ``experts``, :mod:`~jaxnet.models.transformer.moe`).
+``attention_pattern`` and ``mlp_pattern`` repeat over the layers (a pattern as long as ``layers``
+names each one): ``("local", "global")`` alternates.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import ModelConfig, field
+from jaxnet.models.common import MATMULS, REMAT, REMAT_ALIASES
 
 _LLAMA: dict[str, Any] = {
     "position": "rotary",
@@ -65,7 +67,7 @@ BIAS_GROUPS = {"all": ("qkv", "out", "mlp"), "qkv": ("qkv",), "none": ()}
 
 #: The kinds of attention a layer may have, and the kinds of MLP (``attention_pattern``, ``mlp_pattern``).
 ATTENTION_KINDS = ("global", "local")
-MLP_KINDS = ("dense",)
+MLP_KINDS = ("dense", "moe")
 
 
 @dataclass
@@ -111,7 +113,22 @@ class TransformerKeys(ModelConfig):
         "moved first (xla_head_major) on a CPU, XLA's (jax.nn.dot_product_attention) otherwise",
         choices=("auto", "xla", "xla_head_major", "cudnn"),
     )
-    remat: bool = field(False, "recompute each block's activations in the backward pass (less memory, more compute)")
+    remat: str = field(
+        "none",
+        "what each block keeps for the backward pass, the rest recomputed there (less memory, more compute): "
+        "none = everything; full = its input only; dots = every matrix product's output; dots_no_batch = the "
+        "projections' outputs (attention's products recomputed); minimal = the attention's output; offload = what "
+        "dots_no_batch keeps, in host memory",
+        choices=REMAT,
+        aliases=REMAT_ALIASES,
+    )
+    matmul: str = field(
+        "default",
+        "how the projections of attention and the MLP multiply: default = in model.dtype; fp8 = float8 (e4m3 "
+        "forward, e5m2 gradients, current scaling; an H100/H200 runs float8 GEMMs, a CPU simulates them), the "
+        "parameters, optimizer, output layer and attention's own products unchanged",
+        choices=MATMULS,
+    )
     context_attention: str = field(
         "auto",
         "with mesh.context > 1, how attention reaches the keys and values of the other devices: ring = passed "
@@ -156,6 +173,36 @@ class TransformerKeys(ModelConfig):
         ("dense",),
         "each layer's MLP, the pattern repeated over the layers (as model.attention_pattern)",
         choices=MLP_KINDS,
+    )
+    experts: int = field(0, "experts of a mixture-of-experts layer (model.mlp_pattern entry moe)", low=0)
+    experts_per_token: int = field(2, "experts each token is routed to (top-k of the router's probabilities)", low=1)
+    expert_hidden: int = field(0, "hidden units of each expert's SwiGLU MLP (0 = model.mlp_hidden)", low=0)
+    shared_experts: int = field(
+        0,
+        "experts every token goes through beside its routed ones, as one SwiGLU MLP of that many experts' units",
+        low=0,
+    )
+    router_renorm: bool = field(
+        True, "the top-k experts' probabilities rescaled to sum to 1 (Mixtral; Qwen3-MoE's norm_topk_prob)"
+    )
+    router_aux_loss: float = field(
+        0.01,
+        "coefficient of the load-balancing loss (Switch/Mixtral form, the mean over the mixture layers) added to "
+        "the objective (a checkpoint's router_aux_loss_coef; train.router_aux_loss overrides it)",
+        low=0.0,
+    )
+    router_z_loss: float = field(0.0, "coefficient of the router's z-loss, mean(logsumexp(logits)^2)", low=0.0)
+    capacity_factor: float = field(
+        0.0,
+        "0 = dropless (every token reaches its experts); else each expert takes at most capacity_factor x its "
+        "even share of a device's tokens and the rest are dropped (counted as moe/dropped)",
+        low=0.0,
+    )
+    expert_matmul: str = field(
+        "auto",
+        "the experts' grouped matmul: ragged = jax.lax.ragged_dot, blocks = rows padded to blocks of one expert "
+        "each (faster on a CPU); auto = blocks on a CPU, ragged elsewhere",
+        choices=("auto", "ragged", "blocks"),
     )
     context: int = field(
         0, "rows of the learned position table and positions a decoding cache holds (0 = data.seq_len)", low=0
@@ -202,6 +249,16 @@ def check(keys: Any) -> None:
             raise SpecError(f"model.{name}={','.join(pattern) or '(empty)'}: each entry is one of {', '.join(kinds)}")
         if len(pattern) > keys.layers:
             raise SpecError(f"model.{name} names {len(pattern)} layers, more than model.layers={keys.layers}")
+    if "moe" in keys.mlp_pattern:
+        if keys.experts < 2:
+            raise SpecError(
+                f"model.mlp_pattern has moe layers but model.experts={keys.experts}; give 2 or more experts"
+            )
+        if keys.experts_per_token > keys.experts:
+            raise SpecError(
+                f"model.experts_per_token={keys.experts_per_token} is more than model.experts={keys.experts}; route "
+                "each token to at most every expert"
+            )
     if "local" in keys.attention_pattern and not keys.causal:
         raise SpecError(
             "model.attention_pattern has local layers, which attend to earlier positions; set model.causal=true"
@@ -231,6 +288,7 @@ class _Spec:
         resolved = {
             "kv_heads": self.kv_heads or self.heads,
             "mlp_hidden": self.mlp_hidden or self.mlp_ratio * self.width,
+            "expert_hidden": self.expert_hidden or self.mlp_hidden or self.mlp_ratio * self.width,
             "head_dim": self.head_dim or self.width // self.heads,
             "attention": "xla" if self.attention == "auto" else self.attention,
             "attention_pattern": tuple(self.attention_pattern),

@@ -203,8 +203,11 @@ def test_loss_and_gradients_with_the_sequence_split_match_one_device(eight_devic
 def test_packed_rows_change_the_numbers(eight_devices):
     """The packed comparison is not vacuous: segments and positions change the loss and gradients."""
     one = eight_devices["model"]["one"]
-    assert abs(one["plain"]["loss"] - one["packed"]["loss"]) > 1e-3
-    assert any(not np.allclose(a, b) for a, b in zip(one["plain"]["grads"], one["packed"]["grads"], strict=True))
+    assert abs(one["plain"]["loss"] - one["packed"]["loss"]) > 1e-5  # a model at its start: losses near log(vocab)
+    gaps = [
+        np.max(np.abs(np.subtract(a, b))) for a, b in zip(one["plain"]["grads"], one["packed"]["grads"], strict=True)
+    ]
+    assert max(gaps) > 1e-3
 
 
 def test_balanced_order_gives_each_device_a_chunk_from_each_end():

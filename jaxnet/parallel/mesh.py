@@ -39,7 +39,9 @@ REPLICA_AXIS = "data"  # parallel.mode=replicas: one whole model per device alon
 # Logical parameter axis -> mesh axis (None: not split). The first matching rule wins.
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", BATCH_AXES),
-    ("embed", "fsdp"),  # model width: split for FSDP, gathered before use
+    # model width: split for FSDP, gathered before use; the context devices hold other tokens of the
+    # same rows, so the parameters are split over them too (otherwise each would hold them whole)
+    ("embed", ("fsdp", "context")),
     ("heads", "tensor"),  # attention heads (Megatron: q/k/v column-split, output row-split)
     ("mlp", "tensor"),  # MLP hidden units, LSTM gate units, conv output channels
     ("vocab", "tensor"),

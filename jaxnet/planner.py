@@ -286,11 +286,13 @@ def context_traffic(run: Run, rows: int, packed: bool, comm: dict[str, Any]) -> 
     context axis or a Transformer.
 
     A ring sends a device's keys and values (and segment ids) on ``C - 1`` times in each forward
-    pass of an attention layer, and in its backward pass the keys and values again and their
-    gradients (in float32) ``C`` times; gathered, the keys and values are all-gathered in each pass
-    and their gradients reduce-scattered. Putting the hidden states back in order sends them once
-    in the forward pass and once in the backward pass (``collective-permute`` either way). With
-    ``model.remat`` other than ``none`` and ``minimal`` the forward pass of attention runs twice.
+    pass of an attention layer, and in its backward pass the keys and values again ``C - 2`` times
+    (XLA reuses the first transfer of the forward pass that runs before it) and their gradients
+    ``C`` times (float32, the last in the compute dtype); gathered, the keys and
+    values are all-gathered in each pass and their gradients reduce-scattered. Putting the hidden
+    states back in order sends them once in the forward pass and once in the backward pass
+    (``collective-permute`` either way). With ``model.remat`` other than ``none`` and ``minimal`` the
+    forward pass of attention runs twice.
 
     >>> cfg = load_experiment("llama3_8b", ["mesh.context=8", "data.seq_len=131072"])  # doctest: +SKIP
     >>> plan(cfg, "h100", 8)["context"]["predicted_bytes"]  # doctest: +SKIP
@@ -308,16 +310,16 @@ def context_traffic(run: Run, rows: int, packed: bool, comm: dict[str, Any]) -> 
     tokens = rows // accum // parallel.batch_devices(run.mesh) * (length // ways)  # one micro-batch's
     item = np.dtype(spec.dtype).itemsize
     wide = np.dtype(np.promote_types(spec.dtype, np.float32)).itemsize
-    held = 2 * tokens * kv_heads * spec.head_dim * item + (4 * tokens if packed else 0)
-    grads = 2 * tokens * kv_heads * spec.head_dim * wide
+    values = 2 * tokens * kv_heads * spec.head_dim
+    held = values * item + (4 * tokens if packed else 0)
+    forwards = 1 if spec.remat in ("none", "minimal") else 2
     if how == "ring":
-        forward, backward = (ways - 1) * held, (ways - 1) * held + ways * grads
+        forward, backward = (ways - 1) * held, (ways - 2) * held + (ways - 1) * values * wide + values * item
         kinds = {"collective-permute": None}
     else:
-        forward, backward = ways * held, ways * held + ways * grads
+        forward, backward = ways * held, ways * held + ways * values * wide
         kinds = {"all-gather": None, "reduce-scatter": None, "collective-permute": None}
-    forwards = 1 if spec.remat in ("none", "minimal") else 2
-    restore = 2 * tokens * spec.width * item  # once forward, once backward
+    restore = 2 * context.restore_moves(ways) * tokens // 2 * spec.width * item  # forward and backward
     per_step = accum * (spec.layers * (forwards * forward + backward) + restore)
     for kind in kinds:
         found = comm["by_kind"].get(kind)

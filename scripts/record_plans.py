@@ -6,7 +6,8 @@ devices` compares on one H200, llama3_8b with LoRA rank 16 on 1 and 2 H100s, fro
 
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
-    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, others, devices, or one NAME)
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, context, others, devices,
+                                                # context:LABEL for one long-context plan, or one NAME)
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>][-<label>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date (a record of an earlier date for the
@@ -92,6 +93,48 @@ LLAMA += [
         "h100",
         2,
         "lora16",
+    ),
+]
+# Long context: Llama 3.1 8B (Llama 3 8B with its rope scaling) at 131,072 tokens a row on a node of
+# 8 H100s, the sequence split over the GPUs (mesh.context, parameters and optimizer state split over
+# them too) with every block recomputed, one row a step; beside it the splits of context x FSDP (FSDP
+# splits the batch: one row for each of its GPUs); and 32,768 tokens a row.
+LONG = ["model.rope_scaling=llama3", "model.remat=full", "train.eval_batch_size=1", "--tokens", "1e9", "--price", "3"]
+CONTEXT = [
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.context=8", "train.batch_size=1", *LONG],
+        "h100",
+        8,
+        "128k-context8",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.fsdp=2", "mesh.context=4", "train.batch_size=2", *LONG],
+        "h100",
+        8,
+        "128k-fsdp2-context4",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.fsdp=4", "mesh.context=2", "train.batch_size=4", *LONG],
+        "h100",
+        8,
+        "128k-fsdp4-context2",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=32768", "mesh.data=1", "mesh.context=8", "train.batch_size=1", *LONG],
+        "h100",
+        8,
+        "32k-context8",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=32768", "mesh.data=1", "mesh.fsdp=4", "mesh.context=2", "train.batch_size=4", *LONG],
+        "h100",
+        8,
+        "32k-fsdp4-context2",
     ),
 ]
 # The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.
@@ -226,11 +269,15 @@ def records(which: str) -> list[tuple]:
         return GPT2[:1]
     if which == "devices":
         return DEVICES
+    if which == "context":
+        return CONTEXT
+    if which.startswith("context:"):  # one of them by its label, e.g. context:128k-context8
+        return [r for r in CONTEXT if r[4] == which.partition(":")[2]]
     if which in config.list_experiments():
         return [(which, [], "h100", 1)]
     own = {"gpt2_small", "llama3_8b", *UNPLANNED}  # planned in GPT2 and LLAMA; no shape of their own
     others = [(name, [], "h100", 1) for name in config.list_experiments() if name not in own]
-    return others + DEVICES if which == "others" else GPT2 + LLAMA + others + DEVICES
+    return others + DEVICES if which == "others" else GPT2 + LLAMA + CONTEXT + others + DEVICES
 
 
 def main(argv: list[str]) -> int:

@@ -140,12 +140,30 @@ def restore(x: jnp.ndarray) -> jnp.ndarray:
         first, last = piece[:, :c], piece[:, c:]
         even = jnp.where(d % 2 == 0, first, last)  # of chunks d and 2C-1-d, exactly one is even
         odd = jnp.where(d % 2 == 0, last, first)
-        chunk_of = lambda dev, parity: dev if dev % 2 == parity else 2 * ways - 1 - dev  # noqa: E731
-        to_even = [(dev, chunk_of(dev, 0) // 2) for dev in range(ways)]
-        to_odd = [(dev, chunk_of(dev, 1) // 2) for dev in range(ways)]
-        return jnp.concatenate([jax.lax.ppermute(even, axis, to_even), jax.lax.ppermute(odd, axis, to_odd)], axis=1)
+        pairs = zip((even, odd), _homes(ways), strict=True)
+        return jnp.concatenate([x if _still(perm) else jax.lax.ppermute(x, axis, perm) for x, perm in pairs], axis=1)
 
     return jax.shard_map(local, in_specs=spec, out_specs=spec, check_vma=False)(x)
+
+
+def _homes(ways: int) -> tuple[list[tuple[int, int]], ...]:
+    """Where each device sends its chunk of even number and its chunk of odd number so that device
+    ``j`` holds chunks ``2j`` and ``2j + 1``: two ``ppermute`` pairs lists."""
+    chunk_of = lambda dev, parity: dev if dev % 2 == parity else 2 * ways - 1 - dev  # noqa: E731
+    return tuple([(dev, chunk_of(dev, parity) // 2) for dev in range(ways)] for parity in (0, 1))
+
+
+def _still(perm: list[tuple[int, int]]) -> bool:
+    return all(a == b for a, b in perm)
+
+
+def restore_moves(ways: int) -> int:
+    """How many of :func:`restore`'s two ``ppermute`` s move anything over ``ways`` devices (with 2
+    devices the even chunks are already where they belong)::
+
+        restore_moves(2), restore_moves(8)   # (1, 2)
+    """
+    return sum(not _still(perm) for perm in _homes(ways))
 
 
 def strategy(choice: str, length: int, ways: int) -> str:
@@ -534,12 +552,16 @@ def _attention_bwd(setup: _Setup, saved: tuple, d_out: jnp.ndarray) -> tuple:
         dk, dv = (jax.lax.psum_scatter(x, setup.axis, scatter_dimension=0) for x in d_all)
     else:  # the key gradients travel with the keys, each device adding its part, and come home
 
-        def passed(carry: tuple, held: tuple, source: Any) -> tuple:
+        def passed(carry: tuple, held: tuple, source: Any, home: bool = False) -> tuple:
             dq, travelling = carry  # the gradients of ``held``, arriving while this device works
             dq, part = grads_from(dq, held, source)
-            return dq, _ring_shift(setup, jax.tree.map(jnp.add, travelling, part))
+            total = jax.tree.map(jnp.add, travelling, part)
+            if home:  # complete: sent home in the keys' dtype (half the bytes of float32 in bfloat16)
+                total = (total[0].astype(k.dtype), total[1].astype(v.dtype))
+            return dq, _ring_shift(setup, total)
 
-        dq, (dk, dv) = _other_devices(setup, device, own, (dq, _ring_shift(setup, d_own)), passed, passed)
+        last = functools.partial(passed, home=True)
+        dq, (dk, dv) = _other_devices(setup, device, own, (dq, _ring_shift(setup, d_own)), passed, last)
     dq = _whole(dq).reshape(batch, length, heads, head_dim)
     return dq.astype(q.dtype), _whole(dk).astype(k.dtype), _whole(dv).astype(v.dtype), None
 
@@ -547,4 +569,16 @@ def _attention_bwd(setup: _Setup, saved: tuple, d_out: jnp.ndarray) -> tuple:
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-__all__ = ["BLOCK", "GATHER_TOKENS", "LENGTH", "STRATEGIES", "attention", "balanced_order", "restore", "split"]
+__all__ = [
+    "BLOCK",
+    "GATHER_TOKENS",
+    "LENGTH",
+    "STRATEGIES",
+    "attention",
+    "balanced_order",
+    "check_length",
+    "restore",
+    "restore_moves",
+    "split",
+    "strategy",
+]

@@ -355,6 +355,12 @@ class MeshConfig(Checked):
         "their experts and back by all-to-all (-1 = the rest)",
         low=-1,
     )
+    context: int = field(
+        1,
+        "devices that split each row's sequence (context parallelism: the Transformer's attention works across "
+        "them; data.seq_len a multiple of 2 x mesh.context; -1 = the rest)",
+        low=-1,
+    )
     tensor: int = field(1, "devices that split attention heads and hidden units (-1 = the rest)", low=-1)
 
 
@@ -577,7 +583,7 @@ def validate(cfg: Config) -> None:
             "optim.schedule=warmup_cosine warms up over optim.warmup_steps, which is 0; set optim.warmup_steps=N "
             "(or optim.schedule=cosine for no warmup)"
         )
-    for axis in ("data", "fsdp", "expert", "tensor"):
+    for axis in ("data", "fsdp", "expert", "context", "tensor"):
         if getattr(cfg.mesh, axis) == 0:
             raise UserError(f"mesh.{axis}=0: use a positive device count or -1 for the rest of the devices")
     text_data = cfg.data.name in TEXT_DATA
@@ -609,6 +615,7 @@ def validate(cfg: Config) -> None:
             raise UserError("model.dtype=float64 needs JAX's 64-bit mode: run with JAX_ENABLE_X64=1")
     profile_steps(cfg)
     _check_steps_per_call(cfg)
+    _check_context(cfg, text_data)
     if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1 or cfg.mesh.expert != 1):
         raise UserError(
             f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1, mesh.expert=1 "
@@ -719,6 +726,25 @@ def _check_mixture(cfg: Config) -> None:
         )
     mixture_sources(cfg)
     mixture_schedule(cfg)
+
+
+def _check_context(cfg: Config, text_data: bool) -> None:
+    """``mesh.context`` other than 1 needs a model whose attention splits the sequence, the sharded
+    mode, and (for a size given) a sequence length it can split."""
+    ways = cfg.mesh.context
+    if ways == 1:
+        return
+    if not type(cfg.model).splits_sequence:
+        raise UserError(
+            f"mesh.context={ways} splits each row's sequence over devices, which model.name={cfg.model.name} cannot "
+            "work across (the Transformer can); use mesh.context=1"
+        )
+    if cfg.parallel.mode == "replicas":
+        raise UserError(f"parallel.mode=replicas keeps whole rows on every device; use mesh.context=1, not {ways}")
+    if text_data and ways > 1:
+        from jaxnet.models.transformer import context
+
+        context.check_length(cfg.data.seq_len, ways, "data.seq_len")
 
 
 def _check_fine_tuning(cfg: Config) -> None:

@@ -152,6 +152,8 @@ class Run:
         if model is None and "model" not in self.hooks:  # the family's own checks of the mesh's sizes first
             cfg.model.axis_rules({axis: getattr(cfg.mesh, axis) for axis in parallel.AXES})
         self.mesh: Mesh = parallel.make_mesh(cfg.mesh, devices)
+        if self.mesh.shape["context"] > 1:  # mesh.context=-1 is known only now
+            parallel.check_sequence(cfg.data.seq_len, self.mesh)
         accum = cfg.optim.grad_accum
         parallel.check_batch(
             cfg.train.batch_size // accum,

@@ -86,6 +86,7 @@ HOW = (
     "router_z_loss",
     "capacity_factor",
     "expert_matmul",
+    "context_attention",
 )
 
 
@@ -93,6 +94,8 @@ HOW = (
 class TransformerConfig(TransformerKeys):
     """``model.*`` keys of :class:`TransformerLanguageModel` (declared in :class:`TransformerKeys`),
     with what the family owns beside its module; :meth:`spec` makes them its spec."""
+
+    splits_sequence = True  # attention works across a sequence split over mesh.context (context.py)
 
     @classmethod
     def preset(cls, name: str, **keys: Any) -> TransformerConfig:
@@ -203,13 +206,19 @@ class TransformerConfig(TransformerKeys):
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Key/value heads split over ``tensor`` like the query heads where it divides them, whole
         on every tensor device otherwise (fewer key/value heads than tensor devices); an ``expert``
-        axis that does not divide the experts is a :class:`UserError`."""
+        axis that does not divide the experts, or a ``context`` axis under soft-capped attention, is a
+        :class:`UserError`."""
         kv_heads = self.kv_heads or self.heads
         ways = mesh_shape.get("expert", 1)
         if ways > 1 and (not self.experts or self.experts % ways):
             raise UserError(
                 f"mesh.expert={ways} does not divide model.experts={self.experts}; give an expert axis that divides "
                 "the experts (or mesh.expert=1)"
+            )
+        if mesh_shape.get("context", 1) > 1 and self.attention_softcap:
+            raise UserError(
+                f"model.attention_softcap={self.attention_softcap} is not computed over a sequence split by "
+                f"mesh.context={mesh_shape['context']}; use mesh.context=1 for a soft-capped model (Gemma 2)"
             )
         return (("kv_heads", "tensor" if kv_heads % mesh_shape.get("tensor", 1) == 0 else None),)
 

@@ -506,7 +506,8 @@ def process_layout(gpus: int, mesh: dict[str, int], per_node: int = 8) -> dict[s
     """How a planned run's processes can sit on its hosts (:func:`hosts_for` of them): one per host
     using all its GPUs, or one per GPU. The mesh is the same either way (its devices in process
     order, Slurm placing consecutive tasks on one node); its ``tensor`` groups stay inside a host,
-    on its fast links, when ``mesh.tensor`` divides the GPUs of a host.
+    on its fast links, when ``mesh.tensor`` divides the GPUs of a host, and its ``context`` groups
+    (the axis next to ``tensor``) when ``mesh.context x mesh.tensor`` does.
 
     >>> process_layout(16, {"data": 8, "fsdp": 1, "tensor": 2})["per_gpu"]["srun"]
     '--nodes=2 --ntasks-per-node=8 --gpus-per-task=1'
@@ -522,4 +523,5 @@ def process_layout(gpus: int, mesh: dict[str, int], per_node: int = 8) -> dict[s
             "srun": f"--nodes={hosts} --ntasks-per-node={per_host} --gpus-per-task=1",
         },
         "tensor_within_host": per_host % mesh.get("tensor", 1) == 0,
+        "context_within_host": per_host % (mesh.get("context", 1) * mesh.get("tensor", 1)) == 0,
     }

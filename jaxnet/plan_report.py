@@ -146,6 +146,22 @@ def _communication_line(report: dict[str, Any]) -> str:
     )
 
 
+def _context_line(report: dict[str, Any]) -> list[str]:
+    c = report.get("context")
+    if not c:
+        return []
+    compiled = ", ".join(
+        f"{kind} {_gib(found['bytes'])} ({_ms(found['seconds'])})" for kind, found in c["compiled"].items() if found
+    )
+    return [
+        f"  context parallelism: mesh.context={c['ways']}, {c['attention']} attention, {c['tokens_per_device']:,} "
+        f"tokens of a micro-batch on a device; predicted {_gib(c['predicted_bytes'])} a step (attention forward "
+        f"{_gib(c['per_layer_forward_bytes'])} x {c['attention_forwards']} and backward "
+        f"{_gib(c['per_layer_backward_bytes'])} a layer, reordering {_gib(c['restore_bytes'])}); compiled: "
+        f"{compiled or 'none'}"
+    ]
+
+
 def _parameters(report: dict[str, Any]) -> str:
     """``N parameters`` (billions or millions), with how many each token computes with where fewer (experts)."""
     total, active = report.get("parameters") or 0, report.get("active_parameters")
@@ -210,6 +226,7 @@ def describe(report: dict[str, Any]) -> str:
         f"backward, gemm fusions {k['gemm_fusions'] or '-'}, matmul dtypes {k['matmul_dtypes'] or '-'}",
         *([f"  attention: {report['attention']['description']}"] if report.get("attention") else []),
         _communication_line(report),
+        *_context_line(report),
         f"  compiled in {report['compile_s']:.1f} s (eval step {report['eval_compile_s']:.1f} s)",
     ]
     if "max_batch_size" in report:
@@ -230,8 +247,16 @@ def _processes_line(report: dict[str, Any]) -> list[str]:
         return []
     tensor = report["mesh"].get("tensor", 1)
     where = "inside a host" if layout["tensor_within_host"] else "ACROSS hosts (slow links): use a smaller mesh.tensor"
+    ways = report["mesh"].get("context", 1)
+    ring = ""
+    if ways > 1 and "context_within_host" in layout:
+        ring = f"; mesh.context={ways} groups " + (
+            "inside a host"
+            if layout["context_within_host"]
+            else "ACROSS hosts (slow links): use a smaller mesh.context"
+        )
     return [
         f"  processes: either {layout['per_host']['processes']} (one per host: srun {layout['per_host']['srun']}) "
         f"or {layout['per_gpu']['processes']} (one per GPU: srun {layout['per_gpu']['srun']}); "
-        f"mesh.tensor={tensor} groups {where} (see docs/cluster.md)"
+        f"mesh.tensor={tensor} groups {where}{ring} (see docs/cluster.md)"
     ]

@@ -386,7 +386,8 @@ def sample(
         return sample_hf(str(workdir), prompt, tokens, **kw)
     workdir = Path(workdir)
     cfg = config_lib.apply_overrides(
-        config_lib.load(workdir / "config.json"), ["mesh.data=1", "mesh.fsdp=1", "mesh.expert=1", "mesh.tensor=1"]
+        config_lib.load(workdir / "config.json"),
+        ["mesh.data=1", "mesh.fsdp=1", "mesh.expert=1", "mesh.context=1", "mesh.tensor=1"],
     )
     language_models = [name for name, family in models.REGISTRY.items() if family.inputs == "tokens"]
     if models.family(cfg.model.name).inputs != "tokens":

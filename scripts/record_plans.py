@@ -1,12 +1,14 @@
 """Write the committed plan records: the published runs the expected step is fitted on and checked
 against, every shipped experiment compiled for one H100, gpt2_small on 1 and 8 H100s (fsdp=8) and on
 one H200, llama3_8b on 8 H100s (fsdp=8) with and without model.remat, and the families `jaxnet study
-devices` compares on one H200, llama3_8b with LoRA rank 16 on 1 and 2 H100s, from this CPU-only machine
+devices` compares on one H200, llama3_8b with LoRA rank 16 on 1 and 2 H100s, qwen3_8b and gemma3_12b
+on 8 H100s (fsdp=8), from this CPU-only machine
 (XLA deviceless compilation).
 
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
-    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, others, devices, or one NAME)
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, context, others,
+                                                # devices, context:LABEL for one long-context plan, or one NAME)
     python scripts/record_plans.py spread       # the published runs' spread of the expected step, from the table
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>][-<label>]-<date>.json: the dict of
@@ -93,6 +95,57 @@ LLAMA += [
         "h100",
         2,
         "lora16",
+    ),
+]
+# The dense families fine-tuned most beside Llama, on the same node and batch as llama3_8b: Qwen3 8B
+# (the largest batch), and Gemma 3 12B's text decoder at one sequence a GPU and, recomputing each
+# block, at the largest batch (each compile of these takes 10 to 20 minutes on a shared 2-core CPU).
+GOAL = ["--tokens", "1e9", "--price", "3"]
+DENSE = [
+    ("qwen3_8b", ["mesh.fsdp=8", "--max-batch", *GOAL], "h100", 8),
+    ("gemma3_12b", ["mesh.fsdp=8", *GOAL], "h100", 8),
+    ("gemma3_12b", ["mesh.fsdp=8", "model.remat=true", "--max-batch", *GOAL], "h100", 8, "remat"),
+]
+# Long context: Llama 3.1 8B (Llama 3 8B with its rope scaling) at 131,072 tokens a row on a node of
+# 8 H100s, the sequence split over the GPUs (mesh.context, parameters and optimizer state split over
+# them too) with every block recomputed, one row a step; beside it the splits of context x FSDP (FSDP
+# splits the batch: one row for each of its GPUs); and 32,768 tokens a row.
+LONG = ["model.rope_scaling=llama3", "model.remat=full", "train.eval_batch_size=1", "--tokens", "1e9", "--price", "3"]
+CONTEXT = [
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.context=8", "train.batch_size=1", *LONG],
+        "h100",
+        8,
+        "128k-context8",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.fsdp=2", "mesh.context=4", "train.batch_size=2", *LONG],
+        "h100",
+        8,
+        "128k-fsdp2-context4",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.fsdp=4", "mesh.context=2", "train.batch_size=4", *LONG],
+        "h100",
+        8,
+        "128k-fsdp4-context2",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=32768", "mesh.data=1", "mesh.context=8", "train.batch_size=1", *LONG],
+        "h100",
+        8,
+        "32k-context8",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=32768", "mesh.data=1", "mesh.fsdp=4", "mesh.context=2", "train.batch_size=4", *LONG],
+        "h100",
+        8,
+        "32k-fsdp4-context2",
     ),
 ]
 # The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.
@@ -243,11 +296,17 @@ def records(which: str) -> list[tuple]:
         return GPT2[:1]
     if which == "devices":
         return DEVICES
+    if which == "dense":
+        return DENSE
+    if which == "context":
+        return CONTEXT
+    if which.startswith("context:"):  # one of them by its label, e.g. context:128k-context8
+        return [r for r in CONTEXT if r[4] == which.partition(":")[2]]
     if which in config.list_experiments():
         return [(which, [], "h100", 1)]
-    own = {"gpt2_small", "llama3_8b", *UNPLANNED}  # planned in GPT2 and LLAMA; no shape of their own
+    own = {"gpt2_small", "llama3_8b", "qwen3_8b", "gemma3_12b", *UNPLANNED}  # planned in GPT2, LLAMA and DENSE
     others = [(name, [], "h100", 1) for name in config.list_experiments() if name not in own]
-    return others + DEVICES if which == "others" else GPT2 + LLAMA + others + DEVICES
+    return others + DEVICES if which == "others" else GPT2 + LLAMA + DENSE + CONTEXT + others + DEVICES
 
 
 def main(argv: list[str]) -> int:

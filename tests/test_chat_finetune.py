@@ -50,11 +50,15 @@ def test_the_end_of_turn_is_what_a_template_writes_after_a_reply(tmp_path):
 
 @pytest.fixture(scope="module")
 def chat_llama(tmp_path_factory) -> Path:
+    return write_chat_llama(tmp_path_factory.mktemp("chat-llama") / "llama")
+
+
+def write_chat_llama(directory: Path) -> Path:
+    """The module docstring's checkpoint, written into ``directory`` (skips without the reference extra)."""
     torch = pytest.importorskip("torch", reason="the reference extra (torch, transformers) is not installed")
     transformers = pytest.importorskip("transformers", reason="the reference extra is not installed")
     from test_hf_llama import SPECIALS, learned_tokenizer
 
-    directory = tmp_path_factory.mktemp("chat-llama") / "llama"
     tokenizer = learned_tokenizer()
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,

@@ -357,8 +357,6 @@ def broken(checkpoints, tmp_path: Path, name: str, config: dict | None = None, d
 
 
 CASES = {
-    "sliding window": ("mistral-head-dim", {"sliding_window": 16}, "", "sliding_window=16, shorter than"),
-    "qwen2 sliding window": ("qwen2-qkv-bias", {"use_sliding_window": True}, "", "use_sliding_window=true"),
     "activation": ("llama-tied", {"hidden_act": "gelu"}, "", "hidden_act='gelu'"),
     "rope type": ("llama-tied", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "",
                   "rope type 'yarn'"),

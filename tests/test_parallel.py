@@ -161,8 +161,16 @@ def test_a_mesh_that_does_not_fit_the_devices_is_a_one_line_error(mesh, devices,
 
 
 def test_mesh_sizes_resolve_the_rest_of_the_devices():
-    assert parallel.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == {"data": 2, "fsdp": 2, "tensor": 2}
-    assert parallel.mesh_shape(MeshConfig(data=2, fsdp=-1, tensor=1), 8) == {"data": 2, "fsdp": 4, "tensor": 1}
+    ones = {"expert": 1, "context": 1}
+    assert parallel.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == {"data": 2, "fsdp": 2, "tensor": 2, **ones}
+    assert parallel.mesh_shape(MeshConfig(data=2, fsdp=-1, tensor=1), 8) == {"data": 2, "fsdp": 4, "tensor": 1, **ones}
+    assert parallel.mesh_shape(MeshConfig(data=2, context=-1), 8) == {
+        "data": 2,
+        "fsdp": 1,
+        "tensor": 1,
+        "expert": 1,
+        "context": 4,
+    }
 
 
 def test_a_layer_the_mesh_cannot_split_names_the_array():

@@ -128,12 +128,34 @@ def test_eight_gpus_data_fsdp_tensor_compile_with_collectives():
     holds less of the parameters than one GPU does."""
     p = plan_of("transformer_shakespeare:smoke", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2", gpus=8)
     one = plan_of("transformer_shakespeare:smoke")
-    assert p["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert p["mesh"] == {"data": 2, "fsdp": 2, "expert": 1, "context": 1, "tensor": 2}
     collectives = p["kernels"]["collectives"]
     assert collectives["all-reduce"]["count"] > 0 and collectives["all-gather"]["count"] > 0
     assert all(c["bytes"] > 0 for c in collectives.values())
     assert p["memory"]["params"] < 0.5 * one["memory"]["params"]
     assert one["kernels"]["collectives"] == {}
+
+
+def test_context_parallelisms_traffic_is_in_the_communication_bound_as_the_shapes_predict():
+    """A ring over 4 H100s (mesh.context=4, attention recomputed by model.remat=full): the compiled
+    step's collective-permutes carry exactly the bytes context_traffic predicts from the model's
+    shapes (the keys and values round the ring in both passes, their gradients, the reordering), and
+    their time is in the communication bound."""
+    p = plan_of(
+        "llama_shakespeare:smoke",
+        "mesh.data=1",
+        "mesh.context=4",
+        "data.seq_len=64",
+        "model.context_attention=ring",
+        "model.remat=full",
+        gpus=4,
+    )
+    c = p["context"]
+    assert (c["ways"], c["attention"], c["tokens_per_device"], c["attention_forwards"]) == (4, "ring", 64, 2)
+    permutes = p["communication"]["by_kind"]["collective-permute"]
+    assert c["compiled"]["collective-permute"]["bytes"] == permutes["bytes"] == c["predicted_bytes"] > 0
+    assert p["prediction"]["communication_s"] >= permutes["seconds"] > 0
+    assert p["processes"]["context_within_host"] and p["memory"]["params"] > 0
 
 
 def test_fsdp_over_8_gpus_holds_at_most_a_fifth_of_the_arguments():

@@ -375,6 +375,12 @@ def load(cfg: Any) -> TokenDataset:
         manifest = prepare_lib.read_manifest(path / "corpus.json")
         if manifest.get("format") != prepare_lib.FORMAT:
             raise UserError(f"{path / 'corpus.json'} is not a {prepare_lib.FORMAT} manifest; prepare the corpus again")
+        if manifest.get("kind") == "preference":  # pairs of a chosen and a rejected reply (jaxnet prepare preference)
+            from jaxnet.data import pairs
+
+            return pairs.load(
+                path, manifest, _padded(prepare_lib.corpus_vocab(manifest["tokenizer"]), cfg.vocab_size, name)
+            )
         splits, max_ids = {}, {}
         for s in SPLITS:
             entry = manifest["splits"][s]

@@ -286,6 +286,9 @@ class ModelConfig(Checked):
     #: batches are contiguous streams by default, and gradients cannot be accumulated over
     #: micro-batches (the state is per batch row). A class attribute, not a config key.
     carries_state: typing.ClassVar[bool] = False
+    #: The model's attention works across pieces of each row's sequence held by different devices
+    #: (``mesh.context`` > 1, context parallelism: the Transformer). A class attribute, not a config key.
+    splits_sequence: typing.ClassVar[bool] = False
 
     name: str = field("", "model family: a registered model (see jaxnet.models.register)")
     dtype: str = field(

@@ -43,6 +43,7 @@ from jaxnet.errors import UserError
 from jaxnet.models import hf
 from jaxnet.models.adapters import lora
 from jaxnet.models.adapters.paths import joined
+from jaxnet.models.adapters.reference import REFERENCE
 
 CARRIED = "carry"  # model state of the data position, left fresh
 
@@ -209,10 +210,19 @@ def resuming(workdir: Path) -> bool:
 
 
 def variables(state: Any) -> dict[str, Any]:
-    """The leaves of a train state (live, abstract or as saved) that fine-tuning carries over, by path."""
+    """The leaves of a train state (live, abstract or as saved) that fine-tuning carries over, by path
+    (a DPO run's frozen reference copy is not one: it is its starting weights, not what it learnt)."""
     get = (lambda k: state.get(k) or {}) if isinstance(state, dict) else (lambda k: getattr(state, k))
-    tree = {"params": get("params"), **{k: v for k, v in dict(get("model_state")).items() if k != CARRIED}}
+    left = (CARRIED, REFERENCE)
+    tree = {"params": get("params"), **{k: v for k, v in dict(get("model_state")).items() if k not in left}}
     return {joined(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _references(state: Any) -> dict[str, Any]:
+    """A full DPO run's frozen reference leaves, by the path of the parameter each copies
+    (``params/...``): what ``train.init_from`` fills with the same values as the parameters."""
+    frozen = dict(state.model_state).get(REFERENCE, {})
+    return {"params/" + joined(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(frozen)[0]}
 
 
 def load(cfg: Config, run: Any, workdir: Path, pretrained: hf.Checkpoint | None = None) -> dict[str, jax.Array] | None:
@@ -233,7 +243,9 @@ def load(cfg: Config, run: Any, workdir: Path, pretrained: hf.Checkpoint | None 
         )
     if not spec or (resuming(workdir) and not adapted):  # a LoRA run's checkpoints hold no base: always read
         return None
-    ours = variables(run.abstract_state())
+    abstract = run.abstract_state()
+    ours = variables(abstract)
+    references = _references(abstract)  # a full DPO run: its reference starts as the parameters do
     if adapted:  # the base is the source's parameters; the adapters (params here) start fresh
         ours = {
             "params/" + n[len(lora.BASE) + 1 :] if n.startswith(lora.BASE + "/") else n: v
@@ -300,13 +312,17 @@ def load(cfg: Config, run: Any, workdir: Path, pretrained: hf.Checkpoint | None 
         for name, value in values:  # read one at a time, placed, let go
             if name in ours and not skipped(name):
                 taken[name] = place(value, ours[name])
+                if name in references:
+                    taken[REFERENCE + name[len("params") :]] = place(value, references[name])
     except UserError as e:
         raise UserError(f"train.init_from={spec}: {e}") from None
     if parallel.is_primary():
-        fresh = len(ours) - len(taken)
+        count = len([n for n in taken if not n.startswith(REFERENCE + "/")])
+        fresh = len(ours) - count
         print(
-            f"{'the frozen base is' if adapted else 'starting from'} {origin}: {len(taken)} arrays taken over"
-            + (f", {fresh} fresh (train.init_skip)" if fresh else ""),
+            f"{'the frozen base is' if adapted else 'starting from'} {origin}: {count} arrays taken over"
+            + (f", {fresh} fresh (train.init_skip)" if fresh else "")
+            + (" (and copied as the frozen reference)" if references else ""),
             file=sys.stderr if adapted else sys.stdout,
         )
     if adapted:

@@ -269,6 +269,17 @@ class Lora:
         state = {k: v for k, v in dict(state).items() if k not in ("params", LORA)}
         return outputs, {**state, BASE: base}
 
+    def reference(self, variables: dict[str, Any], *inputs: Any, **keywords: Any) -> Any:
+        """The base model's outputs with the adapters off, in evaluation mode: the reference model of a
+        LoRA DPO run (:mod:`jaxnet.preference`), computed from the frozen base the run holds anyway,
+        with no second copy of the weights::
+
+            logits = model.reference(variables, tokens)   # what the base alone computes
+        """
+        variables = {k: v for k, v in variables.items() if k != "params"}
+        base = variables.pop(BASE)
+        return self.inner.apply({"params": base, **variables}, *inputs, train=False, **keywords)
+
 
 def kept_float32(path: str, leaf: Any) -> bool:
     """Whether a base parameter stays float32 under ``train.base_dtype`` with ``base_vectors=float32``:

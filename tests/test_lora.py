@@ -287,7 +287,8 @@ def test_adapters_are_replicated_while_small_and_split_like_their_kernel_when_la
     small = specs("block_0/mlp_in/kernel")
     assert small == (jax.sharding.PartitionSpec(None, None), jax.sharding.PartitionSpec(None, None))
     monkeypatch.setattr(lora, "LARGE", 256)  # A (64 x 4) and B (4 x 96) count as large
+    split = ("fsdp", "context")  # the width, as its kernel splits it: over fsdp x context
     a, b = specs("block_0/mlp_in/kernel")
-    assert a == jax.sharding.PartitionSpec("fsdp", None) and b == jax.sharding.PartitionSpec(None, "tensor")
+    assert a == jax.sharding.PartitionSpec(split, None) and b == jax.sharding.PartitionSpec(None, "tensor")
     a, b = specs("block_0/attention/out/kernel")  # (heads, head_dim, width): A over the heads, B over the width
-    assert a == jax.sharding.PartitionSpec("tensor", None, None) and b == jax.sharding.PartitionSpec(None, "fsdp")
+    assert a == jax.sharding.PartitionSpec("tensor", None, None) and b == jax.sharding.PartitionSpec(None, split)

@@ -3,6 +3,7 @@
     python scripts/measure_prepare.py                     # about 3 minutes on a 2-core machine
     python scripts/measure_prepare.py --rounds 3 --workers 1,2,4
     python scripts/measure_prepare.py --corpora long4 --rounds 3 --tag large   # about 3 minutes
+    python scripts/measure_prepare.py --corpora long --workers 1,2,0 --rounds 3 --tag loaded   # 0: the default
 
 Corpora of real documents, built from text this machine has (never committed; written as
 JSONL into a temporary directory and deleted afterwards); ``--corpora`` picks them (default
@@ -42,7 +43,12 @@ Then the ``jaxnet prepare`` command itself, as a user times it, in a fresh proce
 worker count (``command_N``: its wall seconds and the tokens over them; Python's start, the
 command's imports and its re-execution included).
 
-Writes benchmarks/results/prepare-cpu-DATE[-TAG].json (device, library versions, date, command, load).
+A worker count of 0 is ``jaxnet prepare``'s default (:func:`jaxnet.tokenizers.workers.default_workers`:
+one per core, no more than other work leaves idle); each such sample records the count it
+chose (``workers``), and tiktoken is not run for it.
+
+Writes benchmarks/results/prepare-cpu-DATE[-TAG].json (device, library versions, date, command, load,
+this process's nice value).
 """
 
 from __future__ import annotations
@@ -125,6 +131,7 @@ def measure_prepare(path: str, workers: int, tmp: Path) -> dict:
     shutil.rmtree(out)
     return {
         "tokens": tokens,
+        "workers": m["workers"],
         "tokens_per_s": round(m["tokens_per_s"]),
         "tokens_per_s_whole_call": round(tokens / wall),
         "wall_s": round(wall, 3),
@@ -150,7 +157,14 @@ def measure_command(path: str, workers: int, tmp: Path) -> dict:
     manifest = json.loads((out / "corpus.json").read_text())
     tokens = sum(manifest["splits"][s]["tokens"] for s in ("train", "val", "test"))
     shutil.rmtree(out)
-    return {"tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall), "load_before": load}
+    chose = result.stdout.rsplit(" with ", 1)[-1].split(" worker", 1)[0]  # "... tokens/s with N worker(s))"
+    return {
+        "tokens": tokens,
+        "workers": int(chose) if chose.isdigit() else None,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall),
+        "load_before": load,
+    }
 
 
 def measure_tiktoken(docs: list[str], threads: int) -> dict:
@@ -198,13 +212,16 @@ def main() -> None:
                 for w in counts:  # alternately: prepare, then tiktoken, at each count
                     p = measure_prepare(c["path"], w, tmp)
                     samples[name].setdefault(f"prepare_{w}", []).append(p)
-                    k = measure_tiktoken(c["docs"], w)
-                    samples[name].setdefault(f"tiktoken_{w}", []).append(k)
+                    k = measure_tiktoken(c["docs"], w) if w else None  # 0: prepare's default, no thread count
+                    if k is not None:
+                        samples[name].setdefault(f"tiktoken_{w}", []).append(k)
                     samples[name].setdefault(f"command_{w}", []).append(measure_command(c["path"], w, tmp))
+                    rate, whole = p["tokens_per_s"] / 1e6, p["tokens_per_s_whole_call"] / 1e6
                     print(
-                        f"round {r} {name} {w} worker(s): prepare {p['tokens_per_s'] / 1e6:.2f} M tokens/s "
-                        f"(whole call {p['tokens_per_s_whole_call'] / 1e6:.2f}), tiktoken batch "
-                        f"{k['tokens_per_s'] / 1e6:.2f} M tokens/s; load {p['load_before'][0]}",
+                        f"round {r} {name} {w or 'default: ' + str(p['workers'])} worker(s): prepare "
+                        f"{rate:.2f} M tokens/s (whole call {whole:.2f})"
+                        + (f", tiktoken batch {k['tokens_per_s'] / 1e6:.2f} M tokens/s" if k else "")
+                        + f"; load {p['load_before'][0]}",
                         flush=True,
                     )
     finally:
@@ -220,9 +237,14 @@ def main() -> None:
         for w in counts[1:]:
             med[f"prepare_speedup_1_to_{w}"] = round(med[f"prepare_{w}"] / med[f"prepare_{counts[0]}"], 3)
             med[f"command_speedup_1_to_{w}"] = round(med[f"command_{w}"] / med[f"command_{counts[0]}"], 3)
-            med[f"tiktoken_speedup_1_to_{w}"] = round(med[f"tiktoken_{w}"] / med[f"tiktoken_{counts[0]}"], 3)
+            if w:
+                med[f"tiktoken_speedup_1_to_{w}"] = round(med[f"tiktoken_{w}"] / med[f"tiktoken_{counts[0]}"], 3)
         for w in counts:
-            med[f"tiktoken_over_prepare_{w}"] = round(med[f"tiktoken_{w}"] / med[f"prepare_{w}"], 3)
+            if w:
+                med[f"tiktoken_over_prepare_{w}"] = round(med[f"tiktoken_{w}"] / med[f"prepare_{w}"], 3)
+            else:  # what the default chose, each round
+                med["prepare_0_workers"] = [x["workers"] for x in runs["prepare_0"]]
+                med["command_0_workers"] = [x["workers"] for x in runs["command_0"]]
             runs_w = runs[f"prepare_{w}"]
             med[f"prepare_{w}_cpu_s_per_M_tokens"] = round(
                 statistics.median((x["cpu_s"] + x["worker_cpu_s"]) / x["tokens"] * 1e6 for x in runs_w), 4
@@ -230,7 +252,8 @@ def main() -> None:
             med[f"prepare_{w}_main_cpu_s_per_M_tokens"] = round(
                 statistics.median(x["cpu_s"] / x["tokens"] * 1e6 for x in runs_w), 4
             )
-        for w in counts[1:]:  # what the CPU time allows on idle cores (bounds from the CPU seconds, not measured)
+        # what the CPU time allows on idle cores (bounds from the CPU seconds, not measured)
+        for w in [w for w in counts[1:] if w]:
             one = med[f"prepare_{counts[0]}_cpu_s_per_M_tokens"]
             main_w, all_w = med[f"prepare_{w}_main_cpu_s_per_M_tokens"], med[f"prepare_{w}_cpu_s_per_M_tokens"]
             # w idle cores for everything: no faster than the main process, nor than all the CPU time over w cores
@@ -247,6 +270,7 @@ def main() -> None:
         "device": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "versions": {"python": platform.python_version(), "tiktoken": tiktoken.__version__, "numpy": np.__version__},
         "load_average": {"start": load_start, "end": _load()},
+        "nice": os.nice(0),
         "rounds": args.rounds,
         "corpora": {n: {k: v for k, v in c.items() if k not in ("docs", "path")} for n, c in corpora.items()},
         "medians": medians,

@@ -97,6 +97,39 @@ def test_prepare_with_two_workers_writes_the_same_bytes(tmp_path, monkeypatch, t
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
 
 
+def test_the_default_worker_count_takes_no_more_cores_than_other_work_leaves_idle_and_says_so(tmp_path, monkeypatch):
+    import os
+
+    from jaxnet.tokenizers import workers
+
+    probe = workers.Probe()
+    busy, how = probe.others(os.cpu_count())
+    assert 0 <= busy <= os.cpu_count() + 0.5 and how.startswith("over the last ")  # this machine's /proc/stat
+    monkeypatch.setattr(workers.Probe, "others", lambda self, cores: (self.busy, "over the last 0.4 s"))
+    for busy, cores, most, count in ((0.3, 2, 2, 2), (0.9, 2, 2, 2), (1.2, 2, 2, 1), (7.0, 2, 2, 1), (3.5, 16, 16, 13)):
+        probe.busy = busy
+        assert workers.default_workers(most, probe, cores)[0] == count, (busy, cores, most)
+    probe.busy = 1.94
+    assert workers.default_workers(2, probe, 2) == (
+        1,
+        "1 worker, not 2: other work kept 1.9 of the 2 cores busy (over the last 0.4 s), and on busy cores more "
+        "workers only share them (--workers 2 starts them anyway)",
+    )
+    assert workers.default_workers(1, probe, 2) == (1, "")  # nothing to lower: not said
+    src = corpus_dir(tmp_path)
+    monkeypatch.setattr(prep, "BYTES_PER_WORKER", 1)  # the text alone would allow a worker per core
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    kw = dict(shard_tokens=50, progress=False, val_fraction=0.1, test_fraction=0.1)
+    for busy, count in ((1.94, 1), (0.2, 2)):
+        monkeypatch.setattr(workers.Probe, "busy", busy, raising=False)
+        said: list[str] = []
+        m = prep.prepare(str(src), "byte", tmp_path / f"at-{busy}", say=said.append, **kw)
+        assert m["workers"] == count and said[-1].endswith(f"with {count} worker(s))"), said
+        assert ("other work kept 1.9 of the 2 cores busy" in said[0]) == (count == 1), said
+    for f in sorted(p.name for p in (tmp_path / "at-1.94").iterdir()):  # the same ids either way
+        assert (tmp_path / "at-1.94" / f).read_bytes() == (tmp_path / "at-0.2" / f).read_bytes(), f
+
+
 def test_in_order_has_this_process_encode_while_the_pools_workers_are_full():
     """The parent encodes a task whenever the pool's workers hold two each, the results come back in
     the tasks' order whoever made them, and the source is read at most ``ahead`` tasks ahead."""

@@ -53,7 +53,7 @@ from jaxnet.data import shards as shards_lib
 from jaxnet.data.prepare import AHEAD, FORMAT, SPLIT_SEED, SPLITS, frozen_heap, in_order, read_manifest, write_json
 from jaxnet.errors import UserError
 from jaxnet.tokenizers import chat as chat_lib
-from jaxnet.tokenizers.workers import worker_pool
+from jaxnet.tokenizers.workers import Probe, default_workers, worker_pool
 
 ROLES = ("system", "user", "assistant", "tool")
 SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
@@ -292,11 +292,13 @@ def prepare_chat(
     """Render, tokenize and write the conversations of ``files`` (see the module docstring);
     returns the manifest. Run again after a kill, it continues; after it finished, it returns the
     manifest it wrote. ``workers`` processes render and tokenize (1: this process alone; 0: one per
-    core, but no more than one per 10,000 conversations). ``skip_corrupt`` leaves malformed lines
-    and conversations out (counted, said, and recorded in ``corpus.json``) instead of refusing the file.
+    core, but no more than one per 10,000 conversations nor than the cores other work left idle while
+    the files were checked). ``skip_corrupt`` leaves malformed lines and conversations out (counted, said, and recorded
+    in ``corpus.json``) instead of refusing the file.
 
     >>> prepare_chat(["chats.jsonl"], "hf:ckpt", "corpora/chats", val="held_out.jsonl")  # doctest: +SKIP
     """
+    probe = Probe() if not workers else None  # what the cores do while the files are checked: the default's input
     if tokenizers.kind_of(tokenizer, "--tokenizer", tokenizers.PREPARE_CHOICES).kind != "hf":
         raise UserError(
             f"jaxnet prepare chat needs --tokenizer hf:DIR (the checkpoint whose chat template renders the "
@@ -424,7 +426,10 @@ def prepare_chat(
             write_json(progress_path, state)
 
     if not workers:
-        workers = max(1, min(os.cpu_count() or 1, sum(counts.values()) // CONVERSATIONS_PER_WORKER))
+        most = min(os.cpu_count() or 1, sum(counts.values()) // CONVERSATIONS_PER_WORKER)
+        workers, why = default_workers(most, probe)
+        if why:
+            say(why)
     bar = _progress_bar(progress)
     started, total = time.perf_counter(), 0
     # this process renders and tokenizes too (prepare.in_order)

@@ -46,7 +46,7 @@ from jaxnet.data import shards as shards_lib
 from jaxnet.data.sources import Source, find_files, kind
 from jaxnet.errors import UserError
 from jaxnet.tokenizers import base as tokenizer_base
-from jaxnet.tokenizers.workers import worker_pool
+from jaxnet.tokenizers.workers import Probe, default_workers, worker_pool
 
 __all__ = ["Source", "assign_splits", "find_files", "merge", "parse_shard", "prepare", "read_manifest"]
 
@@ -130,11 +130,14 @@ def prepare(
     """Tokenize ``source`` into shards under ``out``; returns the manifest (see the module docstring).
 
     ``workers`` processes tokenize, this one among them (1: this process alone); 0 = one per core, but no more than
-    one per 8 MiB of text (starting a worker costs about 0.15 s of a core). A source with fewer
+    one per 8 MiB of text (starting a worker costs about 0.15 s of a core) nor than the cores other work left
+    idle while the source was read (:func:`~jaxnet.tokenizers.workers.default_workers`; said when that lowers
+    the count). A source with fewer
     documents than the splits need has its text files cut into documents of about ``cut_bytes``
     bytes (:mod:`jaxnet.data.sources`). Running it again after a kill continues; after it
     finished, returns the manifest it wrote.
     """
+    probe = Probe() if not workers else None  # what the cores do while the source is read: the default's input
     tokenizers.kind_of(tokenizer, "--tokenizer", TOKENIZERS)
     chosen = tokenizers.get(tokenizer, "--tokenizer")
     chosen.check_separates()
@@ -262,7 +265,9 @@ def prepare(
             write_json(progress_path, state)
 
     if not workers:
-        workers = max(1, min(os.cpu_count() or 1, src.size_bytes() // BYTES_PER_WORKER))
+        workers, why = default_workers(min(os.cpu_count() or 1, src.size_bytes() // BYTES_PER_WORKER), probe)
+        if why:
+            say(why)
     bar = _progress_bar(progress)
     started = time.perf_counter()
     total = 0
@@ -328,6 +333,7 @@ def prepare(
     counts = ", ".join(f"{s} {manifest['splits'][s]['tokens']:,}" for s in SPLITS)
     say(f"wrote {manifest_path}: {counts} tokens ({total / max(seconds, 1e-9):,.0f} tokens/s with {workers} worker(s))")
     manifest["tokens_per_s"] = total / max(seconds, 1e-9)
+    manifest["workers"] = workers
     return manifest
 
 

@@ -797,9 +797,10 @@ def render_lora_plan() -> str:
     lines = [
         "| command | GPUs | trained parameters | frozen base | memory per device (GiB): trained parameters, "
         "frozen base, optimizer state, temporaries = total of usable | fits | largest batch of 8,192-token sequences "
-        "(`--max-batch`) | **expected** step | compile |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "(`--max-batch`) | loss | **expected** step | compile |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    losses = {"blockwise": "blockwise", "logits": "whole logits", None: "not recorded"}
     for r in rows:
         m, p = r["memory"], r["prediction"]
         frozen = (
@@ -810,7 +811,8 @@ def render_lora_plan() -> str:
             f"| `{r['command']}` | {r['gpus']} | {trained / 1e9:.3f} B | {frozen} "
             f"| {gib(m['params'])}, {gib(m.get('frozen_base', 0))}, {gib(m['opt_state'])}, {gib(m['temp'])} "
             f"= **{gib(m['total'])}** of {gib(m['usable'])} | {'yes' if r['fits'] else '**no**'} | {largest(r)} "
-            f"| {1e3 * p['expected_step_s']:,.0f} ms | {r['compile_s']:.0f} s ([record]({r['_file']})) |"
+            f"| {losses[r.get('loss')]} | {1e3 * p['expected_step_s']:,.0f} ms | {r['compile_s']:.0f} s "
+            f"([record]({r['_file']})) |"
         )
     v = rows[0]["versions"]
     lines += [
@@ -819,7 +821,8 @@ def render_lora_plan() -> str:
         f"{max(r['date'] for r in rows)}): memory is what XLA's compiled program says per device (cuDNN workspaces not "
         "counted; usable = 90 % of the GPU); the step is an **estimate** ([Planning for GPUs](plan.md)), not a "
         "measurement. Each row at the batch it was planned with (8 sequences, the experiment's); the largest batch "
-        "is a search over compiles.",
+        "is a search over compiles. *loss*: where the training loss comes from (`train.loss_from=auto`: blockwise, "
+        "the whole logits never held; records made before plans said so: not recorded).",
     ]
     return "\n".join(lines)
 

@@ -7,7 +7,7 @@ on 8 H100s (fsdp=8), from this CPU-only machine
 
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
-    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, context, others,
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, context, moe, others,
                                                 # devices, context:LABEL for one long-context plan, or one NAME)
     python scripts/record_plans.py spread       # the published runs' spread of the expected step, from the table
 
@@ -146,6 +146,24 @@ CONTEXT = [
         "h100",
         8,
         "32k-fsdp4-context2",
+    ),
+]
+# Mixtures of experts on the same node: Qwen3-30B-A3B trained whole (float32 weights and AdamW state,
+# 61 GB a GPU before activations) with every block recomputed, its experts split by FSDP alone and by
+# expert x FSDP; Mixtral 8x7B, whose 46.7 B parameters and AdamW state in float32 (747 GB with the
+# gradients) no 8 x 80 GB hold, whole (to say so) and with LoRA on a bfloat16 base. A fixed capacity
+# (1.25): dropless routing's ragged_dot is computed densely per expert by XLA on a GPU.
+MOE_COMMON = ["model.remat=true", "model.capacity_factor=1.25"]
+MOE = [
+    ("qwen3_30b_a3b", ["mesh.fsdp=8", *MOE_COMMON, *GOAL], "h100", 8, "fsdp8"),
+    ("qwen3_30b_a3b", ["mesh.fsdp=2", "mesh.expert=4", *MOE_COMMON, "--max-batch", *GOAL], "h100", 8, "fsdp2-expert4"),
+    ("mixtral_8x7b", ["mesh.fsdp=4", "mesh.expert=2", *MOE_COMMON, *GOAL], "h100", 8, "fsdp4-expert2"),
+    (
+        "mixtral_8x7b",
+        ["mesh.fsdp=4", "mesh.expert=2", *MOE_COMMON, "train.lora_rank=16", "train.base_dtype=bfloat16", *GOAL],
+        "h100",
+        8,
+        "fsdp4-expert2-lora16",
     ),
 ]
 # The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.
@@ -300,13 +318,17 @@ def records(which: str) -> list[tuple]:
         return DENSE
     if which == "context":
         return CONTEXT
+    if which == "moe":
+        return MOE
+    if which.startswith("moe:"):  # one of them by its experiment and label, e.g. moe:qwen3_30b_a3b-fsdp8
+        return [r for r in MOE if f"{r[0]}-{r[4]}" == which.partition(":")[2]]
     if which.startswith("context:"):  # one of them by its label, e.g. context:128k-context8
         return [r for r in CONTEXT if r[4] == which.partition(":")[2]]
     if which in config.list_experiments():
         return [(which, [], "h100", 1)]
-    own = {"gpt2_small", "llama3_8b", "qwen3_8b", "gemma3_12b", *UNPLANNED}  # planned in GPT2, LLAMA and DENSE
+    own = {"gpt2_small", "llama3_8b", "qwen3_8b", "gemma3_12b", "qwen3_30b_a3b", "mixtral_8x7b", *UNPLANNED}
     others = [(name, [], "h100", 1) for name in config.list_experiments() if name not in own]
-    return others + DEVICES if which == "others" else GPT2 + LLAMA + DENSE + CONTEXT + others + DEVICES
+    return others + DEVICES if which == "others" else GPT2 + LLAMA + DENSE + CONTEXT + MOE + others + DEVICES
 
 
 def main(argv: list[str]) -> int:

@@ -782,6 +782,63 @@ def render_llama_plan() -> str:
     return "\n".join(lines)
 
 
+MOE_PLANNED = ("qwen3_30b_a3b", "mixtral_8x7b")
+
+
+def render_moe_plan() -> str:
+    """The mixtures of experts' plans on 8 H100s (qwen3_30b_a3b, mixtral_8x7b): the expert x FSDP
+    split, total and active parameters, memory per device, the largest batch, the expected step and
+    the all-to-all traffic XLA compiled, beside the time and cost of 1B tokens."""
+    rows = []
+    for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json")):
+        r = json.loads(f.read_text())
+        if r.get("experiment") in MOE_PLANNED and r.get("gpus", 1) > 1:
+            rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
+    if not rows:
+        return "No plan of a mixture of experts yet: `python scripts/record_plans.py moe` writes them."
+    rows.sort(key=lambda r: (MOE_PLANNED.index(r["experiment"]), r["command"]))
+    lines = [
+        "| command | parameters (active a token) | mesh | tokens a step | fits | memory per device: parameters, "
+        "frozen base, optimizer state, temporaries = total | largest batch that fits (`--max-batch`) "
+        "| **expected** step | **expected** tokens/s | all-to-all a step (compiled) | goal: **expected** time, cost "
+        "| compile |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
+    for r in rows:
+        m, p, g = r["memory"], r["prediction"], r.get("goal") or {}
+        tokens = r["input_rate"].get("tokens_per_step")
+        mesh = " x ".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1) or "one device"
+        a2a = r["kernels"]["collectives"].get("all-to-all") or {}
+        a2a_text = f"{a2a['count']} ops, {a2a['bytes'] / 2**30:.2f} GiB" if a2a.get("bytes") else "-"
+        if r.get("lora"):  # the model is the frozen base; the trained parameters are the adapters
+            size = f"{r['frozen_parameters'] / 1e9:.1f} B frozen + {r['parameters'] / 1e6:.1f} M LoRA"
+        else:
+            size = f"{r['parameters'] / 1e9:.1f} B ({(r.get('active_parameters') or r['parameters']) / 1e9:.2f} B)"
+        cost = f", ${g['cost_usd']:,.0f}" if g.get("cost_usd") is not None else ""
+        goal = f"{g['goal']}: {g['wall_s'] / 3600:,.1f} h{cost}" if g and r["fits"] else "-"
+        step = p.get("expected_step_s")
+        rate = f"{tokens / step:,.0f}" if step and tokens and r["fits"] else "-"
+        lines.append(
+            f"| `{r['command']}` | {size} | {mesh} | {tokens:,} "
+            f"| {'yes' if r['fits'] else '**no**'} | {gib(m['params'])}, {gib(m.get('frozen_base', 0))}, "
+            f"{gib(m['opt_state'])}, {gib(m['temp'])} = **{gib(m['total'])}** of {gib(m['usable'])} GiB "
+            f"| {largest(r)} | {1e3 * step:,.0f} ms | {rate} | {a2a_text} | {goal} "
+            f"| {r['compile_s']:.0f} s ([record]({r['_file']})) |"
+        )
+    v = rows[0]["versions"]
+    lines += [
+        "",
+        f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; "
+        f"{max(r['date'] for r in rows)}); the step, tokens/s, time and cost are **estimates** (the bound over the "
+        "efficiency fitted on published dense runs: a mixture's routing and all-to-all may fall further below it), "
+        "not measurements; the cost at $3 per GPU-hour. Memory is what XLA's compiled program says per device "
+        "(usable = 90 % of the GPU). A fixed capacity of 1.25 (`model.capacity_factor`): XLA on a GPU computes "
+        "dropless routing's ragged_dot densely, expert by expert, which no plan of these sizes holds.",
+    ]
+    return "\n".join(lines)
+
+
 def render_lora_plan() -> str:
     """llama3_8b with LoRA adapters on 1 and 2 H100s beside the full fine-tune on 8: memory per device."""
     files = [f for f in sorted((ROOT / "benchmarks" / "results").glob("plan-llama3_8b-*.json"))]
@@ -1127,6 +1184,7 @@ BLOCKS = {
     "open-models-result": render_open_models_result,
     "llama-plan": render_llama_plan,
     "lora-plan": render_lora_plan,
+    "moe-plan": render_moe_plan,
     "blockwise": render_blockwise,
     "plan-vs-measured": render_plan_vs_measured,
     "speed": render_speed,

@@ -41,7 +41,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +88,21 @@ def chat_files(source: str, flag: str = "FILE") -> list[str]:
     return sorted(str(p) for p in found)
 
 
-def rows(path: str, skipped: Skipped | None = None) -> Iterator[tuple[str, Any]]:
-    """``(where, row)`` of each conversation of a file: ``where`` is ``FILE:LINE`` (JSONL) or
-    ``FILE row N`` (Parquet); a line that is not JSON is a one-line error naming it (and the column
-    in that line), with a hint where the file looks like one JSON value over several lines; with
-    ``skipped`` it is left out and counted there instead."""
+def rows(
+    path: str,
+    skipped: Skipped | None = None,
+    columns: Callable[[str, list[str]], list[str]] | None = None,
+    what: str = "conversation",
+) -> Iterator[tuple[str, Any]]:
+    """``(where, row)`` of each record of a file (a conversation; a preference pair reads its own
+    through here too): ``where`` is ``FILE:LINE`` (JSONL) or ``FILE row N`` (Parquet, the columns
+    ``columns(path, names)`` picks of its ``names``, a conversation's by default); a line that is
+    not JSON is a one-line error naming it (and the column in that line), with a hint where the file
+    looks like one JSON value over several lines (one ``what`` a line, it says); with ``skipped`` it
+    is left out and counted there instead, and the error says so only where ``what`` is a
+    conversation (``prepare chat --skip-corrupt``)."""
     if path.endswith(".parquet"):
-        yield from _parquet_rows(path)
+        yield from _parquet_rows(path, columns or _conversation_columns)
         return
     try:
         f = gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
@@ -110,7 +118,7 @@ def rows(path: str, skipped: Skipped | None = None) -> Iterator[tuple[str, Any]]
                     row = json.loads(text)
                 except json.JSONDecodeError as e:
                     if skipped is None:
-                        raise UserError(_not_json(path, number, text, e)) from None
+                        raise UserError(_not_json(path, number, text, e, what)) from None
                     skipped.add(f"{path}:{number}", f"not JSON ({e.msg} at column {e.colno})")
                     continue
                 yield f"{path}:{number}", row
@@ -118,15 +126,17 @@ def rows(path: str, skipped: Skipped | None = None) -> Iterator[tuple[str, Any]]
             raise UserError(f"cannot read {path}: {e}") from None
 
 
-def _not_json(path: str, number: int, line: str, error: json.JSONDecodeError) -> str:
+def _not_json(path: str, number: int, line: str, error: json.JSONDecodeError, what: str = "conversation") -> str:
     """What is wrong with line ``number`` of a JSONL file: the parser's message at its column of
     that line (the line alone: never "line 2" of a one-line record)."""
     said = f"{path}:{number} is not a line of JSON: {error.msg} at column {error.colno}"
     if line.strip() in ("{", "["):
         return (
             f"{said}; the file looks like one JSON value written over several lines, where JSONL holds one "
-            "conversation a line: write each conversation on one line (json.dumps without indent)"
+            f"{what} a line: write each {what} on one line (json.dumps without indent)"
         )
+    if what != "conversation":
+        return f"{said}; fix that line"
     return f"{said}; fix that line, or leave such lines out with --skip-corrupt (counted)"
 
 
@@ -177,7 +187,15 @@ def conversations_of(path: str, skipped: Skipped | None = None) -> Iterator[tupl
         yield where, messages
 
 
-def _parquet_rows(path: str) -> Iterator[tuple[str, Any]]:
+def _conversation_columns(path: str, names: list[str]) -> list[str]:
+    """A conversation file's Parquet columns: ``messages``, or ``prompt`` and ``completion``."""
+    columns = ["messages"] if "messages" in names else [c for c in ("prompt", "completion") if c in names]
+    if columns != ["messages"] and len(columns) != 2:
+        raise UserError(f"{path} has neither a messages column nor prompt and completion (its columns: {names[:8]})")
+    return columns
+
+
+def _parquet_rows(path: str, columns: Callable[[str, list[str]], list[str]]) -> Iterator[tuple[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -186,13 +204,10 @@ def _parquet_rows(path: str) -> Iterator[tuple[str, Any]]:
         pf = pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - pyarrow's message says what is wrong with the file
         raise UserError(f"cannot read {path} as Parquet: {e}") from None
-    names = pf.schema_arrow.names
-    columns = ["messages"] if "messages" in names else [c for c in ("prompt", "completion") if c in names]
-    if columns != ["messages"] and len(columns) != 2:
-        raise UserError(f"{path} has neither a messages column nor prompt and completion (its columns: {names[:8]})")
+    picked = columns(path, pf.schema_arrow.names)
     row = 0
     for g in range(pf.metadata.num_row_groups):
-        for record in pf.read_row_group(g, columns=columns).to_pylist():
+        for record in pf.read_row_group(g, columns=picked).to_pylist():
             yield f"{path} row {row}", record
             row += 1
 

@@ -44,8 +44,6 @@ with ``data.name=tokens`` (:mod:`jaxnet.data.pairs`).
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import time
 from collections import Counter
@@ -58,6 +56,7 @@ import numpy as np
 from jaxnet import tokenizers
 from jaxnet.data import shards as shards_lib
 from jaxnet.data.chat import _checked, _draw, _write_flat, chat_files
+from jaxnet.data.chat import rows as chat_rows
 from jaxnet.data.prepare import FORMAT, SPLIT_SEED, SPLITS, read_manifest, write_json
 from jaxnet.errors import UserError
 from jaxnet.tokenizers import chat as chat_lib
@@ -75,47 +74,19 @@ PLAIN_TOKENIZERS = ("hf", "gpt2", "byte")  # the plain-text shape: any tokenizer
 
 
 def rows(path: str) -> Iterator[tuple[str, Any]]:
-    """``(where, row)`` of each pair of a file (``FILE:LINE`` or ``FILE row N``); a line that is not
-    JSON is a one-line error naming it."""
-    if path.endswith(".parquet"):
-        yield from _parquet_rows(path)
-        return
-    try:
-        f = gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
-    with f:
-        try:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"{path}:{number}", json.loads(line)
-                except ValueError as e:
-                    raise UserError(f"{path}:{number} is not a line of JSON ({e})") from None
-        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as e:
-            raise UserError(f"cannot read {path}: {e}") from None
+    """``(where, row)`` of each pair of a file (``FILE:LINE`` or ``FILE row N``), read as
+    :func:`jaxnet.data.chat.rows` reads conversations; a line that is not JSON is a one-line error
+    naming it. A Parquet row's empty fields are left out, as a JSON line leaves them out."""
+    for where, row in chat_rows(path, columns=_columns, what="pair"):
+        yield where, ({k: v for k, v in row.items() if v is not None} if path.endswith(".parquet") else row)
 
 
-def _parquet_rows(path: str) -> Iterator[tuple[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UserError("reading Parquet needs pyarrow; run `pip install pyarrow`") from None
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # noqa: BLE001 - pyarrow's message says what is wrong with the file
-        raise UserError(f"cannot read {path} as Parquet: {e}") from None
-    columns = [c for c in FIELDS if c in pf.schema_arrow.names]
+def _columns(path: str, names: list[str]) -> list[str]:
+    """A preference file's Parquet columns: those of prompt, chosen and rejected it has."""
+    columns = [c for c in FIELDS if c in names]
     if not columns:
-        raise UserError(
-            f"{path} has none of the columns prompt, chosen and rejected (its: {pf.schema_arrow.names[:8]})"
-        )
-    row = 0
-    for g in range(pf.metadata.num_row_groups):
-        for record in pf.read_row_group(g, columns=columns).to_pylist():
-            yield f"{path} row {row}", {k: v for k, v in record.items() if v is not None}
-            row += 1
+        raise UserError(f"{path} has none of the columns prompt, chosen and rejected (its: {names[:8]})")
+    return columns
 
 
 def pair_of(row: Any, where: str) -> tuple[str, tuple[Any, Any, Any]] | str:

@@ -448,41 +448,28 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             return 0
         if not args.source:
             raise UserError("jaxnet prepare needs a SOURCE (shakespeare, ptb, a file, a pattern or a directory)")
-        if args.source == "chat":
-            from jaxnet.data import chat
-
-            chat.prepare_chat(
-                args.folder,
-                args.tokenizer,
-                args.out,
+        if args.source in ("chat", "preference"):
+            common = dict(
                 val=args.val,
                 test=args.test,
                 chat_template=args.chat_template,
                 val_fraction=args.val_fraction,
                 test_fraction=args.test_fraction,
                 shard_tokens=args.shard_tokens,
-                workers=args.workers,
                 seq_lens=_seq_lens(args.seq_lens),
                 progress=not args.quiet,
-                skip_corrupt=args.skip_corrupt,
             )
-            return 0
-        if args.source == "preference":
+            if args.source == "chat":
+                from jaxnet.data import chat
+
+                common.update(workers=args.workers, skip_corrupt=args.skip_corrupt)
+                chat.prepare_chat(args.folder, args.tokenizer, args.out, **common)
+                return 0
+            if args.skip_corrupt:
+                raise UserError("--skip-corrupt is for jaxnet prepare chat|images; a preference file is read whole")
             from jaxnet.data import preference
 
-            preference.prepare_preference(
-                args.folder,
-                args.tokenizer,
-                args.out,
-                val=args.val,
-                test=args.test,
-                chat_template=args.chat_template,
-                val_fraction=args.val_fraction,
-                test_fraction=args.test_fraction,
-                shard_tokens=args.shard_tokens,
-                seq_lens=_seq_lens(args.seq_lens),
-                progress=not args.quiet,
-            )
+            preference.prepare_preference(args.folder, args.tokenizer, args.out, **common)
             return 0
         if args.val or args.test or args.chat_template:
             raise UserError("--val, --test and --chat-template are for jaxnet prepare chat|preference FILE...")

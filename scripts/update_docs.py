@@ -737,8 +737,8 @@ def render_llama_plan() -> str:
     rows = []
     for f in files:
         r = json.loads(f.read_text())
-        if r.get("lora"):
-            continue  # LoRA's plans: their own table (render_lora_plan)
+        if r.get("lora") or r.get("context"):
+            continue  # LoRA's and long-context plans: tables of their own (render_lora_plan, render_context_plan)
         if r.get("experiment") == "llama3_8b" or (r.get("experiment") == "gpt2_small" and r.get("gpus") == 8):
             rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
     if not rows:
@@ -771,6 +771,59 @@ def render_llama_plan() -> str:
         "measurements; the cost is at $3 per GPU-hour, for the tokens a step of each row's batch (8 sequences of "
         "8,192 tokens is one per GPU); the largest batch is a search over compiles (`--max-batch`). Memory is "
         "what XLA's compiled program says (cuDNN workspaces not counted).",
+    ]
+    return "\n".join(lines)
+
+
+def render_context_plan() -> str:
+    """llama3_8b's long-context plans on 8 H100s: the sequence split over mesh.context (beside FSDP),
+    the expected step and tokens/s, and context parallelism's traffic as predicted and as compiled."""
+    rows = []
+    for f in sorted((ROOT / "benchmarks" / "results").glob("plan-llama3_8b-*.json")):
+        r = json.loads(f.read_text())
+        if r.get("context"):
+            rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
+    if not rows:
+        return "No long-context plan yet: `python scripts/record_plans.py context` writes them."
+    rows.sort(key=lambda r: (-r["seq_len"], r["mesh"].get("fsdp", 1), r["command"]))
+    lines = [
+        "| tokens a row | mesh | rows a step | fits | memory per device (args + temp) | **expected** step "
+        "| **expected** tokens/s | **predicted** step (bound) | context traffic a step, predicted / compiled "
+        "| communication bound | **predicted** MFU bound | goal: **expected** time, cost | compile | record |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m, p, c, g = r["memory"], r["prediction"], r["context"], r.get("goal") or {}
+        mesh = " x ".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1)
+        compiled = sum((found or {}).get("bytes", 0) for found in c["compiled"].values())
+        kinds = "+".join(k for k, found in c["compiled"].items() if found)
+        tokens_s = p.get("expected_tokens_per_s") or (
+            r["input_rate"]["tokens_per_step"] / p["expected_step_s"] if p.get("expected_step_s") else None
+        )
+        cost = f", ${g['cost_usd']:,.0f}" if g.get("cost_usd") is not None else ""
+        goal = f"{g['goal']}: {g['wall_s'] / 3600:,.1f} h{cost}" if g else "-"
+        mfu = f"{100 * p['mfu_bound']:.0f} %" if p.get("mfu_bound") else "-"
+        lines.append(
+            f"| {r['seq_len']:,} | {mesh} ({c['attention']}) | {r['batch_size']} | {'yes' if r['fits'] else '**no**'} "
+            f"| {m['total'] / 2**30:.1f} GiB of {m['device'] / 2**30:.1f} ({m['arguments'] / 2**30:.1f} + "
+            f"{m['temp'] / 2**30:.1f}) | {1e3 * p['expected_step_s']:,.0f} ms "
+            f"| {tokens_s:,.0f} | {1e3 * p['predicted_step_s']:,.0f} ms ({p['bound']}) "
+            f"| {c['predicted_bytes'] / 2**30:.2f} GiB / {compiled / 2**30:.2f} GiB ({kinds}) "
+            f"| {1e3 * p['communication_s']:,.0f} ms | {mfu} | {goal} | {r['compile_s']:.0f} s "
+            f"| [{Path(r['_file']).name}]({r['_file']}) |"
+        )
+    v = rows[0]["versions"]
+    lines += [
+        "",
+        f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; "
+        f"{rows[0]['date']}), each row's command in its record; every step, rate, time and cost is a "
+        "**prediction** (the bound) or an **estimate** (the expected step: the bound over the efficiency fitted on "
+        "published runs), not a measurement; the cost at $3 per GPU-hour. Context traffic: the bytes of context "
+        "parallelism's collectives a device sends in a step as `jaxnet plan` predicts them from the shapes, and what "
+        "the compiled step's collectives of those kinds carry (gathered: FSDP's all-gathers and reduce-scatters "
+        "are counted there too); their time is in the communication bound. Attention inside each device is XLA's "
+        "blockwise attention (cuDNN's fused kernel is not used across devices), so the memory bound is pessimistic "
+        "against a fused kernel.",
     ]
     return "\n".join(lines)
 
@@ -1117,6 +1170,7 @@ BLOCKS = {
     "open-models-result": render_open_models_result,
     "llama-plan": render_llama_plan,
     "lora-plan": render_lora_plan,
+    "context-plan": render_context_plan,
     "blockwise": render_blockwise,
     "plan-vs-measured": render_plan_vs_measured,
     "speed": render_speed,

@@ -14,7 +14,8 @@ Exact: the same values as the whole logits through :func:`jaxnet.tasks.cross_ent
 same gradients, to float32 rounding (the sums run in another order). It covers label smoothing
 (spread over the used ids only), PaLM's z-loss (``z * logsumexp(logits)**2``), a per-token weight
 (the batch's ``mask``), the padding ids of a padded vocabulary (never predicted, never counted), an
-output tied to the embedding or not, with or without a bias.
+output tied to the embedding or not, with or without a bias, and logits soft-capped by the output
+layer (``Head.softcap``, Gemma 2's ``c * tanh(logits / c)``: its gradient through the cap too).
 
 Placement on a mesh. Under the run's sharding rules (:func:`jaxnet.parallel.under_rules`) every
 block keeps the batch split as the features are (``batch``), the positions of each row split as
@@ -111,6 +112,7 @@ class _Plan:
     vocab: int
     used: int
     dtype: Any
+    softcap: float
     smoothing: bool
     z_loss: bool
     gather_label: bool
@@ -180,6 +182,7 @@ def _plan(rows: int, length: int, head: Head, block: int, smoothing: bool, z_los
         vocab=head.vocab,
         used=used,
         dtype=head.dtype,
+        softcap=head.softcap,
         smoothing=smoothing,
         z_loss=z_loss,
         # The label's logit by a gather on a CPU (a second reduction costs it 5 % more time there)
@@ -254,6 +257,9 @@ def _blocks(
             logits = logits + bias.astype(dtype)
         logits = logits.astype(acc)
         logits = nn.with_logical_constraint(logits, ("batch", None, LENGTH, None, "vocab"))
+        if plan.softcap:  # as Head.logits: capped, then the unused ids masked
+            capped = jnp.tanh(logits / plan.softcap)
+            logits = plan.softcap * capped
         logits = mask_unused_vocab(logits, used)
         top = jnp.max(logits, axis=-1)
         shifted = jnp.exp(logits - top[..., None])
@@ -286,7 +292,10 @@ def _blocks(
             target = jnp.where(is_label, 1.0 - eps, 0.0) + jnp.where(ids < used, eps / used, 0.0)
         else:
             target = is_label.astype(acc)
-        dlogits = (w_b[..., None] * (probs - target)).astype(dtype)
+        dlogits = w_b[..., None] * (probs - target)
+        if plan.softcap:  # through the cap: d(c tanh(x / c)) / dx = 1 - tanh(x / c)**2
+            dlogits = dlogits * (1.0 - capped * capped)
+        dlogits = dlogits.astype(dtype)
         dlogits = nn.with_logical_constraint(dlogits, ("batch", None, LENGTH, None, "vocab"))
         # Made once: XLA on a CPU would otherwise make it again inside each of the two products.
         dlogits = jax.lax.optimization_barrier(dlogits)

@@ -87,12 +87,16 @@ def attention_flops(text: str) -> tuple[float, dict[str, int]]:
     return total, dict(calls)
 
 
-def attention_kernel(text: str, asked: str | None, packed: bool) -> dict[str, Any] | None:
+def attention_kernel(text: str, asked: str | None, packed: bool, why: str = "") -> dict[str, Any] | None:
     """Which attention kernel a compiled GPU step runs: cuDNN's fused attention (its custom calls,
     their mask type, and whether an additive bias goes in: how a mask such as packed rows' segments
     reaches it) or XLA's own softmax(QK^T)V. ``asked`` is ``model.attention`` as resolved for the
     GPU (None: a model without that key, whose attention is not reported); ``packed``: the batch
-    carries ``segments``."""
+    carries ``segments``; ``why``: the model's reason for running no fused kernel, if it has one
+    (soft-capped logits: ``TransformerConfig.unfused_because``), said with XLA's::
+
+        attention_kernel(hlo_text, "xla", False, "model.attention_softcap=50 soft-caps the attention logits")
+    """
     if asked is None:
         return None
     targets = sorted(set(re.findall(r'custom_call_target="(__cudnn\$fmha[A-Za-z]*)"', text)))
@@ -105,7 +109,7 @@ def attention_kernel(text: str, asked: str | None, packed: bool) -> dict[str, An
             how += "; the attention mask goes in as an additive bias, whose gradient the backward call also computes"
         how += ")"
     else:
-        how = "XLA's softmax(QK^T)V (no cuDNN attention call)"
+        how = "XLA's softmax(QK^T)V (no cuDNN attention call" + (f": {why})" if why else ")")
     return {
         "model_attention": asked,
         "kernel": "cudnn" if targets else "xla",

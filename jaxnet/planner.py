@@ -380,7 +380,36 @@ def plan(
     True
     >>> eight = plan(load_experiment("gpt2_small", ["mesh.fsdp=8"]), "h100", 8, tokens=10e9, price=3)  # doctest: +SKIP
     >>> eight["goal"]["wall_days"], eight["goal"]["cost_usd"]  # doctest: +SKIP
+
+    An experiment's default corpus that is not prepared yet is prepared for the plan in a
+    temporary directory (:func:`jaxnet.data.tokens.prepared_in`), never where training would put it.
     """
+    import tempfile
+
+    from jaxnet.data import tokens as tokens_lib
+
+    goal_of = dict(tokens=tokens, epochs=epochs, price=price, calibrate=calibrate, nodes=nodes, say=say)
+    with tempfile.TemporaryDirectory(prefix="jaxnet-plan-") as scratch, tokens_lib.prepared_in(scratch):
+        return _plan(cfg, target, gpus, model=model, dataset=dataset, task=task, max_batch=max_batch, **goal_of)
+
+
+def _plan(
+    cfg: Config,
+    target: str,
+    gpus: int | None,
+    *,
+    model: nn.Module | None,
+    dataset: Any,
+    task: tasks.Task | None,
+    max_batch: bool,
+    tokens: float | None,
+    epochs: float | None,
+    price: float | None,
+    calibrate: str | Path | None,
+    nodes: int | None,
+    say: Any,
+) -> dict[str, Any]:
+    """:func:`plan`, its corpus (if it prepares one) in a temporary directory."""
     say = say or (lambda line: None)
     tgt = load_target(target)
     check_goal(tokens, epochs, price)
@@ -431,6 +460,7 @@ def plan(
             else {}
         ),
         "compute_dtype": dtype,
+        "loss": "blockwise" if run.blockwise_loss else "logits",
         "fits": _fits(memory),
         "memory": memory,
         "eval_memory": {k: eval_memory[k] for k in ("arguments", "outputs", "temp", "total")},
@@ -490,7 +520,10 @@ def plan(
             "launches": launched,
         },
         "attention": attention_kernel(
-            text, getattr(models.resolve(run.cfg.model, "cuda"), "attention", None), "segments" in first
+            text,
+            getattr(models.resolve(run.cfg.model, "cuda"), "attention", None),
+            "segments" in first,
+            getattr(run.cfg.model, "unfused_because", lambda: "")(),  # soft-capped logits: why not cuDNN
         ),
         "compile_s": round(compile_s, 2),
         "eval_compile_s": round(eval_s, 2),

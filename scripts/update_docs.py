@@ -718,17 +718,23 @@ def render_import_memory() -> str:
 
 
 def render_open_models_result() -> str:
-    """llama_shakespeare beside gpt2_shakespeare (their newest training records)."""
+    """llama_shakespeare and gemma_shakespeare beside gpt2_shakespeare (their newest training records)."""
     results = load_results()
-    rows = [_latest(results, kind="training", experiment=n) for n in ("gpt2_shakespeare", "llama_shakespeare")]
+    names = ("gpt2_shakespeare", "llama_shakespeare", "gemma_shakespeare")
+    rows = [_latest(results, kind="training", experiment=n) for n in names]
     rows = [r for r in rows if r is not None]
     if len(rows) < 2:
         return "Not recorded yet: `python scripts/record_result.py llama_shakespeare` writes it."
     return training_table(rows)
 
 
+#: The dense models planned on 8 H100s beside gpt2_small, in the order of their table.
+LARGE_DENSE = ("llama3_8b", "qwen3_8b", "gemma3_12b")
+
+
 def render_llama_plan() -> str:
-    """llama3_8b's plans on 8 H100s (with and without model.remat) beside gpt2_small's on the same node."""
+    """llama3_8b's, qwen3_8b's and gemma3_12b's plans on 8 H100s (with and without model.remat) beside
+    gpt2_small's on the same node."""
     files = [
         f
         for f in sorted((ROOT / "benchmarks" / "results").glob("plan-*.json"))
@@ -739,11 +745,12 @@ def render_llama_plan() -> str:
         r = json.loads(f.read_text())
         if r.get("lora") or r.get("context"):
             continue  # LoRA's and long-context plans: tables of their own (render_lora_plan, render_context_plan)
-        if r.get("experiment") == "llama3_8b" or (r.get("experiment") == "gpt2_small" and r.get("gpus") == 8):
+        if r.get("experiment") in LARGE_DENSE or (r.get("experiment") == "gpt2_small" and r.get("gpus") == 8):
             rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
     if not rows:
         return "No plan of llama3_8b yet: `python scripts/record_plans.py llama` writes them."
-    rows.sort(key=lambda r: (r["experiment"] != "llama3_8b", r["command"]))
+    order = {name: i for i, name in enumerate(LARGE_DENSE)}
+    rows.sort(key=lambda r: (order.get(r["experiment"], len(order)), r["command"]))
     lines = [
         "| command | parameters | tokens a step | fits | memory per device | largest batch that fits "
         "(`--max-batch`) | **expected** step | **predicted** step (bound) | **predicted** MFU bound "

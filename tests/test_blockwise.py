@@ -12,7 +12,6 @@ differentiation of the whole logits through optax's cross-entropy (nothing of ja
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import run_patiently
 
 from jaxnet import blockwise, config, tasks
 from jaxnet.data import packing
@@ -45,11 +45,13 @@ def draw(tied: bool, bias: bool, seed: int = 0) -> tuple:
     return h, kernel, b, labels
 
 
-def numpy_loss(h, kernel, bias, labels, weights, tied, used, smoothing, z_loss) -> tuple[float, float]:
+def numpy_loss(h, kernel, bias, labels, weights, tied, used, smoothing, z_loss, softcap=0.0) -> tuple[float, float]:
     """The weighted sums of the loss and the hits, in float64, from the whole logits."""
     logits = np.einsum("rtd,vd->rtv" if tied else "rtd,dv->rtv", h.astype(np.float64), kernel.astype(np.float64))
     if bias is not None:
         logits = logits + bias
+    if softcap:
+        logits = softcap * np.tanh(logits / softcap)
     logits = logits[..., :used]  # the padding ids: never predicted, never counted
     top = logits.max(-1)
     lse = top + np.log(np.exp(logits - top[..., None]).sum(-1))
@@ -58,17 +60,19 @@ def numpy_loss(h, kernel, bias, labels, weights, tied, used, smoothing, z_loss) 
     return float((weights * loss).sum()), float((weights * (label >= top)).sum())
 
 
-def whole_logits(h, kernel, bias, labels, weights, tied, used, smoothing, z_loss):
+def whole_logits(h, kernel, bias, labels, weights, tied, used, smoothing, z_loss, softcap=0.0):
     """The loss sum from the whole logits through optax: the reference for the gradients."""
     logits = Head(kernel, bias, transposed=tied, used=used).logits(h)
+    if softcap:  # written out here: JAX differentiates the cap itself
+        logits = jnp.where(jnp.arange(VOCAB) < used, softcap * jnp.tanh(logits / softcap), logits)
     valid = jnp.arange(VOCAB) < used
     targets = jax.nn.one_hot(labels, VOCAB) * (1 - smoothing) + valid * smoothing / used
     loss = optax.softmax_cross_entropy(jnp.where(valid, logits, -1e30), targets)
     return jnp.sum(weights * (loss + z_loss * jax.nn.logsumexp(logits, axis=-1) ** 2))
 
 
-def blockwise_loss(h, kernel, bias, labels, weights, tied, used, smoothing, z_loss, block):
-    head = Head(kernel, bias, transposed=tied, used=used)
+def blockwise_loss(h, kernel, bias, labels, weights, tied, used, smoothing, z_loss, block, softcap=0.0):
+    head = Head(kernel, bias, transposed=tied, used=used, softcap=softcap)
     return blockwise.cross_entropy(h, head, labels, weights, label_smoothing=smoothing, z_loss=z_loss, block=block)
 
 
@@ -111,6 +115,28 @@ def test_loss_gradients_and_hits_equal_the_whole_logits(case, platform, monkeypa
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_a_soft_capped_output_layer_gives_the_loss_and_gradients_of_its_capped_whole_logits(platform, monkeypatch):
+    """Gemma 2's final soft-capping (cap * tanh(logits / cap)), owned by the output layer: the blocks
+    cap as the whole logits do, and the gradients go through the cap. A cap of 2 on logits of
+    about +-8 changes them a lot, so a loss that ignored it would be far off."""
+    monkeypatch.setattr(blockwise, "_platform", lambda: platform)
+    h, kernel, b, labels = draw(tied=False, bias=True, seed=3)
+    weights = np.random.default_rng(4).integers(0, 2, (ROWS, LENGTH)).astype(np.float32)
+    settings = (False, USED, 0.1, 1e-2)
+    capped = jax.jit(lambda *a: blockwise_loss(*a, *settings, 6, softcap=2.0))
+    loss_sum, hit_sum = capped(h, kernel, b, labels, weights)
+    want_loss, want_hits = numpy_loss(h, kernel, b, labels, weights, *settings, softcap=2.0)
+    assert float(loss_sum) == pytest.approx(want_loss, rel=1e-5)
+    assert float(hit_sum) == want_hits
+    assert abs(want_loss - numpy_loss(h, kernel, b, labels, weights, *settings)[0]) > 0.1 * abs(want_loss)
+    grad = lambda f: jax.jit(jax.grad(f, argnums=(0, 1, 2, 4)))(h, kernel, b, labels, weights)  # noqa: E731
+    got = grad(lambda *a: blockwise_loss(*a, *settings, 6, softcap=2.0)[0])
+    want = grad(lambda *a: whole_logits(*a, *settings, softcap=2.0))
+    for g, w, name in zip(got, want, ("features", "kernel", "bias", "weights"), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_the_hits_are_a_metric_and_get_no_gradient():
     h, kernel, _, labels = draw(tied=False, bias=False)
     grads = jax.grad(lambda h: blockwise.cross_entropy(h, Head(kernel), labels)[1])(h)
@@ -147,14 +173,22 @@ def test_label_smoothing_of_a_padded_vocabulary_spreads_over_the_used_ids_only()
 # The train step of a real Transformer
 
 
-def transformer(tied: bool, used: int = 0) -> TransformerLanguageModel:
-    spec = TransformerSpec(vocab=29, context=8, layers=1, width=16, heads=2, tie_embeddings=tied, vocab_used=used)
+def transformer(tied: bool, used: int = 0, **keys) -> TransformerLanguageModel:
+    sizes = dict(vocab=29, context=8, layers=1, width=16, heads=2, tie_embeddings=tied, vocab_used=used)
+    spec = TransformerSpec(**{**sizes, **keys})
     return TransformerLanguageModel(spec)
 
 
-@pytest.mark.parametrize("tied,used,mask", [(True, 25, "position"), (False, 0, "example")])
-def test_the_train_step_from_features_equals_the_step_from_logits(tied, used, mask):
-    model = transformer(tied, used)
+@pytest.mark.parametrize(
+    "tied,used,mask,keys",
+    [
+        (True, 25, "position", {}),
+        (False, 0, "example", {}),
+        (True, 25, "position", {**PRESETS["gemma2"], "logit_softcap": 0.5, "layers": 2, "window": 3}),  # capped
+    ],
+)
+def test_the_train_step_from_features_equals_the_step_from_logits(tied, used, mask, keys):
+    model = transformer(tied, used, **keys)
     rng = np.random.default_rng(2)
     tokens = rng.integers(0, 25, (4, 8)).astype(np.int32)
     batch = {"tokens": tokens, "targets": np.roll(tokens, -1, axis=1)}
@@ -172,6 +206,41 @@ def test_the_train_step_from_features_equals_the_step_from_logits(tied, used, ma
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
         w = dict(jax.tree_util.tree_leaves_with_path(want_grads))[path]
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7, err_msg=str(path))
+
+
+def test_under_lora_the_step_from_features_equals_the_step_from_logits_and_the_merged_model():
+    """LoRA on every projection and the (untied) output layer, whose adapter is merged into the
+    head: auto takes the features, and the adapters' loss and gradients equal the whole logits';
+    the logits equal the plain model's with each kernel replaced by W + s A B."""
+    from jaxnet.models.adapters import adapt, lora
+
+    spec = TransformerSpec(vocab=29, context=8, layers=1, width=16, heads=2, **PRESETS["llama"])
+    targets = r"(attention/(query|key|value|out)|mlp_(in|gate|out)|output)/kernel$"
+    model = lora.Lora(adapt(TransformerLanguageModel(spec)), lora.Settings(rank=4, alpha=8, targets=targets))
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, 29, (4, 8)).astype(np.int32)
+    batch = {"tokens": tokens, "targets": np.roll(tokens, -1, axis=1), "mask": (rng.random((4, 8)) < 0.8) * 1.0}
+    variables = model.init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}, tokens)
+    # B drawn too (it starts at zero): the adapters then change what the model computes
+    adapters = jax.tree.map(
+        lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), jnp.float32), nn.unbox(variables["params"])
+    )
+    base = nn.unbox(variables[lora.BASE])
+    assert lora.adapter_paths(adapters)[-1] == "output/kernel" and features_apply(model) is not None
+    merged = TransformerLanguageModel(spec).apply({"params": lora.merge(base, adapters, 2.0)}, tokens)
+    adapted = model.apply({"params": adapters, lora.BASE: base}, tokens, train=False)
+    np.testing.assert_allclose(np.asarray(adapted), np.asarray(merged), rtol=1e-5, atol=1e-5)
+    values = {}
+    for source in ("features", "logits"):
+        task = tasks.lm(loss_from=source, z_loss=1e-3, loss_block=8)
+        grad_fn = jax.jit(make_grad_fn(model, task))
+        (loss, _), grads = grad_fn(adapters, {lora.BASE: base}, batch, jax.random.PRNGKey(2))
+        values[source] = (float(loss), grads)
+    (loss, grads), (want, want_grads) = values["features"], values["logits"]
+    assert loss == pytest.approx(want, rel=1e-6)
+    flat, flat_want = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)]) for g in (grads, want_grads))
+    assert np.abs(flat_want).max() > 1e-3 and flat.size == sum(x.size for x in jax.tree.leaves(adapters))
+    np.testing.assert_allclose(flat, flat_want, rtol=1e-5, atol=1e-6 * np.abs(flat_want).max())
 
 
 def test_packed_chat_rows_of_a_llama_shape_train_as_each_example_alone():
@@ -249,6 +318,10 @@ def test_loss_from_features_refuses_a_model_or_task_that_cannot():
     own = tasks.Task(inputs="tokens", loss=lambda out, b: jnp.mean(out), name="mine")
     with pytest.raises(UserError, match=r"task 'mine' computes its loss from the model's outputs only"):
         Run(text_config("train.loss_from=features"), dataset=text, task=own)
+    # auto: blockwise for the Transformer, with LoRA adapters too (what jaxnet plan reports as its loss)
+    assert Run(text_config(), dataset=text).blockwise_loss
+    assert Run(text_config("train.lora_rank=2", "train.init_from=elsewhere"), dataset=text).blockwise_loss
+    assert not Run(text_config("train.loss_from=logits"), dataset=text).blockwise_loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,7 +366,7 @@ print("RESULTS" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def two_device_runs():
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", TWO_DEVICES], capture_output=True, text=True, env=cpu_env(2), timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -280,7 +280,7 @@ def train_argv(tmp_path: Path, source: Path, *extra: str) -> list[str]:
     "damage, message",
     [
         ("no weights", "has no weights (model.safetensors or pytorch_model.bin)"),
-        ("gpt_neox", "holds a gpt_neox, not GPT-2, Llama, Qwen2 or Mistral"),
+        ("gpt_neox", "holds a gpt_neox, not GPT-2, Llama, Qwen2, Mistral, Qwen3, Phi-3, Gemma, Gemma 2 or Gemma 3"),
         ("extra tensor", "GPT-2 tensor h.1.mlp.c_fc.weight (16, 64) has no place"),
         ("wrong shape", "GPT-2 tensor wpe.weight has shape (9, 16), but config.json makes it (8, 16)"),
         ("no config", "has no config.json"),

@@ -251,6 +251,94 @@ def test_grouped_query_decoding_keeps_a_cache_of_the_key_value_heads_and_matches
 
 
 # ---------------------------------------------------------------------------------------------
+# Local layers (a window), scaled and soft-capped attention
+
+
+def np_attention(q, k, v, window: int = 0, scale: float | None = None, softcap: float = 0.0) -> np.ndarray:
+    """Causal softmax attention in float64, query head ``h`` reading key/value head ``h // group``; a
+    query at ``i`` sees keys ``j`` with ``i - window < j <= i`` (every earlier one when 0), the logits
+    scaled by ``scale`` (1 / sqrt(head_dim) when None) and capped as ``softcap * tanh(x / softcap)``."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    batch, length, heads, head_dim = q.shape
+    group = heads // k.shape[2]
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    visible = (j <= i) & ((j > i - window) if window else True)
+    out = np.zeros(q.shape)
+    for b in range(batch):
+        for h in range(heads):
+            scores = q[b, :, h] @ k[b, :, h // group].T * (head_dim**-0.5 if scale is None else scale)
+            if softcap:
+                scores = softcap * np.tanh(scores / softcap)
+            out[b, :, h] = np_softmax(np.where(visible, scores, -np.inf)) @ v[b, :, h // group]
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["xla", "xla_head_major"])
+@pytest.mark.parametrize("scaling", [{}, {"scale": 0.4, "softcap": 1.5}], ids=["plain", "scaled-capped"])
+def test_attention_in_a_window_scaled_and_soft_capped_matches_numpy(kernel, scaling):
+    """A local layer's window (each query sees itself and the 2 positions before it), Gemma's
+    query_pre_attn_scalar (a scale of its own) and soft-capped logits, against numpy; grouped heads."""
+    rng = np.random.default_rng(21)
+    q = rng.normal(size=(2, 9, 4, 8)).astype(np.float32) * 2
+    k, v = (rng.normal(size=(2, 9, 2, 8)).astype(np.float32) * 2 for _ in range(2))
+    run = jax.jit(functools.partial(attend, causal=True, kernel=kernel, **scaling), static_argnames="window")
+    windowed = np.asarray(run(q, k, v, window=3))
+    np.testing.assert_allclose(windowed, np_attention(q, k, v, 3, **scaling), rtol=1e-5, atol=1e-5)
+    whole = np.asarray(run(q, k, v, window=0))
+    np.testing.assert_allclose(whole, np_attention(q, k, v, 0, **scaling), rtol=1e-5, atol=1e-5)
+    assert np.abs(whole[:, 3:] - windowed[:, 3:]).max() > 1e-2  # past the window the two differ
+    np.testing.assert_allclose(whole[:, :3], windowed[:, :3], rtol=1e-6, atol=1e-7)  # within it, the same
+
+
+def test_a_local_layer_decodes_from_a_cache_of_its_window_and_matches_the_full_pass():
+    """Local layers keep only their window's positions (a ring of 3 slots here, for a context of 8),
+    global ones the context; decoding in chunks longer than the window and one token at a time gives
+    the full pass's logits (Gemma 2's shape: local and global layers, soft-capped, scaled)."""
+    keys = {**PRESETS["gemma2"], "window": 3, "attention_scale_dim": 6, "attention_softcap": 2.0}
+    model = transformer(**{**keys, "layers": 4, "heads": 4, "kv_heads": 2, "logit_softcap": 3.0})
+    params = scaled(random_params(model, jnp.zeros((1, CONTEXT), jnp.int32), seed=22), 5.0)
+    tokens = random_tokens((1, CONTEXT), seed=23, vocab=T_VOCAB)
+    full = jitted(model)({"params": params}, tokens)
+    for sizes in ((5, 1, 2), (1,) * CONTEXT, (2, 4, 2)):
+        decoded, cache = decode_in_chunks(model, params, tokens, sizes)
+        np.testing.assert_allclose(decoded, full, rtol=1e-5, atol=1e-5, err_msg=str(sizes))
+    assert cache["block_0"]["attention"]["cached_key"].shape == (1, 3, 2, 4)  # local: the window
+    assert cache["block_1"]["attention"]["cached_key"].shape == (1, CONTEXT, 2, 4)  # global: the context
+    # the window matters here: the same weights attending globally give other logits
+    wide = transformer(**{**keys, "attention_pattern": ("global",), "layers": 4, "heads": 4, "kv_heads": 2})
+    assert np.abs(np.asarray(jitted(wide)({"params": params}, tokens)) - full).max() > 1e-2
+
+
+def test_soft_capped_attention_never_runs_a_fused_kernel_and_says_why():
+    capped = TransformerConfig.preset("gemma2", dtype="bfloat16", width=64, heads=4)
+    assert capped.for_backend("cuda").attention == "xla"  # not cuDNN's, which cannot cap
+    assert "soft-caps the attention logits" in capped.unfused_because()
+    assert (
+        TransformerConfig.preset("gemma3", dtype="bfloat16", width=64, heads=4).for_backend("cuda").attention == "cudnn"
+    )
+    with pytest.raises(UserError, match="model.attention=cudnn: model.attention_softcap=50 soft-caps"):
+        dataclasses.replace(capped, attention="cudnn").for_backend("cuda")
+    # and jaxnet plan's line on the attention kernel gives the reason beside XLA's
+    from jaxnet.plan_hlo import attention_kernel
+
+    said = attention_kernel("", "xla", False, capped.unfused_because())["description"]
+    assert said == f"XLA's softmax(QK^T)V (no cuDNN attention call: {capped.unfused_because()})"
+
+
+def test_local_layers_count_the_flops_of_their_window():
+    from jaxnet.models.transformer import transformer_flops
+
+    sizes = dict(layers=2, width=16, heads=2, mlp_hidden=32)
+    whole = TransformerConfig.preset("gemma", **sizes).spec(50, 16)
+    local = TransformerConfig.preset("gemma2", **sizes, window=4).spec(50, 16)  # layer 0 local, layer 1 global
+    pairs_whole, pairs_local = 16 * 17 / 2, 4 * 5 / 2 + 12 * 4  # each query sees at most 4 positions
+    scores = lambda pairs: 2 * 2 * 3 * pairs * 2 * 8  # noqa: E731  (batch 3, 2 heads of 8)
+    assert transformer_flops(whole, batch=3) - transformer_flops(local, batch=3) == scores(pairs_whole) - scores(
+        pairs_local
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # The features and the unembedding apart
 
 
@@ -294,7 +382,8 @@ def test_the_config_becomes_one_spec_and_presets_are_its_variants():
     assert cfg.build(outputs=70, seq_len=16).spec == spec  # the module takes the spec whole
     assert TransformerConfig.preset("gpt2", layers=2).norm_eps == 1e-5
     assert preset("bert_encoder", vocab=5, context=8).causal is False
-    assert set(PRESETS) == {"char_gpt", "gpt2", "bert_encoder", "llama", "qwen2", "mistral"}
+    assert set(PRESETS) == {"char_gpt", "gpt2", "bert_encoder", "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma",
+                            "gemma2", "gemma3"}  # fmt: skip
     # the keys are declared once: the spec has every config key but the config's own four, and
     # its vocabulary, positions and dtypes; every preset field is both
     spec_fields = {f.name for f in dataclasses.fields(TransformerSpec)}

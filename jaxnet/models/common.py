@@ -326,6 +326,34 @@ class Projection(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
+# Normalisation
+
+
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm whose scale is kept as ``w`` and multiplies by ``offset + w``: Gemma's ``1 + w``
+    (``offset=1``, its scales starting at 0, so that a checkpoint's ``w`` is held as the file holds
+    it, in bfloat16 too). Computed in float32 and returned in ``dtype``, as Gemma's::
+
+        y = OffsetRMSNorm(offset=1.0, epsilon=1e-6, names=("embed",), name="norm_1")(x)
+
+    ``names`` are the logical names of the scale's one axis."""
+
+    offset: float = 1.0
+    epsilon: float = 1e-6
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    names: tuple[str | None, ...] = (None,)
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        init = nn.with_logical_partitioning(nn.initializers.constant(1.0 - self.offset), self.names)
+        scale = self.param("scale", init, (x.shape[-1],), self.param_dtype)
+        x = x.astype(jnp.float32)
+        y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.epsilon)
+        return (y * (self.offset + scale.astype(jnp.float32))).astype(self.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # The output layer over a vocabulary
 
 
@@ -347,7 +375,9 @@ class Head:
     whole (:func:`jaxnet.blockwise.cross_entropy`); its ``unembed`` is :meth:`logits`.
 
     ``kernel`` is (width, vocab), or (vocab, width) with ``transposed`` (an output tied to the
-    token embedding); ``bias`` (vocab,) or None; ``dtype`` the compute dtype of the products::
+    token embedding); ``bias`` (vocab,) or None; ``dtype`` the compute dtype of the products;
+    ``softcap`` (0: none) caps the logits as ``softcap * tanh(logits / softcap)`` (Gemma 2's final
+    logits), before the unused ids are masked::
 
         head = Head(embedding, transposed=True, used=50257)   # GPT-2's tied output, padded vocabulary
         logits = head.logits(features)                        # (..., vocab), float32
@@ -358,6 +388,7 @@ class Head:
     transposed: bool = flax.struct.field(pytree_node=False, default=False)
     used: int = flax.struct.field(pytree_node=False, default=0)
     dtype: Any = flax.struct.field(pytree_node=False, default=jnp.float32)
+    softcap: float = flax.struct.field(pytree_node=False, default=0.0)
 
     @property
     def vocab(self) -> int:
@@ -373,7 +404,18 @@ class Head:
         if self.bias is not None:
             logits = logits + self.bias.astype(self.dtype)
         logits = logits.astype(jnp.promote_types(self.dtype, jnp.float32))
+        if self.softcap:
+            logits = soft_cap(logits, self.softcap)
         return mask_unused_vocab(logits, self.used)
+
+
+def soft_cap(logits: jnp.ndarray, cap: float) -> jnp.ndarray:
+    """``cap * tanh(logits / cap)``: logits squeezed smoothly into (-cap, cap), nearly unchanged
+    well inside it (Gemma 2's soft-capping of attention and output logits)::
+
+        soft_cap(jnp.array([1.0, 100.0]), 30.0)   # [0.9996, 29.92]
+    """
+    return jnp.asarray(cap, logits.dtype) * jnp.tanh(logits / jnp.asarray(cap, logits.dtype))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxnet.config import MeshConfig
 from jaxnet.errors import UserError
 from jaxnet.models.adapters.lora import BASE as LORA_BASE
+from jaxnet.models.adapters.reference import REFERENCE
 from jaxnet.models.transformer import context
 
 AXES = ("data", "fsdp", "expert", "context", "tensor")
@@ -270,7 +271,7 @@ def check_divisible(state: Any, shardings: Any, mesh: Any) -> None:
     for (path, leaf), sharding in zip(leaves, flat, strict=True):
         for dim, axes in zip(leaf.shape, sharding.spec, strict=False):
             names = (axes,) if isinstance(axes, str) else tuple(axes or ())
-            ways = math.prod(mesh.shape[a] for a in names)
+            ways = math.prod(mesh.shape.get(a, 1) for a in names)
             if ways > 1 and dim % ways:
                 where = jax.tree_util.keystr(path)
                 raise UserError(
@@ -304,6 +305,8 @@ def describe(mesh: Mesh, state: Any, compiled: Any = None) -> str:
     model_state = getattr(state, "model_state", None)
     base = model_state.get(LORA_BASE) if isinstance(model_state, dict) else None  # a LoRA run's frozen base
     frozen = f", {size(bytes_per_device(base))} of frozen base" if base else ""
+    copy = model_state.get(REFERENCE) if isinstance(model_state, dict) else None  # a full DPO run's reference
+    frozen += f", {size(bytes_per_device(copy))} of frozen reference" if copy else ""
     return (
         f"mesh {shape} ({mesh.size} {mesh.devices.flat[0].platform} device(s)): per device "
         f"{size(sizes['params'])} of parameters{frozen}, {size(sizes['opt_state'])} of optimizer state{acts} "

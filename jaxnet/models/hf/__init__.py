@@ -10,7 +10,8 @@ wherever a run directory is accepted: ``train.init_from``, :func:`jaxnet.load`,
 The pieces: ``files.py`` reads tensors one at a time and writes shards; ``table.py`` is what an
 architecture table is, with the converter every table shares; one file per architecture family
 holds its tables (``gpt2.py``; ``llama.py``: Llama, and Qwen2 and Mistral as small variations of
-it). This facade is what the rest of jaxnet calls::
+it; ``qwen3.py``, ``phi3.py`` and ``gemma.py``: Qwen3, Phi-3 and Phi-4, Gemma 1, 2 and 3, variations
+of Llama's too). This facade is what the rest of jaxnet calls::
 
     checkpoint = hf.read("hf:checkpoints/gpt2")      # config.json read, its table found
     checkpoint.model()                                 # its model.* config (TransformerConfig)
@@ -41,10 +42,13 @@ import numpy as np
 from jaxnet import models
 from jaxnet.errors import UserError
 from jaxnet.models.base import ModelConfig
-from jaxnet.models.hf import files
+from jaxnet.models.hf import files, gemma
+from jaxnet.models.hf.gemma import Gemma, Gemma2, Gemma3Text
 from jaxnet.models.hf.gpt2 import GPT2
 from jaxnet.models.hf.llama import Llama, Mistral, Qwen2
 from jaxnet.models.hf.moe import Mixtral, Qwen3Moe
+from jaxnet.models.hf.phi3 import Phi3
+from jaxnet.models.hf.qwen3 import Qwen3
 from jaxnet.models.hf.table import Table, check, file_tensors, fill
 
 PREFIX = "hf:"
@@ -52,8 +56,24 @@ PREFIX = "hf:"
 
 #: Every architecture jaxnet reads and writes, by ``config.json``'s ``model_type``.
 TABLES: dict[str, Table] = {
-    table.model_type: table for table in (GPT2(), Llama(), Qwen2(), Mistral(), Mixtral(), Qwen3Moe())
+    table.model_type: table
+    for table in (
+        GPT2(),
+        Llama(),
+        Qwen2(),
+        Mistral(),
+        Mixtral(),
+        Qwen3Moe(),
+        Qwen3(),
+        Phi3(),
+        Gemma(),
+        Gemma2(),
+        Gemma3Text(),
+    )
 }
+
+#: Architectures jaxnet knows and does not read, by ``model_type``: what each is and what it reads instead.
+REFUSED: dict[str, str] = {**gemma.REFUSED}
 
 
 def is_hf(spec: Any) -> bool:
@@ -90,6 +110,8 @@ def read_config(directory: Path) -> tuple[Table, dict[str, Any]]:
     if not isinstance(config, dict):
         raise UserError(f"{path} is not a JSON object; give the config.json that save_pretrained wrote")
     kind = config.get("model_type")
+    if kind in REFUSED:
+        raise UserError(f"hf:{directory} holds a {REFUSED[kind]} (config.json model_type={kind!r})")
     if kind not in TABLES:
         names = ", ".join(f"{t.title} (model_type {t.model_type})" for t in TABLES.values())
         raise UserError(
@@ -337,11 +359,17 @@ def export_peft(
     """Write a LoRA run's adapters (``adapters``: nested ``{... kernel: {"a": A, "b": B}}``; ``settings``:
     its :class:`jaxnet.models.adapters.lora.Settings`) as PEFT writes them, into ``directory`` (new or
     empty): ``adapter_config.json`` and ``adapter_model.safetensors``, each adapter under the name of
-    the ``Linear`` it adapts (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``:
+    the layer it adapts (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``:
     ``A`` transposed, ``(rank, inputs)``; ``lora_B``: ``(outputs, rank)``), so that
     ``peft.PeftModel.from_pretrained(base, directory)`` adds them to the checkpoint ``source``::
 
         export_peft("out/adapters", trained.adapters, trained.config.model, trained.lora, source="hf:base")
+
+    A file tensor that holds several of jaxnet's kernels side by side (Phi-3's ``qkv_proj``, GPT-2's
+    ``c_attn``) gets one adapter whose rank is the sum of its parts': ``A`` the parts' ``A`` stacked,
+    ``B`` theirs on the diagonal (zeros where a part has none), so its product is each part's
+    product in its own rows, exactly; PEFT's ``rank_pattern`` and ``alpha_pattern`` give it that
+    rank and the same scale. GPT-2's ``Conv1D`` layers are written with ``fan_in_fan_out``.
     """
     from jaxnet.models.adapters.lora import adapter_paths
     from jaxnet.models.adapters.paths import leaves_at
@@ -354,26 +382,56 @@ def export_peft(
             prefer = None
     table = table_for(model, prefer)
     keys = _keys(model)
-    by_path = {}
-    for rule in _expanded_rules(table, keys):
-        for path in rule.model:
-            by_path[path] = rule
-    tensors, modules = {}, []
+    by_path = {path: rule for rule in _expanded_rules(table, keys) for path in rule.model}
+    adapted: dict[str, Any] = {}  # file tensor -> its rule, in the adapters' order
     for path in adapter_paths(adapters):
         rule = by_path.get(path)
-        if rule is None or len(rule.model) != 1 or not rule.layout.transposed or not rule.file.endswith(".weight"):
-            held = f"{table.title}'s {rule.file}, which holds {len(rule.model)} of jaxnet's kernels" if rule else "none"
+        if rule is None or rule.layout.vocab or rule.stack or not rule.file.endswith(".weight"):
             raise UserError(
-                f"the adapter of {path} has no PEFT equivalent (its tensor: {held}); export the merged model with "
-                "--format hf"
+                f"the adapter of {path} has no PEFT equivalent (its tensor: {rule.file if rule else 'none'}); "
+                "export the merged model with --format hf"
             )
-        module = table.file_name(rule.file)[: -len(".weight")]
-        (node,) = leaves_at([tuple(path.split("/"))], adapters)
-        a = np.asarray(jax.device_get(node["a"]), np.float32)
-        b = np.asarray(jax.device_get(node["b"]), np.float32)
-        tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)
-        tensors[f"base_model.model.{module}.lora_B.weight"] = np.ascontiguousarray(b.reshape(b.shape[0], -1).T)
+        adapted.setdefault(rule.file, rule)
+    if len({rule.layout.transposed for rule in adapted.values()}) > 1:
+        raise UserError(
+            f"{table.title}'s adapted layers are both Linear and Conv1D, which one PEFT adapter file cannot say; "
+            "export the merged model with --format hf"
+        )
+
+    paths = set(adapter_paths(adapters))
+
+    def widths(rule: Any) -> list[int]:
+        """The outputs of each kernel a file tensor holds, from the model's shapes."""
+        shapes = dict(param_shapes(model, max(getattr(model, "vocab_used", 0), 2), 2))
+        return [int(np.prod(shapes[path][rule.layout.inputs :])) for path in rule.model]
+
+    tensors, modules, ranks, alphas = {}, [], {}, {}
+    for file, rule in adapted.items():
+        module = table.file_name(file)[: -len(".weight")]
+        parts = []  # (A as (rank, inputs), B as (outputs, rank)) of each adapted kernel, None for the others
+        for path in rule.model:
+            node = leaves_at([tuple(path.split("/"))], adapters)[0] if path in paths else None
+            if node is None:
+                parts.append(None)
+                continue
+            a, b = (np.asarray(jax.device_get(node[x]), np.float32) for x in "ab")
+            parts.append((a.reshape(-1, a.shape[-1]).T, b.reshape(b.shape[0], -1).T))
+        outputs = [p[1].shape[0] for p in parts] if all(parts) else widths(rule)
+        rank = sum(p[0].shape[0] for p in parts if p)
+        lora_a = np.concatenate([p[0] for p in parts if p], axis=0)
+        lora_b = np.zeros((sum(outputs), rank), np.float32)
+        row = col = 0
+        for p, width in zip(parts, outputs, strict=True):
+            if p:
+                lora_b[row : row + width, col : col + p[1].shape[1]] = p[1]
+                col += p[1].shape[1]
+            row += width
+        tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(lora_a)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = lora_b
         modules.append(module)
+        if rank != settings.rank:  # several parts: their ranks summed, the scale kept (alpha / rank)
+            ranks[module] = rank
+            alphas[module] = (settings.alpha or settings.rank) * rank / settings.rank
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -382,8 +440,10 @@ def export_peft(
         "lora_alpha": settings.alpha or settings.rank,
         "lora_dropout": settings.dropout,
         "target_modules": "(" + "|".join(re.escape(m) for m in modules) + ")",
+        "rank_pattern": {re.escape(m): r for m, r in ranks.items()},
+        "alpha_pattern": {re.escape(m): a for m, a in alphas.items()},
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": not next(iter(adapted.values())).layout.transposed if adapted else False,
         "inference_mode": True,
         "init_lora_weights": True,
         "use_rslora": False,

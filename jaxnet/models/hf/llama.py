@@ -21,14 +21,17 @@ checkpoint's own. Their ``Linear`` layers keep weights as ``[outputs, inputs]``:
     lm_head.weight [vocab, width]                     -> output/kernel [width, vocab] (untied only)
 
 Qwen2 differs by biases on the queries, keys and values (``q_proj.bias`` ... -> ``query/bias``
-[heads, hd]) and a sliding window it may switch on (refused: jaxnet attends over the whole
-context); Mistral by the sliding window it names (refused when it is shorter than the context).
-Each is a subclass declaring only that.
+[heads, hd]) and a sliding window it may switch on (the layers from ``max_window_layers`` on attend
+to the last ``sliding_window`` positions: ``model.attention_pattern`` and ``model.window``);
+Mistral by the sliding window every layer has when it names one. Each is a subclass declaring
+only that (:meth:`Llama.variant`, :meth:`Llama.variant_config`); Qwen3, Phi-3 and Gemma are
+subclasses too, in files of their own.
 
 ``config.json`` is read as transformers 4.x writes it (``rope_theta``, ``rope_scaling``) and as
-5.x does (``rope_parameters``), and written as 4.x did, which both read. Whatever would change
-the arithmetic and jaxnet does not compute (another activation, another rope type, a sliding
-window, biases on the output but not the MLP, quantized weights) is refused in one line.
+5.x does (``rope_parameters``, ``layer_types``), and written as 4.x did, which both read (with
+``layer_types`` for 5.x). Whatever would change the arithmetic and jaxnet does not compute
+(another activation, another rope type, biases on the output but not the MLP, quantized weights)
+is refused in one line.
 """
 
 from __future__ import annotations
@@ -38,14 +41,16 @@ from typing import Any
 from jaxnet.errors import UserError
 from jaxnet.models.hf.table import Layout, Rule, Table
 from jaxnet.models.transformer import PRESETS, TransformerConfig
+from jaxnet.models.transformer.spec import shortest_pattern
 
 LINEAR, VECTOR = Layout(inputs=1, transposed=True), Layout(inputs=0)
 
 
-def rope(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def rope(config: dict[str, Any], params: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """The rotary ``model.*`` keys of a ``config.json`` (``rope_parameters`` as transformers 5 writes
-    it, or ``rope_theta`` and ``rope_scaling`` as 4.x did), and what of it jaxnet does not compute."""
-    params = config.get("rope_parameters") or {}
+    it, or ``rope_theta`` and ``rope_scaling`` as 4.x did), and what of it jaxnet does not compute.
+    ``params`` stands for ``rope_parameters`` (one layer type's, Gemma 3's)."""
+    params = (config.get("rope_parameters") or {}) if params is None else params
     scaling = config.get("rope_scaling") or {}
     refused: list[str] = []
     if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
@@ -69,9 +74,51 @@ def rope(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 source.get("original_max_position_embeddings") or config.get("max_position_embeddings", 8192)
             ),
         )
+    elif kind == "linear":
+        keys.update(rope_scaling="linear", rope_factor=float(source["factor"]))
     elif kind != "default":
-        refused.append(f"rope type {kind!r} (jaxnet has default and llama3)")
+        refused.append(f"rope type {kind!r} (jaxnet has default, linear and llama3)")
     return keys, refused
+
+
+def rope_config(cfg: TransformerConfig) -> dict[str, Any] | None:
+    """``rope_scaling`` of ``config.json`` (as transformers 4.x writes it) for a model's keys, or None."""
+    if cfg.rope_scaling == "llama3":
+        return {
+            "rope_type": "llama3",
+            "factor": cfg.rope_factor,
+            "low_freq_factor": cfg.rope_low_freq_factor,
+            "high_freq_factor": cfg.rope_high_freq_factor,
+            "original_max_position_embeddings": cfg.rope_original_context,
+        }
+    if cfg.rope_scaling == "linear":
+        return {"rope_type": "linear", "factor": cfg.rope_factor}
+    return None
+
+
+#: ``layer_types`` entries of transformers' configs -> jaxnet's attention kinds.
+LAYER_TYPES = {"full_attention": "global", "sliding_attention": "local"}
+
+
+def attention_layers(types: list[str], window: Any, title: str) -> tuple[dict[str, Any], list[str]]:
+    """``attention_pattern`` and ``window`` of a ``layer_types`` list (``full_attention``,
+    ``sliding_attention``) and a ``sliding_window``; and what of them jaxnet does not compute."""
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown:
+        return {}, [f"layer_types {', '.join(map(str, unknown))} (jaxnet has {', '.join(LAYER_TYPES)})"]
+    kinds = [LAYER_TYPES[t] for t in types]
+    if "local" not in kinds:
+        return {"attention_pattern": ("global",), "window": 0}, []
+    if not window:
+        return {}, [f"sliding layers without a sliding_window ({title})"]
+    return {"attention_pattern": shortest_pattern(kinds), "window": int(window)}, []
+
+
+def layer_types(cfg: TransformerConfig) -> list[str]:
+    """``layer_types`` of a model's keys: each layer's ``full_attention`` or ``sliding_attention``."""
+    names = {kind: name for name, kind in LAYER_TYPES.items()}
+    pattern = cfg.attention_pattern
+    return [names[pattern[i % len(pattern)]] for i in range(cfg.layers)]
 
 
 class Llama(Table):
@@ -87,6 +134,10 @@ class Llama(Table):
     preset = "llama"
     #: Whether config.json's ``attention_bias`` and ``mlp_bias`` are read (Llama); else the preset's biases hold.
     bias_keys = True
+    #: The head size of a config.json that names none (0: width / heads), as the architecture's config class has it.
+    default_head_dim = 0
+    #: Whether the output is tied to the embedding when config.json does not say (``tie_word_embeddings``).
+    tied_by_default = False
 
     def refused(self, config: dict[str, Any]) -> list[str]:
         """What of ``config`` changes the arithmetic in a way jaxnet does not compute (beyond rope)."""
@@ -108,9 +159,10 @@ class Llama(Table):
     def keys(self, config: dict[str, Any]) -> dict[str, Any]:
         width, heads = int(config.get("hidden_size", 4096)), int(config.get("num_attention_heads", 32))
         kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or 0) or (width // heads if width % heads == 0 else 0)
-        rotary, refused = rope(config)
-        refused = self.refused(config) + refused
+        head_dim = int(config.get("head_dim") or self.default_head_dim) or (width // heads if width % heads == 0 else 0)
+        rotary, refused = self.rotary(config)
+        variant, also = self.variant(config)
+        refused = self.refused(config) + refused + also
         if not head_dim:
             refused.append(f"hidden_size={width} not divisible by num_attention_heads={heads}, and no head_dim")
         if heads % kv_heads:
@@ -129,17 +181,30 @@ class Llama(Table):
             "head_dim": head_dim if head_dim * heads != width else 0,
             "mlp_hidden": int(config.get("intermediate_size", 11008)),
             "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
-            "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+            "tie_embeddings": bool(config.get("tie_word_embeddings", self.tied_by_default)),
             "context": int(config.get("max_position_embeddings", 2048)),
             "vocab": int(config.get("vocab_size", 32000)),
+            **variant,
         }
         if self.bias_keys and config.get("attention_bias") and config.get("mlp_bias"):
             keys["bias"] = "all"
         return keys
 
+    def rotary(self, config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The rotary keys of ``config`` and what of them jaxnet does not compute (:func:`rope`)."""
+        return rope(config)
+
+    def variant(self, config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The keys a variation of Llama reads beyond Llama's (its windows, its norms), and what of
+        its config jaxnet does not compute; Llama's own: none."""
+        return {}, []
+
+    def variant_config(self, cfg: TransformerConfig) -> dict[str, Any]:
+        """The ``config.json`` entries of a variation's keys (:meth:`variant` read back)."""
+        return {}
+
     def config(self, keys: dict[str, Any], vocab: int, context: int) -> dict[str, Any]:
         cfg = TransformerConfig(**{k: v for k, v in keys.items() if k in TransformerConfig.__dataclass_fields__})
-        llama3 = cfg.rope_scaling == "llama3"
         out = {
             "architectures": list(self.architectures),
             "model_type": self.model_type,
@@ -154,15 +219,7 @@ class Llama(Table):
             "max_position_embeddings": context,
             "rms_norm_eps": cfg.norm_eps,
             "rope_theta": cfg.rope_theta,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": cfg.rope_factor,
-                "low_freq_factor": cfg.rope_low_freq_factor,
-                "high_freq_factor": cfg.rope_high_freq_factor,
-                "original_max_position_embeddings": cfg.rope_original_context,
-            }
-            if llama3
-            else None,
+            "rope_scaling": rope_config(cfg),
             "tie_word_embeddings": cfg.tie_embeddings,
             "attention_dropout": 0.0,
             "initializer_range": 0.02,
@@ -170,7 +227,7 @@ class Llama(Table):
         }
         if self.bias_keys:
             out.update(attention_bias=cfg.bias == "all", mlp_bias=cfg.bias == "all")
-        return out
+        return {**out, **self.variant_config(cfg)}
 
     def rules(self, keys: dict[str, Any]) -> list[Rule]:
         b, n = "block_{i}/", "layers.{i}."
@@ -207,7 +264,8 @@ class Llama(Table):
 
 class Qwen2(Llama):
     """Qwen2 (``Qwen2ForCausalLM``, Qwen2.5 too): Llama with biases on the queries, keys and values;
-    its sliding window, when switched on, is refused."""
+    with ``use_sliding_window``, the layers from ``max_window_layers`` on attend to the last
+    ``sliding_window`` positions (``layer_types`` where transformers 5 wrote it)."""
 
     model_type = "qwen2"
     title = "Qwen2"
@@ -215,19 +273,42 @@ class Qwen2(Llama):
     preset = "qwen2"
     bias_keys = False
 
-    def refused(self, config: dict[str, Any]) -> list[str]:
-        refused = super().refused(config)
-        sliding = "sliding_attention" in (config.get("layer_types") or [])
-        if config.get("use_sliding_window") or sliding:
-            refused.append("use_sliding_window=true (jaxnet attends over the whole context)")
-        return refused
+    def variant(self, config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        layers = int(config.get("num_hidden_layers", 32))
+        window = config.get("sliding_window") if config.get("use_sliding_window") else None
+        types = config.get("layer_types")
+        if not types:
+            first = int(config.get("max_window_layers") or layers)
+            types = ["sliding_attention" if window and i >= first else "full_attention" for i in range(layers)]
+        return attention_layers(types, window, self.title)
 
-    def config(self, keys: dict[str, Any], vocab: int, context: int) -> dict[str, Any]:
-        return {**super().config(keys, vocab, context), "use_sliding_window": False, "sliding_window": None}
+    def variant_config(self, cfg: TransformerConfig) -> dict[str, Any]:
+        # As transformers 4.x reads it too: the layers from max_window_layers on are local
+        types = layer_types(cfg)
+        first = next((i for i, t in enumerate(types) if t == "sliding_attention"), cfg.layers)
+        local = first < cfg.layers
+        return {
+            "use_sliding_window": local,
+            "sliding_window": cfg.window if local else None,
+            "max_window_layers": first,
+            "layer_types": ["full_attention"] * first + ["sliding_attention"] * (cfg.layers - first),
+        }
+
+
+def every_layer_window(config: dict[str, Any], title: str) -> tuple[dict[str, Any], list[str]]:
+    """The keys of a ``sliding_window`` every layer has (Mistral's, Phi-3's; none: null)."""
+    window = config.get("sliding_window")
+    return attention_layers(["sliding_attention" if window else "full_attention"], window, title)
+
+
+def every_layer_window_config(cfg: TransformerConfig) -> dict[str, Any]:
+    """``sliding_window`` of a model whose layers are all local (its window), or null."""
+    return {"sliding_window": cfg.window if set(cfg.attention_pattern) == {"local"} else None}
 
 
 class Mistral(Llama):
-    """Mistral (``MistralForCausalLM``): Llama; a sliding window shorter than the context is refused."""
+    """Mistral (``MistralForCausalLM``): Llama whose layers attend to the last ``sliding_window``
+    positions when it names one."""
 
     model_type = "mistral"
     title = "Mistral"
@@ -235,15 +316,8 @@ class Mistral(Llama):
     preset = "mistral"
     bias_keys = False
 
-    def refused(self, config: dict[str, Any]) -> list[str]:
-        refused = super().refused(config)
-        window, context = config.get("sliding_window"), int(config.get("max_position_embeddings", 2048))
-        if window is not None and int(window) < context:
-            refused.append(
-                f"sliding_window={window}, shorter than max_position_embeddings={context} (jaxnet attends over the "
-                "whole context; set sliding_window to null in config.json if the model is used within it)"
-            )
-        return refused
+    def variant(self, config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        return every_layer_window(config, self.title)
 
-    def config(self, keys: dict[str, Any], vocab: int, context: int) -> dict[str, Any]:
-        return {**super().config(keys, vocab, context), "sliding_window": None}
+    def variant_config(self, cfg: TransformerConfig) -> dict[str, Any]:
+        return every_layer_window_config(cfg)

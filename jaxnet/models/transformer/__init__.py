@@ -28,6 +28,7 @@ is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -112,11 +113,15 @@ class TransformerConfig(TransformerKeys):
     def for_backend(self, backend: str) -> TransformerConfig:
         """Also ``attention=auto``: cuDNN's fused kernel on an NVIDIA GPU when the compute dtype is
         bfloat16 and the head size suits it, :func:`head_major_attention` on a CPU (where XLA runs it
-        in about half the time), XLA's ``jax.nn.dot_product_attention`` otherwise; an explicit
-        ``cudnn`` where it cannot run is a :class:`UserError`."""
+        in about half the time), XLA's ``jax.nn.dot_product_attention`` otherwise; soft-capped
+        attention logits (``attention_softcap``) are XLA's everywhere (:meth:`unfused_because`). An
+        explicit ``cudnn`` where it cannot run is a :class:`UserError`."""
         cfg = super().for_backend(backend)
         head_dim = cfg.head_size
         fused_ok = has_cudnn(backend) and cfg.dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128
+        if cfg.attention_softcap and cfg.attention == "cudnn":
+            raise UserError(f"model.attention=cudnn: {self.unfused_because()}; use model.attention=auto")
+        fused_ok = fused_ok and not cfg.attention_softcap
         xla = "xla_head_major" if backend == "cpu" else "xla"
         attention = cfg.attention if cfg.attention != "auto" else ("cudnn" if fused_ok else xla)
         if attention == "cudnn" and not fused_ok:
@@ -127,6 +132,17 @@ class TransformerConfig(TransformerKeys):
             )
         matmul = cfg.expert_matmul if cfg.expert_matmul != "auto" else ("blocks" if backend == "cpu" else "ragged")
         return dataclasses.replace(cfg, attention=attention, expert_matmul=matmul)
+
+    def unfused_because(self) -> str:
+        """Why no fused attention kernel computes this model's attention ("" when one may): soft-capped
+        logits, which neither cuDNN's kernel nor ``jax.nn.dot_product_attention`` computes (the
+        attention then runs :func:`head_major_attention`, XLA's own). ``jaxnet plan`` says it."""
+        if self.attention_softcap:
+            return (
+                f"model.attention_softcap={self.attention_softcap:g} soft-caps the attention logits, which "
+                "cuDNN's fused attention cannot; they are XLA's softmax(QK^T)V"
+            )
+        return ""
 
     def spec(self, vocab: int, context: int) -> TransformerSpec:
         """The :class:`TransformerSpec` of these keys over ``vocab`` token ids and ``context``
@@ -153,6 +169,14 @@ class TransformerConfig(TransformerKeys):
             unused += [k for k in MOE_KEYS if k not in HOW]
         if "local" not in out["attention_pattern"]:
             unused += ["window", "rope_local_theta"]
+        if spec.rope_scaling != "llama3":
+            unused += ["rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context"]
+        if spec.rope_scaling == "none":
+            unused += ["rope_factor"]
+        if spec.mlp == "swiglu":
+            unused += ["gelu"]
+        if spec.rope_local_theta == spec.rope_theta and spec.rope_scaling == "none":
+            out["rope_local_theta"] = 0.0  # the local layers' base given, the same as the rest's
         return {k: v for k, v in out.items() if k not in unused}
 
     def active_parameters(self, params: Any) -> int:
@@ -182,7 +206,8 @@ class TransformerConfig(TransformerKeys):
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Key/value heads split over ``tensor`` like the query heads where it divides them, whole
         on every tensor device otherwise (fewer key/value heads than tensor devices); an ``expert``
-        axis that does not divide the experts is a :class:`UserError`."""
+        axis that does not divide the experts, or a ``context`` axis under soft-capped attention, is a
+        :class:`UserError`."""
         kv_heads = self.kv_heads or self.heads
         ways = mesh_shape.get("expert", 1)
         if ways > 1 and (not self.experts or self.experts % ways):
@@ -190,27 +215,47 @@ class TransformerConfig(TransformerKeys):
                 f"mesh.expert={ways} does not divide model.experts={self.experts}; give an expert axis that divides "
                 "the experts (or mesh.expert=1)"
             )
+        if mesh_shape.get("context", 1) > 1 and self.attention_softcap:
+            raise UserError(
+                f"model.attention_softcap={self.attention_softcap} is not computed over a sequence split by "
+                f"mesh.context={mesh_shape['context']}; use mesh.context=1 for a soft-capped model (Gemma 2)"
+            )
         return (("kv_heads", "tensor" if kv_heads % mesh_shape.get("tensor", 1) == 0 else None),)
 
 
 def transformer_flops(spec: TransformerSpec, *, batch: int, causal: bool = True) -> float:
     """Forward FLOPs of :class:`TransformerLanguageModel` of ``spec`` on ``batch`` sequences of
     ``spec.context`` tokens (see :mod:`jaxnet.flops`): the projections (queries, keys and values
-    of their own head counts, the output, the MLP: two matrices, three for SwiGLU; a mixture layer's
-    router, the k experts each token goes to and its shared experts), the attention scores and
-    weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``), the
-    logits."""
+    of their own head counts, the output, the MLP: two matrices, three for SwiGLU and GeGLU; a mixture
+    layer's router, the k experts each token goes to and its shared experts), the attention scores and
+    weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``: a local
+    layer's queries each see their window), the logits."""
     length = spec.context
     tokens = batch * length
     w, hd = spec.width, spec.head_dim
     attention = w * spec.heads * hd + 2 * w * spec.kv_heads * hd + spec.heads * hd * w
-    dense = (3 if spec.mlp == "swiglu" else 2) * w * spec.mlp_hidden  # SwiGLU: gate, in and out
+    dense = (3 if spec.mlp in ("swiglu", "geglu") else 2) * w * spec.mlp_hidden  # gated: gate, in and out
     routed = w * spec.experts + 3 * w * spec.expert_hidden * (spec.experts_per_token + spec.shared_experts)
-    pairs = length * (length + 1) / 2 if causal and spec.causal else length * length
-    scores = 2 * 2 * batch * pairs * spec.heads * hd  # q.k and the weighted sum of v, over all heads
+
+    def pairs(window: int) -> float:
+        if not (causal and spec.causal):
+            return length * length
+        if window and window < length:  # each query sees its last `window` positions
+            return window * (window + 1) / 2 + (length - window) * window
+        return length * (length + 1) / 2
+
+    # each layer's projections and, over all heads, q.k and the weighted sum of v in its window
+    layers = collections.Counter((spec.layer(i).window, spec.layer(i).mlp) for i in range(spec.layers))
+    blocks = sum(
+        count
+        * (
+            2 * tokens * (attention + (routed if mlp == "moe" else dense))
+            + 2 * 2 * batch * pairs(window) * spec.heads * hd
+        )
+        for (window, mlp), count in layers.items()
+    )
     logits = 2 * tokens * w * spec.vocab
-    mlps = sum(routed if spec.layer(i).mlp == "moe" else dense for i in range(spec.layers))
-    return spec.layers * (2 * tokens * attention + scores) + 2 * tokens * mlps + logits
+    return blocks + logits
 
 
 # The packed layout of jaxnet before queries, keys and values were kept apart.

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project
+from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project, soft_cap
 from jaxnet.models.transformer import context
 from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
@@ -34,6 +34,7 @@ def rotary(
     positions: jnp.ndarray,
     base: float = 10000.0,
     llama3: tuple[float, float, float, int] | None = None,
+    linear: float = 1.0,
 ) -> jnp.ndarray:
     """Rotary position embedding of ``x`` (batch, time, heads, head_dim) at ``positions`` (time,),
     or (batch, time) when each row has its own.
@@ -42,7 +43,8 @@ def rotary(
     so the product of a rotated query and key depends only on their distance (the half-split
     convention of transformers' Llama, so its q/k weights need no permutation). ``llama3``
     (factor, low and high frequency factors, original context) rescales the frequencies as Llama
-    3.1 does (:func:`llama3_frequencies`)::
+    3.1 does (:func:`llama3_frequencies`); ``linear`` divides every frequency by it (linear rope
+    scaling, Gemma 3's global layers)::
 
         q = rotary(q, jnp.arange(q.shape[1]), base=500000.0, llama3=(8.0, 1.0, 4.0, 8192))
     """
@@ -50,6 +52,8 @@ def rotary(
     freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
     if llama3 is not None:
         freqs = llama3_frequencies(freqs, *llama3)
+    if linear != 1.0:
+        freqs = freqs / linear
     angles = positions.astype(jnp.float32)[..., None] * freqs
     cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # (..., time, 1, half)
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
@@ -82,12 +86,16 @@ def head_major_attention(
     is_causal: bool = True,
     mask: jnp.ndarray | None = None,
     local_window_size: tuple[int, int] | None = None,
+    scale: float | None = None,
+    softcap: float = 0.0,
 ) -> jnp.ndarray:
     """``jax.nn.dot_product_attention``'s XLA softmax(QK^T / sqrt(d))V on (batch, time, heads,
     head_dim) queries and (batch, time, kv_heads, head_dim) keys and values, with the heads moved
     ahead of time first, equal to it up to float rounding. ``mask`` (broadcastable to (batch,
     heads, time, time)) is True where a query may see a key; ``local_window_size`` ``(left,
-    right)`` limits query ``i`` to keys ``i - left`` .. ``i + right``, as JAX's does.
+    right)`` limits query ``i`` to keys ``i - left`` .. ``i + right``, as JAX's does; ``scale``
+    multiplies the logits in place of 1 / sqrt(d); ``softcap`` (0: none) caps the scaled logits
+    as ``softcap * tanh(logits / softcap)`` before the mask, which JAX's function cannot.
 
     On a CPU, XLA runs this form's products and softmax (forward and backward) in about half the
     time of ``jax.nn.dot_product_attention``'s (scripts/profile_cpu.py).
@@ -103,7 +111,9 @@ def head_major_attention(
         q = q.reshape(batch, length, kv_heads, heads // kv_heads, head_dim).transpose(0, 2, 3, 1, 4)
         logits = jnp.einsum("bkgth,bksh->bkgts", q, k, preferred_element_type=logits_dtype)
         logits = logits.reshape(batch, heads, length, -1)
-    logits *= jnp.array(1.0 / math.sqrt(head_dim), logits.dtype)
+    logits *= jnp.array(1.0 / math.sqrt(head_dim) if scale is None else scale, logits.dtype)
+    if softcap:
+        logits = soft_cap(logits, softcap)
     visible = jnp.tril(jnp.ones(logits.shape[-2:], bool)) if is_causal else None
     if local_window_size is not None:
         band = window_mask(logits.shape[-2], logits.shape[-1], *local_window_size)
@@ -148,6 +158,8 @@ def attend(
     kernel: str | None,
     mask: jnp.ndarray | None = None,
     window: int = 0,
+    scale: float | None = None,
+    softcap: float = 0.0,
     segments: jnp.ndarray | None = None,
     context_attention: str = "auto",
 ) -> jnp.ndarray:
@@ -156,8 +168,11 @@ def attend(
     heads, head_dim). ``causal`` hides later keys; ``window`` (a local layer's) hides keys more
     than ``window - 1`` positions before the query; ``mask`` (True where a query sees a key,
     broadcastable to (batch, heads, time, time')) hides others, as do ``segments`` (batch, time),
-    the examples packed in each row (:func:`segment_mask`). ``kernel`` picks the computation
-    (:func:`attention_fn`); every caller (training, evaluation, decoding) comes through here::
+    the examples packed in each row (:func:`segment_mask`); ``scale`` multiplies Q K^T in place of
+    1 / sqrt(head_dim); ``softcap`` (0: none) caps the scaled logits as ``softcap * tanh(logits /
+    softcap)`` (Gemma 2). ``kernel`` picks the computation (:func:`attention_fn`), but soft-capped
+    logits are always :func:`head_major_attention`'s (no fused kernel caps them: ``model.attention=auto``
+    then resolves to XLA's); every caller (training, evaluation, decoding) comes through here::
 
         out = attend(q, k, v, causal=True, kernel="xla", window=4096)
 
@@ -170,11 +185,17 @@ def attend(
     if context.split()[1] > 1:
         if mask is not None:
             raise ValueError("attention over a sequence split by mesh.context takes segments, not a mask")
-        return context.attention(q, k, v, causal=causal, window=window, segments=segments, how=context_attention)
+        if softcap:
+            raise ValueError("soft-capped attention logits over a sequence split by mesh.context are not computed")
+        return context.attention(
+            q, k, v, causal=causal, window=window, segments=segments, how=context_attention, scale=scale
+        )
     if segments is not None:
         mask = segment_mask(segments) if mask is None else mask & segment_mask(segments)
     local = {"local_window_size": (window - 1, 0)} if window else {}
-    return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask, **local)
+    if softcap:
+        return head_major_attention(q, k, v, is_causal=causal, mask=mask, scale=scale, softcap=softcap, **local)
+    return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask, scale=scale, **local)
 
 
 def segment_mask(segments: jnp.ndarray) -> jnp.ndarray:
@@ -214,7 +235,8 @@ class SelfAttention(nn.Module):
     ``spec.kv_heads`` heads), rotary positions if the spec says so, :func:`attend`, and the output
     projection ``out``. With ``decode=True`` (a causal model) the keys and values of each call are
     appended to a cache of ``spec.context`` positions of ``kv_heads`` heads (the ``cache``
-    collection) and the queries attend to every position filled so far.
+    collection) and the queries attend to every position filled so far; a local layer's cache
+    keeps only its window's last positions (:meth:`window_cache`).
 
     ``positions`` are the positions of ``x``'s tokens: (time,), or (batch, time) for rows that
     restart them. ``mask`` (True where a query may see a key, broadcastable to (batch, heads,
@@ -226,6 +248,35 @@ class SelfAttention(nn.Module):
 
     spec: TransformerSpec
     index: int = 0
+
+    def window_cache(
+        self, q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, positions: jnp.ndarray, window: int, scaling: dict
+    ) -> jnp.ndarray:
+        """Decoding attention of a local layer over a cache of ``window`` positions, not the
+        context's: position ``p`` is kept in slot ``p % window`` (a ring), so the cache holds the
+        last ``window`` keys and values, all a local layer's queries ever see. A call's queries
+        attend to the cache as it was (each slot's position known from the first new position)
+        and to the call's own keys, then its last ``window`` keys are written into their slots; a
+        call may bring more positions than the window (a prompt decoded at once)."""
+        s = self.spec
+        batch, length = k.shape[:2]
+        shape = (batch, window, s.kv_heads, s.head_dim)
+        cached_k = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+        cached_v = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
+        start = positions[0]
+        slots = jnp.arange(window)
+        held = start - 1 - jnp.mod(start - 1 - slots, window)  # each slot's latest position before start (< 0: none)
+        seen = jnp.concatenate([held, positions])  # the positions of the keys attended to
+        visible = (seen[None, :] >= 0) & (seen[None, :] <= positions[:, None])
+        visible &= seen[None, :] > positions[:, None] - window
+        keys = jnp.concatenate([cached_k.value, k], axis=1)
+        values = jnp.concatenate([cached_v.value, v], axis=1)
+        out = attend(q, keys, values, causal=False, kernel=DECODE_KERNEL, mask=visible[None, None], **scaling)
+        kept = min(length, window)
+        write = jnp.mod(positions[length - kept :], window)
+        cached_k.value = cached_k.value.at[:, write].set(k[:, length - kept :])
+        cached_v.value = cached_v.value.at[:, write].set(v[:, length - kept :])
+        return out
 
     @nn.compact
     def __call__(
@@ -279,8 +330,14 @@ class SelfAttention(nn.Module):
         if s.qk_norm:  # each head's queries and keys, over its head_dim, before the positions
             q, k = (norm(s, name, "kv", "rms")(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
         if s.position == "rotary":
-            q, k = (rotary(a, positions, layer.rope_theta, layer.rope_llama3) for a in (q, k))
-        if decode:
+            q, k = (rotary(a, positions, layer.rope_theta, layer.rope_llama3, layer.rope_linear) for a in (q, k))
+        scaling = {
+            "scale": s.attention_scale_dim**-0.5 if s.attention_scale_dim else None,
+            "softcap": s.attention_softcap,
+        }
+        if decode and 0 < layer.window < s.context:
+            out = self.window_cache(q, k, v, positions, layer.window, scaling)
+        elif decode:
             if not s.causal:
                 raise ValueError("decoding with a key/value cache needs a causal model (causal=True)")
             shape = (batch, s.context, s.kv_heads, s.head_dim)
@@ -293,7 +350,7 @@ class SelfAttention(nn.Module):
             if layer.window:
                 filled &= jnp.arange(s.context)[None, :] > positions[:, None] - layer.window
             visible = filled[None, None] if mask is None else filled[None, None] & mask
-            out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible)
+            out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible, **scaling)
         else:
             out = attend(
                 q,
@@ -305,6 +362,7 @@ class SelfAttention(nn.Module):
                 window=layer.window,
                 segments=segments,
                 context_attention=s.context_attention,
+                **scaling,
             )
         out = checkpoint_name(out, ATTENTION_OUTPUT)  # what model.remat=minimal keeps
         return Projection(

@@ -189,6 +189,7 @@ def attention(
     segments: jnp.ndarray | None = None,
     how: str = "auto",
     block: int = BLOCK,
+    scale: float | None = None,
 ) -> jnp.ndarray:
     """softmax(Q K^T / sqrt(head_dim)) V over a sequence split over the context axis: queries
     (batch, length, heads, head_dim), keys and values (batch, length, kv_heads, head_dim), their
@@ -196,7 +197,8 @@ def attention(
     segments never see each other; None: one sequence per row). ``causal`` and ``window`` act on
     each token's index in its row, as :func:`~jaxnet.models.transformer.attention.attend`'s do on
     one device. ``how``: ``ring``, ``gather`` or ``auto`` (:func:`strategy`); ``block``: queries
-    and keys of one block on a device. Called inside the sharding rules of a mesh with a context
+    and keys of one block on a device; ``scale`` multiplies Q K^T in place of 1 / sqrt(head_dim).
+    Called inside the sharding rules of a mesh with a context
     axis (:func:`split`)::
 
         out = attention(q, k, v, causal=True, segments=segments_in_balanced_order)
@@ -223,7 +225,7 @@ def attention(
         window=window,
         block=max(d for d in range(1, min(block, chunk) + 1) if chunk % d == 0),
         gather=strategy(how, length, ways) == "gather",
-        scale=1.0 / math.sqrt(head_dim),
+        scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
     )
     if segments is None:
         run = lambda q, k, v: _attention(setup, q, k, v, None)  # noqa: E731

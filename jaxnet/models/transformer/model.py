@@ -57,14 +57,16 @@ from jaxnet.models.transformer.spec import TransformerSpec
 def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
     """The dense MLP (a block's ``mlp_pattern`` entry ``dense``), its projections made in the calling
     block's scope (``mlp_in``, ``mlp_gate``, ``mlp_out``): ``mlp_out(gelu(mlp_in(h)))`` or, with
-    ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(h)) * mlp_in(h))`` (Llama's gate, up and down)."""
+    ``spec.mlp="swiglu"``, ``mlp_out(silu(mlp_gate(h)) * mlp_in(h))`` (Llama's gate, up and down),
+    or with ``"geglu"`` the same with ``spec.gelu``'s GELU for the SiLU (Gemma's)."""
     s = spec
     kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"), matmul=s.matmul)
     y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
     y = nn.with_logical_constraint(y, ("batch", LENGTH, "mlp"))
-    if s.mlp == "swiglu":
+    if s.mlp in ("swiglu", "geglu"):
         gate = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_gate", **kw)(h)
-        y = nn.silu(nn.with_logical_constraint(gate, ("batch", LENGTH, "mlp"))) * y
+        gate = nn.with_logical_constraint(gate, ("batch", LENGTH, "mlp"))
+        y = (nn.silu(gate) if s.mlp == "swiglu" else nn.gelu(gate, approximate=s.gelu == "tanh")) * y
     else:
         y = nn.gelu(y, approximate=s.gelu == "tanh")
     return Projection((s.width,), ("mlp", "embed"), std=s.out_std, name="mlp_out", **kw)(y)
@@ -213,6 +215,8 @@ class TransformerLanguageModel(nn.Module):
         else:
             mask, segments = (None if segments is None else segment_mask(segments)), None
         x = lookup(self.embed, tokens, s.dtype, ("batch", LENGTH, None))
+        if s.embed_scale:  # Gemma's sqrt(width), rounded to the compute dtype as its own is to its weights'
+            x = x * jnp.asarray(s.width**0.5, s.dtype)
         if s.position == "learned":
             table = jnp.take(self.position, positions, axis=0).astype(s.dtype)
             x = x + (table if table.ndim == 3 else table[None])
@@ -227,13 +231,16 @@ class TransformerLanguageModel(nn.Module):
         what a loss that computes the logits in pieces multiplies by."""
         s = self.spec
         if s.tie_embeddings:
-            return Head(self.embed.embedding, transposed=True, used=s.vocab_used, dtype=s.dtype)
+            return Head(
+                self.embed.embedding, transposed=True, used=s.vocab_used, dtype=s.dtype, softcap=s.logit_softcap
+            )
         kernel, bias = self.output.weights((s.width,))
-        return Head(kernel, bias, used=s.vocab_used, dtype=s.dtype)
+        return Head(kernel, bias, used=s.vocab_used, dtype=s.dtype, softcap=s.logit_softcap)
 
     def unembed(self, features: jnp.ndarray) -> jnp.ndarray:
         """Logits (..., vocab), float32 (or the compute dtype if wider), of final hidden states
-        (..., width): :meth:`head`'s logits, the unused ids masked (:func:`mask_unused_vocab`)."""
+        (..., width): :meth:`head`'s logits (soft-capped with ``spec.logit_softcap``), the unused ids
+        masked (:func:`mask_unused_vocab`)."""
         return nn.with_logical_constraint(self.head().logits(features), ("batch", LENGTH, "vocab"))
 
     def __call__(

@@ -45,14 +45,33 @@ _LLAMA: dict[str, Any] = {
     "rope_theta": 10000.0,
 }
 
+# Gemma's decoder: Llama's with a GeGLU MLP (tanh GELU), RMSNorm scales of 1 + w, the embeddings
+# scaled by sqrt(width) and tied to the output.
+_GEMMA: dict[str, Any] = {
+    **_LLAMA,
+    "mlp": "geglu",
+    "gelu": "tanh",
+    "norm_offset": 1.0,
+    "embed_scale": True,
+    "tie_embeddings": True,
+    "norm_eps": 1e-6,
+}
+
 #: Variants of the Transformer: the keys that make each what it is, sizes left to the caller.
 #: ``char_gpt`` is jaxnet's own GPT (learned positions, tied embeddings, tanh GELU, LayerNorm
 #: epsilon 1e-6); ``gpt2`` is OpenAI's (epsilon 1e-5), as its Hugging Face checkpoints hold it;
 #: ``bert_encoder`` attends both ways, with rotary positions. ``llama`` is the decoder of Llama,
 #: Mistral, SmolLM and TinyLlama: rotary positions, RMSNorm, a SwiGLU MLP, no biases, untied
 #: output; ``qwen2`` is the same with biases on the queries, keys and values; ``mistral`` is
-#: ``llama`` (a checkpoint's sliding window is its own ``window``). The sizes (``kv_heads``,
-#: ``mlp_hidden``, ``rope_theta``, rope scaling) are each checkpoint's own.
+#: ``llama`` (a checkpoint's sliding window is its own ``window``); ``qwen3`` is ``llama`` with
+#: RMSNorm on each head's queries and keys; ``phi3`` is ``llama`` (its files fuse the queries, keys
+#: and values, and the MLP's gate and up projections). ``gemma`` is Gemma's: a GeGLU MLP, RMSNorm
+#: scales of ``1 + w``, embeddings scaled by sqrt(width) and tied; ``gemma2`` adds norms after each
+#: branch, soft-capped attention and output logits, and local layers (a window of 4,096)
+#: alternating with global ones; ``gemma3`` has norms after each branch and on the queries and
+#: keys, five local layers to one global, each kind with its own rotary base, and no soft-capping.
+#: The sizes (``kv_heads``, ``mlp_hidden``, ``rope_theta``, rope scaling, ``window``) are each
+#: checkpoint's own.
 PRESETS: dict[str, dict[str, Any]] = {
     "char_gpt": {"position": "learned", "tie_embeddings": True, "causal": True, "gelu": "tanh", "norm_eps": 1e-6},
     "gpt2": {"position": "learned", "tie_embeddings": True, "causal": True, "gelu": "tanh", "norm_eps": 1e-5},
@@ -60,6 +79,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama": _LLAMA,
     "qwen2": {**_LLAMA, "bias": "qkv", "norm_eps": 1e-6},
     "mistral": _LLAMA,
+    "qwen3": {**_LLAMA, "qk_norm": True, "norm_eps": 1e-6, "rope_theta": 1000000.0},
+    "phi3": _LLAMA,
+    "gemma": _GEMMA,
+    "gemma2": {
+        **_GEMMA,
+        "post_norms": True,
+        "attention_softcap": 50.0,
+        "logit_softcap": 30.0,
+        "attention_pattern": ("local", "global"),
+        "window": 4096,
+    },
+    "gemma3": {
+        **_GEMMA,
+        "post_norms": True,
+        "qk_norm": True,
+        "attention_pattern": ("local",) * 5 + ("global",),
+        "window": 1024,
+        "rope_theta": 1000000.0,
+        "rope_local_theta": 10000.0,
+    },
 }
 
 #: What ``bias`` puts a bias on: every projection, or only the queries, keys and values (Qwen2), or none (Llama).
@@ -90,8 +129,9 @@ class TransformerKeys(ModelConfig):
     mlp_hidden: int = field(0, "MLP hidden units (0 = model.mlp_ratio x model.width; Llama 3 8B: 14336)", low=0)
     mlp: str = field(
         "gelu",
-        "the MLP: gelu = out(gelu(in(x))); swiglu = out(silu(gate(x)) * in(x)), Llama's",
-        choices=("gelu", "swiglu"),
+        "the MLP: gelu = out(gelu(in(x))); swiglu = out(silu(gate(x)) * in(x)), Llama's; geglu = "
+        "out(gelu(gate(x)) * in(x)), Gemma's (model.gelu says which GELU)",
+        choices=("gelu", "swiglu", "geglu"),
     )
     norm: str = field(
         "layer",
@@ -146,14 +186,38 @@ class TransformerKeys(ModelConfig):
         False, "also normalise each branch's output before it is added back (norms before and after: Gemma 2 and 3)"
     )
     qk_norm: bool = field(False, "RMSNorm on each head's queries and keys before the rotary positions (Qwen3, Gemma 3)")
+    norm_offset: float = field(
+        0.0,
+        "RMSNorm scales are kept as w and multiply by model.norm_offset + w, starting at 1 (Gemma's 1 + w: 1.0)",
+    )
+    embed_scale: bool = field(False, "the token embeddings are multiplied by sqrt(model.width) (Gemma)")
+    attention_scale_dim: int = field(
+        0,
+        "the attention logits are Q K^T / sqrt(model.attention_scale_dim) (0 = the head size; Gemma 2 and 3's "
+        "query_pre_attn_scalar)",
+        low=0,
+    )
+    attention_softcap: float = field(
+        0.0,
+        "the attention logits capped as c * tanh(logits / c), c = model.attention_softcap (0 = none; Gemma 2: 50)",
+        low=0.0,
+    )
+    logit_softcap: float = field(
+        0.0,
+        "the output logits capped as c * tanh(logits / c), c = model.logit_softcap (0 = none; Gemma 2: 30)",
+        low=0.0,
+    )
     rope_theta: float = field(10000.0, "rotary positions: the base of their frequencies (Llama 3: 500000)", low=1.0)
     rope_scaling: str = field(
         "none",
         "rotary positions: llama3 = rescale the frequencies as Llama 3.1 does (model.rope_factor, "
-        "model.rope_low_freq_factor, model.rope_high_freq_factor, model.rope_original_context)",
-        choices=("none", "llama3"),
+        "model.rope_low_freq_factor, model.rope_high_freq_factor, model.rope_original_context); linear = every "
+        "frequency divided by model.rope_factor (Gemma 3)",
+        choices=("none", "llama3", "linear"),
     )
-    rope_factor: float = field(8.0, "model.rope_scaling=llama3: the low frequencies are divided by it", low=1.0)
+    rope_factor: float = field(
+        8.0, "model.rope_scaling=llama3: the low frequencies are divided by it; linear: every frequency", low=1.0
+    )
     rope_low_freq_factor: float = field(1.0, "model.rope_scaling=llama3: low-frequency factor", low=0.0)
     rope_high_freq_factor: float = field(4.0, "model.rope_scaling=llama3: high-frequency factor", low=0.0)
     rope_original_context: int = field(
@@ -263,6 +327,8 @@ def check(keys: Any) -> None:
         raise SpecError(
             "model.attention_pattern has local layers, which attend to earlier positions; set model.causal=true"
         )
+    if keys.norm_offset and keys.norm != "rms":
+        raise SpecError(f"model.norm_offset={keys.norm_offset} is an offset of RMSNorm scales; set model.norm=rms")
     if "local" in keys.attention_pattern and not keys.window:
         raise SpecError("model.attention_pattern has local layers but model.window=0; set the window they attend over")
 
@@ -271,13 +337,15 @@ def check(keys: Any) -> None:
 class Layer:
     """What one block of a :class:`TransformerSpec` is (:meth:`TransformerSpec.layer`): its
     attention's kind and ``window`` (0: every earlier position), the rotary base and Llama 3
-    scaling of its positions, and its MLP's kind."""
+    scaling of its positions, its MLP's kind, and the linear rope scaling of its positions (the
+    frequencies divided by ``rope_linear``; 1: none)."""
 
     attention: str
     window: int
     rope_theta: float
     rope_llama3: tuple[float, float, float, int] | None
     mlp: str
+    rope_linear: float = 1.0
 
 
 class _Spec:
@@ -319,14 +387,16 @@ class _Spec:
         attention = self.attention_pattern[index % len(self.attention_pattern)]
         local = attention == "local"
         theta, llama3 = self.rope_theta, self.rope_llama3
+        linear = self.rope_factor if self.rope_scaling == "linear" else 1.0
         if local and self.rope_local_theta:
-            theta, llama3 = self.rope_local_theta, None
+            theta, llama3, linear = self.rope_local_theta, None, 1.0
         return Layer(
             attention=attention,
             window=self.window if local else 0,
             rope_theta=theta,
             rope_llama3=llama3,
             mlp=self.mlp_pattern[index % len(self.mlp_pattern)],
+            rope_linear=linear,
         )
 
     @property
@@ -378,6 +448,19 @@ their zeros, ``attention`` a kernel (``auto``: XLA's); ``dtype`` the compute dty
 
     TransformerSpec(vocab=50257, context=1024, layers=12, width=768, heads=12, **PRESETS["gpt2"])
 """
+
+
+def shortest_pattern(kinds: Any) -> tuple[str, ...]:
+    """The shortest pattern that, repeated, gives each layer's kind in ``kinds`` (a pattern as
+    :meth:`TransformerSpec.layer` repeats it)::
+
+        shortest_pattern(["local", "global", "local", "global", "local"])   # ('local', 'global')
+    """
+    kinds = tuple(kinds)
+    for size in range(1, len(kinds)):
+        if all(kinds[i] == kinds[i % size] for i in range(len(kinds))):
+            return kinds[:size]
+    return kinds
 
 
 def spec_keys() -> tuple[str, ...]:

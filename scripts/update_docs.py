@@ -835,6 +835,32 @@ def render_context_plan() -> str:
     return "\n".join(lines)
 
 
+def render_context_demo() -> str:
+    """scripts/context_demo.py: llama_shakespeare with the sequence split over 4 simulated CPU devices
+    (ring and gather) against one device, step by step."""
+    r = _latest(load_results(), kind="context parallelism, CPU")
+    if r is None:
+        return "No run yet: `python scripts/context_demo.py` writes one."
+    lines = [
+        "| layout | CPU devices | first loss | last loss | largest difference from one device, any step | wall time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, run in r["runs"].items():
+        lines.append(
+            f"| {name} | {run['devices']} | {run['losses'][0]:.6f} | {run['losses'][-1]:.6f} "
+            f"| {run['max_abs_difference_from_one_device']:.1e} | {run['wall_time_s']:.0f} s |"
+        )
+    v = r["versions"]
+    lines += [
+        "",
+        f"{r['steps']} steps of {r['batch']} rows of {r['seq_len']:,} tokens, every step's training loss; "
+        f"{r['device']}, simulated devices (`--xla_force_host_platform_device_count`); jax {v['jax']}, "
+        f"flax {v['flax']}; {r['date']}, commit {_short_commit(r['git_commit'])}. Each command is in "
+        f"[the record]({r['_file']}); the wall times are this shared CPU's, under load.",
+    ]
+    return "\n".join(lines)
+
+
 def render_lora_plan() -> str:
     """llama3_8b with LoRA adapters on 1 and 2 H100s beside the full fine-tune on 8: memory per device."""
     files = [f for f in sorted((ROOT / "benchmarks" / "results").glob("plan-llama3_8b-*.json"))]
@@ -1178,6 +1204,7 @@ BLOCKS = {
     "llama-plan": render_llama_plan,
     "lora-plan": render_lora_plan,
     "context-plan": render_context_plan,
+    "context-demo": render_context_demo,
     "blockwise": render_blockwise,
     "plan-vs-measured": render_plan_vs_measured,
     "speed": render_speed,

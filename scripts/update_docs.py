@@ -743,8 +743,8 @@ def render_llama_plan() -> str:
     rows = []
     for f in files:
         r = json.loads(f.read_text())
-        if r.get("lora"):
-            continue  # LoRA's plans: their own table (render_lora_plan)
+        if r.get("lora") or r.get("context"):
+            continue  # LoRA's and long-context plans: tables of their own (render_lora_plan, render_context_plan)
         if r.get("experiment") in LARGE_DENSE or (r.get("experiment") == "gpt2_small" and r.get("gpus") == 8):
             rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
     if not rows:
@@ -835,6 +835,85 @@ def render_moe_plan() -> str:
         "not measurements; the cost at $3 per GPU-hour. Memory is what XLA's compiled program says per device "
         "(usable = 90 % of the GPU). A fixed capacity of 1.25 (`model.capacity_factor`): XLA on a GPU computes "
         "dropless routing's ragged_dot densely, expert by expert, which no plan of these sizes holds.",
+    ]
+    return "\n".join(lines)
+
+
+def render_context_plan() -> str:
+    """llama3_8b's long-context plans on 8 H100s: the sequence split over mesh.context (beside FSDP),
+    the expected step and tokens/s, and context parallelism's traffic as predicted and as compiled."""
+    rows = []
+    for f in sorted((ROOT / "benchmarks" / "results").glob("plan-llama3_8b-*.json")):
+        r = json.loads(f.read_text())
+        if r.get("context"):
+            rows.append(r | {"_file": f"benchmarks/results/{f.name}"})
+    if not rows:
+        return "No long-context plan yet: `python scripts/record_plans.py context` writes them."
+    rows.sort(key=lambda r: (-r["seq_len"], r["mesh"].get("fsdp", 1), r["command"]))
+    lines = [
+        "| tokens a row | mesh | rows a step | fits | memory per device (args + temp) | **expected** step "
+        "| **expected** tokens/s | **predicted** step (bound) | context traffic a step, predicted / compiled "
+        "| communication bound | **predicted** MFU bound | goal: **expected** time, cost | compile | record |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m, p, c, g = r["memory"], r["prediction"], r["context"], r.get("goal") or {}
+        mesh = " x ".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1)
+        compiled = sum((found or {}).get("bytes", 0) for found in c["compiled"].values())
+        kinds = "+".join(k for k, found in c["compiled"].items() if found)
+        tokens_s = p.get("expected_tokens_per_s") or (
+            r["input_rate"]["tokens_per_step"] / p["expected_step_s"] if p.get("expected_step_s") else None
+        )
+        cost = f", ${g['cost_usd']:,.0f}" if g.get("cost_usd") is not None else ""
+        goal = f"{g['goal']}: {g['wall_s'] / 3600:,.1f} h{cost}" if g else "-"
+        mfu = f"{100 * p['mfu_bound']:.0f} %" if p.get("mfu_bound") else "-"
+        lines.append(
+            f"| {r['seq_len']:,} | {mesh} ({c['attention']}) | {r['batch_size']} | {'yes' if r['fits'] else '**no**'} "
+            f"| {m['total'] / 2**30:.1f} GiB of {m['device'] / 2**30:.1f} ({m['arguments'] / 2**30:.1f} + "
+            f"{m['temp'] / 2**30:.1f}) | {1e3 * p['expected_step_s']:,.0f} ms "
+            f"| {tokens_s:,.0f} | {1e3 * p['predicted_step_s']:,.0f} ms ({p['bound']}) "
+            f"| {c['predicted_bytes'] / 2**30:.2f} GiB / {compiled / 2**30:.2f} GiB ({kinds}) "
+            f"| {1e3 * p['communication_s']:,.0f} ms | {mfu} | {goal} | {r['compile_s']:.0f} s "
+            f"| [{Path(r['_file']).name}]({r['_file']}) |"
+        )
+    v = rows[0]["versions"]
+    lines += [
+        "",
+        f"Compiled on a shared 2-core CPU with no GPU (jax {v['jax']}, jax-cuda12-plugin {v['jax-cuda12-plugin']}; "
+        f"{rows[0]['date']}), each row's command in its record; every step, rate, time and cost is a "
+        "**prediction** (the bound) or an **estimate** (the expected step: the bound over the efficiency fitted on "
+        "published runs), not a measurement; the cost at $3 per GPU-hour. Context traffic: the bytes of context "
+        "parallelism's collectives a device sends in a step as `jaxnet plan` predicts them from the shapes, and what "
+        "the compiled step's collectives of those kinds carry (gathered: FSDP's all-gathers and reduce-scatters "
+        "are counted there too); their time is in the communication bound. Attention inside each device is XLA's "
+        "blockwise attention (cuDNN's fused kernel is not used across devices), so the memory bound is pessimistic "
+        "against a fused kernel.",
+    ]
+    return "\n".join(lines)
+
+
+def render_context_demo() -> str:
+    """scripts/context_demo.py: llama_shakespeare with the sequence split over 4 simulated CPU devices
+    (ring and gather) against one device, step by step."""
+    r = _latest(load_results(), kind="context parallelism, CPU")
+    if r is None:
+        return "No run yet: `python scripts/context_demo.py` writes one."
+    lines = [
+        "| layout | CPU devices | first loss | last loss | largest difference from one device, any step | wall time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, run in r["runs"].items():
+        lines.append(
+            f"| {name} | {run['devices']} | {run['losses'][0]:.6f} | {run['losses'][-1]:.6f} "
+            f"| {run['max_abs_difference_from_one_device']:.1e} | {run['wall_time_s']:.0f} s |"
+        )
+    v = r["versions"]
+    lines += [
+        "",
+        f"{r['steps']} steps of {r['batch']} rows of {r['seq_len']:,} tokens, every step's training loss; "
+        f"{r['device']}, simulated devices (`--xla_force_host_platform_device_count`); jax {v['jax']}, "
+        f"flax {v['flax']}; {r['date']}, commit {_short_commit(r['git_commit'])}. Each command is in "
+        f"[the record]({r['_file']}); the wall times are this shared CPU's, under load.",
     ]
     return "\n".join(lines)
 
@@ -1185,6 +1264,8 @@ BLOCKS = {
     "llama-plan": render_llama_plan,
     "lora-plan": render_lora_plan,
     "moe-plan": render_moe_plan,
+    "context-plan": render_context_plan,
+    "context-demo": render_context_demo,
     "blockwise": render_blockwise,
     "plan-vs-measured": render_plan_vs_measured,
     "speed": render_speed,

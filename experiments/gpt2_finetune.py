@@ -25,7 +25,8 @@ published GPT-2 as such a directory::
     GPT2LMHeadModel.from_pretrained("gpt2").save_pretrained("checkpoints/gpt2")
 
 Variants: ``smoke`` fine-tunes whatever small GPT-2 ``train.init_from`` names on the text as
-bytes (its vocabulary must be at most 256), context 32, for 10 steps.
+bytes (its vocabulary must be at most 256; ``train.check_tokenizer=false``: not GPT-2's tokens, on
+purpose), context 32, for 10 steps.
 """
 
 from jaxnet.config import Config
@@ -63,6 +64,7 @@ def get_config(variant: str = "default") -> Config:
     if variant == "smoke":
         cfg.data.name, cfg.data.path, cfg.data.vocab_size = "shakespeare", "", 0
         cfg.data.tokenizer = "byte"
+        cfg.train.check_tokenizer = False  # bytes on a small GPT-2 of random weights, on purpose
         cfg.data.seq_len = 32
         cfg.optim.lr = 1e-3
         cfg.optim.warmup_steps = 2

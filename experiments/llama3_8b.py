@@ -28,14 +28,19 @@ Variants: ``smoke`` trains a 2 x 64 model of the same shape (grouped-query, SwiG
 with context 64 on the bytes for 10 steps.
 """
 
+import dataclasses
+from pathlib import Path
+
 from jaxnet.config import Config
 from jaxnet.data import TokenDataset
+from jaxnet.data.tokens import load as load_corpus
 from jaxnet.data.tokens import load_or_prepare
 from jaxnet.models import TransformerConfig
 
 VARIANTS = ("default", "smoke")
 VOCAB = 128256
 CORPUS = "corpora/shakespeare-byte"
+PAIRS = "corpora/shakespeare-pairs-byte"
 
 
 def get_config(variant: str = "default") -> Config:
@@ -89,5 +94,32 @@ def get_config(variant: str = "default") -> Config:
 
 def data(cfg: Config) -> TokenDataset:
     """The corpus at data.path; the default one (the shipped Shakespeare as bytes, a placeholder of
-    the right shapes) is prepared on first use."""
+    the right shapes) is prepared on first use; with ``train.objective`` (DPO, SimPO) the default is
+    a placeholder of preference pairs (:func:`placeholder_pairs`)."""
+    if cfg.train.objective and cfg.data.path == CORPUS:
+        return load_corpus(dataclasses.replace(cfg.data, path=placeholder_pairs()))
     return load_or_prepare(cfg.data, "shakespeare", "byte", default=CORPUS)
+
+
+def placeholder_pairs(out: str = PAIRS, count: int = 2000) -> str:
+    """``out``, a preference corpus of the shipped Shakespeare in bytes (prepared on first use):
+    ``count`` plain-text pairs of consecutive paragraphs, one the prompt, the next the chosen reply
+    and the one after it the rejected. Only its shapes matter: it is the placeholder a plan of DPO
+    or SimPO reads (every pair is padded to data.seq_len)."""
+    import json
+
+    from jaxnet.data import text
+    from jaxnet.data.preference import prepare_preference
+
+    if not (Path(out) / "corpus.json").is_file():
+        paragraphs = [p.strip() for p in text.shakespeare_works()[0][1].split("\n\n") if p.strip()]
+        rows = [
+            {"prompt": paragraphs[k] + "\n", "chosen": paragraphs[k + 1], "rejected": paragraphs[k + 2]}
+            for k in range(0, min(3 * count, len(paragraphs) - 2), 3)
+            if paragraphs[k + 1] != paragraphs[k + 2]
+        ]
+        rows_file = Path(out + "-rows.jsonl")
+        rows_file.parent.mkdir(parents=True, exist_ok=True)
+        rows_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        prepare_preference([str(rows_file)], "byte", out, progress=False)
+    return out

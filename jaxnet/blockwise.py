@@ -18,11 +18,13 @@ output tied to the embedding or not, with or without a bias, and logits soft-cap
 layer (``Head.softcap``, Gemma 2's ``c * tanh(logits / c)``: its gradient through the cap too).
 
 Placement on a mesh. Under the run's sharding rules (:func:`jaxnet.parallel.under_rules`) every
-block keeps the batch split as the features are (``batch``) and the vocabulary split as the output
-layer is (``vocab``, over ``tensor``): the log-sum-exp and the gradient of the hidden states are
-reduced across the tensor devices inside each block, and each device adds its own rows' gradient
-of the output layer into a partial sum of its own, reduced across the batch devices once, after the
-last block. Outside such rules it is plain single-device code.
+block keeps the batch split as the features are (``batch``), the positions of each row split as
+they are (``length``, over ``context``: each device walks its own piece of the sequence) and the
+vocabulary split as the output layer is (``vocab``, over ``tensor``): the log-sum-exp and the
+gradient of the hidden states are reduced across the tensor devices inside each block, and each
+device adds its own tokens' gradient of the output layer into a partial sum of its own, reduced
+across the batch and context devices once, after the last block. Outside such rules it is plain
+single-device code.
 
 Block size: ``block`` tokens of one device per block (whole positions of every row the device
 holds); 0 picks as many as keep a block's float32 logits on one device near :data:`BLOCK_BYTES`.
@@ -44,6 +46,7 @@ import jax.numpy as jnp
 
 from jaxnet import optim
 from jaxnet.models.common import Head, mask_unused_vocab
+from jaxnet.models.transformer.context import LENGTH
 
 #: The float32 logits of one block on one device that ``block=0`` aims at, by platform (bytes):
 #: see :func:`block_bytes`.
@@ -95,11 +98,13 @@ def cross_entropy(
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    """What the blocks are: ``shards`` groups of rows (one per batch device), ``blocks`` blocks of
-    ``per_block`` positions each, the last ``pad`` positions padding (weight 0); the head's static
-    settings; whether label smoothing and the z-loss are on."""
+    """What the blocks are: ``shards`` groups of rows (one per batch device), ``pieces`` pieces of
+    each row (one per context device), ``blocks`` blocks of ``per_block`` positions of each piece,
+    the last ``pad`` positions of a piece padding (weight 0); the head's static settings; whether
+    label smoothing and the z-loss are on."""
 
     shards: int
+    pieces: int
     blocks: int
     per_block: int
     pad: int
@@ -156,19 +161,23 @@ def _plan(rows: int, length: int, head: Head, block: int, smoothing: bool, z_los
     shards = _mesh_sizes("batch")
     if rows % shards:
         shards = 1
-    local_rows = rows // shards
+    pieces = _mesh_sizes(LENGTH)
+    if length % pieces:
+        pieces = 1
+    local_rows, local_length = rows // shards, length // pieces
     if block <= 0:
         local_vocab = -(-head.vocab // _mesh_sizes("vocab"))
         block = max(1, block_bytes(platform) // (4 * local_vocab))
-    per_block = _positions_per_block(length, block // local_rows)
-    blocks = -(-length // per_block)
-    per_block = -(-length // blocks)  # the same number of blocks, evened out: the least padding
+    per_block = _positions_per_block(local_length, block // local_rows)
+    blocks = -(-local_length // per_block)
+    per_block = -(-local_length // blocks)  # the same number of blocks, evened out: the least padding
     used = head.used if 0 < head.used < head.vocab else head.vocab
     return _Plan(
         shards=shards,
+        pieces=pieces,
         blocks=blocks,
         per_block=per_block,
-        pad=blocks * per_block - length,
+        pad=blocks * per_block - local_length,
         transposed=head.transposed,
         vocab=head.vocab,
         used=used,
@@ -221,31 +230,33 @@ def _blocks(
 ) -> tuple[tuple[jax.Array, jax.Array], tuple | None]:
     """The blocks: the sums, and with ``grads`` the gradients of the loss sum (its cotangent 1)."""
     rows, length, width = h.shape
-    s, n, p = plan.shards, plan.blocks, plan.per_block
+    s, c, n, p = plan.shards, plan.pieces, plan.blocks, plan.per_block
     used, dtype = plan.used, plan.dtype
     acc = jnp.promote_types(dtype, jnp.float32)
 
     def blocked(x: jax.Array) -> jax.Array:
-        """(rows, length, ...) -> (blocks, shards, rows / shards, per_block, ...), padded with zeros."""
-        x = jnp.pad(x, [(0, 0), (0, plan.pad)] + [(0, 0)] * (x.ndim - 2))
-        x = x.reshape(s, rows // s, n, p, *x.shape[2:])
-        x = jnp.moveaxis(x, 2, 0)
-        return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
+        """(rows, length, ...) -> (blocks, shards, rows / shards, pieces, per_block, ...), each piece
+        padded with zeros."""
+        x = x.reshape(rows, c, length // c, *x.shape[2:])
+        x = jnp.pad(x, [(0, 0), (0, 0), (0, plan.pad)] + [(0, 0)] * (x.ndim - 3))
+        x = x.reshape(s, rows // s, c, n, p, *x.shape[3:])
+        x = jnp.moveaxis(x, 3, 0)
+        return nn.with_logical_constraint(x, (None, "batch", None, LENGTH) + (None,) * (x.ndim - 4))
 
     xs = (blocked(h), blocked(y), blocked(w))
     k = kernel.astype(dtype)
-    # Einsum letters: s shards, r rows, p positions, d width, v vocabulary.
+    # Einsum letters: s shards, r rows, c pieces, p positions, d width, v vocabulary.
     kernel_axes = "vd" if plan.transposed else "dv"
     ids = jnp.arange(plan.vocab)
 
     def block(carry: tuple, x: tuple) -> tuple:
         h_b, y_b, w_b = x
         # As the whole logits are made (Head.logits): the product in the compute dtype, then wider.
-        logits = jnp.einsum(f"srpd,{kernel_axes}->srpv", h_b.astype(dtype), k)
+        logits = jnp.einsum(f"srcpd,{kernel_axes}->srcpv", h_b.astype(dtype), k)
         if bias is not None:
             logits = logits + bias.astype(dtype)
         logits = logits.astype(acc)
-        logits = nn.with_logical_constraint(logits, ("batch", None, None, "vocab"))
+        logits = nn.with_logical_constraint(logits, ("batch", None, LENGTH, None, "vocab"))
         if plan.softcap:  # as Head.logits: capped, then the unused ids masked
             capped = jnp.tanh(logits / plan.softcap)
             logits = plan.softcap * capped
@@ -285,17 +296,18 @@ def _blocks(
         if plan.softcap:  # through the cap: d(c tanh(x / c)) / dx = 1 - tanh(x / c)**2
             dlogits = dlogits * (1.0 - capped * capped)
         dlogits = dlogits.astype(dtype)
-        dlogits = nn.with_logical_constraint(dlogits, ("batch", None, None, "vocab"))
+        dlogits = nn.with_logical_constraint(dlogits, ("batch", None, LENGTH, None, "vocab"))
         # Made once: XLA on a CPU would otherwise make it again inside each of the two products.
         dlogits = jax.lax.optimization_barrier(dlogits)
-        dh = jnp.einsum(f"srpv,{kernel_axes}->srpd", dlogits, k, preferred_element_type=acc)
-        # Each batch device adds into a partial sum of its own (the leading shard axis), reduced
-        # across the batch devices once, after the last block; (width, vocab) whether tied or not,
-        # so that the product reads the block's gradient as it lies (transposed once, at the end).
-        dk = jnp.einsum("srpd,srpv->sdv", h_b.astype(dtype), dlogits, preferred_element_type=acc)
-        dkernel = nn.with_logical_constraint(dkernel + dk, ("batch", None, "vocab"))
+        dh = jnp.einsum(f"srcpv,{kernel_axes}->srcpd", dlogits, k, preferred_element_type=acc)
+        # Each batch and context device adds into a partial sum of its own (the leading shard and
+        # piece axes), reduced across those devices once, after the last block; (width, vocab)
+        # whether tied or not, so that the product reads the block's gradient as it lies
+        # (transposed once, at the end).
+        dk = jnp.einsum("srcpd,srcpv->scdv", h_b.astype(dtype), dlogits, preferred_element_type=acc)
+        dkernel = nn.with_logical_constraint(dkernel + dk, ("batch", LENGTH, None, "vocab"))
         if dbias is not None:
-            dbias = dbias + jnp.sum(dlogits.astype(acc), axis=(1, 2))
+            dbias = dbias + jnp.sum(dlogits.astype(acc), axis=(1, 3))
         return (*sums, dkernel, dbias), (dh.astype(h.dtype), loss)
 
     inputs = (h, kernel, bias, y, w)
@@ -303,19 +315,19 @@ def _blocks(
     if not grads:
         sums, _ = jax.lax.scan(block, (zero, zero), xs)
         return sums, None
-    dkernel0 = _varying_like(jnp.zeros((s, width, plan.vocab), acc), inputs)
-    dbias0 = None if bias is None else _varying_like(jnp.zeros((s, plan.vocab), acc), inputs)
+    dkernel0 = _varying_like(jnp.zeros((s, c, width, plan.vocab), acc), inputs)
+    dbias0 = None if bias is None else _varying_like(jnp.zeros((s, c, plan.vocab), acc), inputs)
     (loss_sum, hit_sum, dkernel, dbias), (dh, per_token) = jax.lax.scan(block, (zero, zero, dkernel0, dbias0), xs)
 
     def unblocked(x: jax.Array) -> jax.Array:
         """The inverse of ``blocked``, the padding dropped."""
-        x = jnp.moveaxis(x, 0, 2).reshape(rows, n * p, *x.shape[4:])
-        return x[:, :length]
+        x = jnp.moveaxis(x, 0, 3).reshape(rows, c, n * p, *x.shape[5:])
+        return x[:, :, : length // c].reshape(rows, length, *x.shape[3:])
 
     gradients = (
         unblocked(dh),
-        (dkernel.sum(0).T if plan.transposed else dkernel.sum(0)).astype(kernel.dtype),
-        None if bias is None else dbias.sum(0).astype(bias.dtype),
+        (dkernel.sum((0, 1)).T if plan.transposed else dkernel.sum((0, 1))).astype(kernel.dtype),
+        None if bias is None else dbias.sum((0, 1)).astype(bias.dtype),
         unblocked(per_token),
     )
     return (loss_sum, hit_sum), gradients

@@ -26,6 +26,8 @@
     jaxnet prepare --merge --out DIR
     jaxnet prepare chat FILE... --tokenizer hf:DIR --out DIR [--val FILE] [--test FILE] [--chat-template FILE]
                    [--workers N] [--seq-lens N,...]
+    jaxnet prepare preference FILE... --tokenizer hf:DIR|gpt2|byte --out DIR [--val FILE] [--test FILE]
+                   [--chat-template FILE] [--seq-lens N,...]
     jaxnet prepare images DIR --out DIR [--workers N] [--shard-images N] [--skip-corrupt]
     jaxnet lm-eval --model jaxnet --model_args workdir=DIR|hf:PATH --tasks TASK... [any lm-eval option]
     jaxnet list
@@ -292,19 +294,27 @@ def _parser() -> argparse.ArgumentParser:
     prep = commands.add_parser(
         "prepare",
         help="tokenize text once into token shards (llm.c's layout) plus corpus.json, for data.name=tokens; "
-        "conversations through a checkpoint's chat template (jaxnet prepare chat FILE...); "
+        "conversations through a checkpoint's chat template (jaxnet prepare chat FILE...); pairs of a chosen and "
+        "a rejected reply for preference tuning (jaxnet prepare preference FILE...); "
         "or pack an image folder into ArrayRecord shards (jaxnet prepare images DIR), for data.name=arrayrecord",
         description="SOURCE: shakespeare, ptb, a text file (cut into documents at paragraph ends when it is the "
         "only one), a .jsonl/.jsonl.gz file (one document per line), a .parquet file (one document per row), a glob "
         'pattern or a directory of them; or `chat FILE...`, conversations ({"messages": [...]} or {"prompt", '
         '"completion"} rows of .jsonl, .jsonl.gz or .parquet files) rendered with --tokenizer hf:DIR\'s chat '
-        "template; or `images DIR`, an image folder with a subdirectory per class. Killed, it continues when run "
-        "again.",
+        'template; or `preference FILE...`, pairs ({"prompt", "chosen", "rejected"} rows: strings, or lists of '
+        "messages rendered with the chat template); or `images DIR`, an image folder with a subdirectory per class. "
+        "Killed, it continues when run again.",
     )
     prep.add_argument(
-        "source", nargs="?", help="shakespeare, ptb, a file, a glob pattern or a directory; or chat, or images"
+        "source",
+        nargs="?",
+        help="shakespeare, ptb, a file, a glob pattern or a directory; or chat, preference or images",
     )
-    prep.add_argument("folder", nargs="*", help="with chat: the conversation files; with images: the image folder")
+    prep.add_argument(
+        "folder",
+        nargs="*",
+        help="with chat: the conversation files; with preference: the files of pairs; with images: the image folder",
+    )
     prep.add_argument(
         "--tokenizer",
         default="gpt2",
@@ -328,16 +338,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="a source of too few documents (one text file) is cut into documents of about N bytes at paragraph ends",
     )
-    prep.add_argument("--val", metavar="FILE", help="chat: conversations held out for validation")
-    prep.add_argument("--test", metavar="FILE", help="chat: conversations held out for test")
+    prep.add_argument("--val", metavar="FILE", help="chat, preference: conversations (pairs) held out for validation")
+    prep.add_argument("--test", metavar="FILE", help="chat, preference: conversations (pairs) held out for test")
     prep.add_argument(
-        "--chat-template", metavar="FILE", help="chat: a Jinja chat template to use instead of the checkpoint's own"
+        "--chat-template",
+        metavar="FILE",
+        help="chat, preference: a Jinja chat template to use instead of the checkpoint's own",
     )
     prep.add_argument(
         "--seq-lens",
         default="512,1024,2048,4096",
         metavar="N,...",
-        help="chat: the row lengths (data.seq_len) whose packing padding is reported",
+        help="chat: the row lengths (data.seq_len) whose packing padding is reported; preference: whose overlong "
+        "pairs are counted",
     )
     prep.add_argument("--shard-images", type=int, default=5000, metavar="N", help="images: records per shard file")
     prep.add_argument("--skip-corrupt", action="store_true", help="images: leave unreadable images out (counted)")
@@ -449,8 +462,25 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                 progress=not args.quiet,
             )
             return 0
+        if args.source == "preference":
+            from jaxnet.data import preference
+
+            preference.prepare_preference(
+                args.folder,
+                args.tokenizer,
+                args.out,
+                val=args.val,
+                test=args.test,
+                chat_template=args.chat_template,
+                val_fraction=args.val_fraction,
+                test_fraction=args.test_fraction,
+                shard_tokens=args.shard_tokens,
+                seq_lens=_seq_lens(args.seq_lens),
+                progress=not args.quiet,
+            )
+            return 0
         if args.val or args.test or args.chat_template:
-            raise UserError("--val, --test and --chat-template are for jaxnet prepare chat FILE...")
+            raise UserError("--val, --test and --chat-template are for jaxnet prepare chat|preference FILE...")
         if args.source == "images":
             if len(args.folder) != 1:
                 raise UserError("jaxnet prepare images needs the image folder: jaxnet prepare images DIR --out DIR")
@@ -608,6 +638,12 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             system=args.system,
         )
         print(text)
+        if args.chat is not None and not text.strip():
+            print(
+                "(the reply is empty: the model ended its turn at once; a model trained longer, or sampling with "
+                "--temperature 0.8 --seed N, may answer)",
+                file=sys.stderr,
+            )
         return 0
     if args.command == "export":
         from jaxnet.predict import export_run

@@ -278,6 +278,28 @@ def fit_efficiency(runs: list[tuple[str, dict[str, Any], float]]) -> dict[str, A
     }
 
 
+def published_spread(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How far the expected step has fallen from measured ones: the least and the greatest of
+    ``expected / published - 1`` over the published runs jaxnet planned (``rows`` of the table
+    ``scripts/record_plans.py published`` writes, each with ``ratio_expected_to_published``), or
+    None without any.
+
+    >>> rows = [{"ratio_expected_to_published": 0.66}, {"ratio_expected_to_published": 1.18}]
+    >>> published_spread(rows)["low"], published_spread(rows)["high"]
+    (-0.34, 0.18)
+    """
+    ratios = [r["ratio_expected_to_published"] for r in rows if r.get("ratio_expected_to_published")]
+    if not ratios:
+        return None
+    return {
+        "low": round(min(ratios) - 1, 4),
+        "high": round(max(ratios) - 1, 4),
+        "runs": len(ratios),
+        "note": "expected step / published step - 1 over the published runs jaxnet plans "
+        "(jaxnet/targets/published_runs.json): how far an expected step has been from a measured one",
+    }
+
+
 def expectation(report: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, Any]:
     """The report's expected figures with ``fit`` (:func:`load_fit`'s dict; None: no expected figure):
     step, tokens and examples per second and MFU at that step."""
@@ -301,6 +323,7 @@ def expectation(report: dict[str, Any], fit: dict[str, Any] | None) -> dict[str,
         "expected_tokens_per_s": per_step / step if per_step else None,
         "expected_examples_per_s": report["batch_size"] / step,
         "expected_mfu": analytic / step / (peak * report["gpus"]) if analytic and peak else None,
+        "expected_spread": fit.get("spread"),
         "label": "EXPECTED (the largest of the compute, memory and launch bounds / an efficiency fitted on published "
         "measured runs, plus communication XLA cannot overlap), not measured",
     }
@@ -483,7 +506,8 @@ def process_layout(gpus: int, mesh: dict[str, int], per_node: int = 8) -> dict[s
     """How a planned run's processes can sit on its hosts (:func:`hosts_for` of them): one per host
     using all its GPUs, or one per GPU. The mesh is the same either way (its devices in process
     order, Slurm placing consecutive tasks on one node); its ``tensor`` groups stay inside a host,
-    on its fast links, when ``mesh.tensor`` divides the GPUs of a host.
+    on its fast links, when ``mesh.tensor`` divides the GPUs of a host, and its ``context`` groups
+    (the axis next to ``tensor``) when ``mesh.context x mesh.tensor`` does.
 
     >>> process_layout(16, {"data": 8, "fsdp": 1, "tensor": 2})["per_gpu"]["srun"]
     '--nodes=2 --ntasks-per-node=8 --gpus-per-task=1'
@@ -499,4 +523,5 @@ def process_layout(gpus: int, mesh: dict[str, int], per_node: int = 8) -> dict[s
             "srun": f"--nodes={hosts} --ntasks-per-node={per_host} --gpus-per-task=1",
         },
         "tensor_within_host": per_host % mesh.get("tensor", 1) == 0,
+        "context_within_host": per_host % (mesh.get("context", 1) * mesh.get("tensor", 1)) == 0,
     }

@@ -25,6 +25,18 @@ def _us(seconds: float | None) -> str:
     return "-" if seconds is None else f"{1e6 * seconds:.3g} us"
 
 
+def _flop(n: float) -> str:
+    """A count of floating-point operations in units a reader takes in at once: ``427.6 TFLOP``.
+
+    >>> _flop(427638.468e9), _flop(2.5e6), _flop(0)
+    ('427.6 TFLOP', '2.5 MFLOP', '0 FLOP')
+    """
+    for power, prefix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if abs(n) >= 10**power:
+            return f"{n / 10**power:.4g} {prefix}FLOP"
+    return f"{n:.4g} FLOP"
+
+
 def _per_s(value: float | None, unit: str) -> str | None:
     return None if value is None else f"{value:,.0f} {unit}/s"
 
@@ -102,8 +114,14 @@ def _expected_line(report: dict[str, Any]) -> list[str]:
         else f"{p['expected_examples_per_s']:,.0f} examples/s"
     )
     mfu = f", MFU {100 * p['expected_mfu']:.0f} %" if p.get("expected_mfu") else ""
+    spread = p.get("expected_spread")  # absent from plans recorded before it was
+    within = ""
+    if spread:
+        low, high = 100 * spread["low"], 100 * spread["high"]
+        within = f" (against {spread['runs']} published runs: {low:+.0f} % .. {high:+.0f} % of their measured step)"
     return [
-        f"  EXPECTED step {_ms(p['expected_step_s'])} = the bound's work / {p['efficiency']:.3g} (the efficiency "
+        f"  EXPECTED step {_ms(p['expected_step_s'])}{within} = the bound's work / {p['efficiency']:.3g} "
+        "(the efficiency "
         f"fitted on {', '.join(p['fitted_on'] or [])}) + {_ms(p['exposed_communication_s'])} of communication not "
         "overlapped: "
         f"{rate}{mfu}; the PREDICTED bound below is the least a step can take"
@@ -128,6 +146,37 @@ def _communication_line(report: dict[str, Any]) -> str:
     )
 
 
+def _context_line(report: dict[str, Any]) -> list[str]:
+    c = report.get("context")
+    if not c:
+        return []
+    compiled = ", ".join(
+        f"{kind} {_gib(found['bytes'])} ({_ms(found['seconds'])})" for kind, found in c["compiled"].items() if found
+    )
+    return [
+        f"  context parallelism: mesh.context={c['ways']}, {c['attention']} attention, {c['tokens_per_device']:,} "
+        f"tokens of a micro-batch on a device; predicted {_gib(c['predicted_bytes'])} a step (attention forward "
+        f"{_gib(c['per_layer_forward_bytes'])} x {c['attention_forwards']} and backward "
+        f"{_gib(c['per_layer_backward_bytes'])} a layer, reordering {_gib(c['restore_bytes'])}); compiled: "
+        f"{compiled or 'none'}"
+    ]
+
+
+def _parameters(report: dict[str, Any]) -> str:
+    """``N parameters`` (billions or millions), with how many each token computes with where fewer (experts)."""
+    total, active = report.get("parameters") or 0, report.get("active_parameters")
+    size = lambda n: f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"  # noqa: E731
+    return f"{size(total)} parameters" + (f" ({size(active)} active a token)" if active and active < total else "")
+
+
+def _loss(report: dict[str, Any]) -> str:
+    """Where the plan's training loss comes from (plans recorded before it was said: nothing)."""
+    loss = report.get("loss")
+    if loss is None:
+        return ""
+    return "; the loss blockwise, the whole logits never held" if loss == "blockwise" else "; the loss from the logits"
+
+
 def describe(report: dict[str, Any]) -> str:
     """The plan as a few lines of text for the terminal."""
     m, f, p, k = report["memory"], report["flops_per_step"], report["prediction"], report["kernels"]
@@ -135,19 +184,20 @@ def describe(report: dict[str, Any]) -> str:
     verdict = "fits" if report["fits"] else "DOES NOT FIT"
     lines = [
         f"{report['experiment'] or 'run'} on {report['gpus']} x {report['device_kind']} (mesh {mesh}), batch "
-        f"{report['batch_size']}, {report['compute_dtype']}: {verdict} "
-        f"({_gib(m['total'])} of {_gib(m['device'])} per device; usable with 10 % headroom {_gib(m['usable'])})",
+        f"{report['batch_size']}, {report['compute_dtype']}, {_parameters(report)}: {verdict} "
+        f"({_gib(m['total'])} of {_gib(m['device'])} per device; usable with 10 % headroom {_gib(m['usable'])})"
+        + _loss(report),
         f"  memory per device: arguments {_gib(m['arguments'])} (parameters {_gib(m['params'])}"
         + (f", frozen base {_gib(m['frozen_base'])}" if m.get("frozen_base") else "")
         + f", optimizer state "
         f"{_gib(m['opt_state'])}, batch {_gib(m['batch'])}), outputs {_gib(m['outputs'])} "
         f"({_gib(m['aliased'])} donated), temp {_gib(m['temp'])}; cuDNN workspaces not counted",
-        f"  FLOPs per step per device {f['per_device'] / 1e9:.3f} G from {f['source']} (XLA "
-        f"{f['xla_cost_analysis'] / 1e9:.3f} G, cuDNN attention {f['cudnn_attention_by_formula'] / 1e9:.3f} G); "
+        f"  FLOPs per step per device {_flop(f['per_device'])} from {f['source']} (XLA "
+        f"{_flop(f['xla_cost_analysis'])}, cuDNN attention {_flop(f['cudnn_attention_by_formula'])}); "
         "jaxnet.flops "
-        + (f"{f['jaxnet_flops_py'] / 1e9:.3f} G for all devices" if f["jaxnet_flops_py"] else "n/a")
+        + (f"{_flop(f['jaxnet_flops_py'])} for all devices" if f["jaxnet_flops_py"] else "n/a")
         + (
-            f"; float8 products {f['fp8'] / 1e9:.3f} G (at the float8 peak, "
+            f"; float8 products {_flop(f['fp8'])} (at the float8 peak, "
             f"{(p.get('peak_fp8_flops') or 0) / 1e12:.0f} TFLOP/s)"
             if f.get("fp8")
             else ""
@@ -176,6 +226,7 @@ def describe(report: dict[str, Any]) -> str:
         f"backward, gemm fusions {k['gemm_fusions'] or '-'}, matmul dtypes {k['matmul_dtypes'] or '-'}",
         *([f"  attention: {report['attention']['description']}"] if report.get("attention") else []),
         _communication_line(report),
+        *_context_line(report),
         f"  compiled in {report['compile_s']:.1f} s (eval step {report['eval_compile_s']:.1f} s)",
     ]
     if "max_batch_size" in report:
@@ -196,8 +247,16 @@ def _processes_line(report: dict[str, Any]) -> list[str]:
         return []
     tensor = report["mesh"].get("tensor", 1)
     where = "inside a host" if layout["tensor_within_host"] else "ACROSS hosts (slow links): use a smaller mesh.tensor"
+    ways = report["mesh"].get("context", 1)
+    ring = ""
+    if ways > 1 and "context_within_host" in layout:
+        ring = f"; mesh.context={ways} groups " + (
+            "inside a host"
+            if layout["context_within_host"]
+            else "ACROSS hosts (slow links): use a smaller mesh.context"
+        )
     return [
         f"  processes: either {layout['per_host']['processes']} (one per host: srun {layout['per_host']['srun']}) "
         f"or {layout['per_gpu']['processes']} (one per GPU: srun {layout['per_gpu']['srun']}); "
-        f"mesh.tensor={tensor} groups {where} (see docs/cluster.md)"
+        f"mesh.tensor={tensor} groups {where}{ring} (see docs/cluster.md)"
     ]

@@ -6,7 +6,9 @@ For each allowed mesh and each policy (``model.remat``) the train step is compil
 by a near constant amount per row, so the line through the two gives the largest batch that should
 fit with 10 % headroom, which is compiled to confirm (stepping down, or up, a multiple of the
 data-parallel size at a time until it fits and the next does not). Each candidate's expected step
-(:func:`jaxnet.plan_estimate.expected_step`) at its largest batch gives its tokens per second;
+(:func:`jaxnet.plan_estimate.expected_step`) at every size compiled that fits gives its tokens per
+second, and the fastest is the candidate's (often the largest, not always: a program squeezed into
+memory may recompute);
 the best is the answer and the others are its runner-up rows, each with its memory, FLOPs per
 token and what recomputation adds to them (against ``none`` on the same mesh), and the compile
 time spent::
@@ -34,7 +36,7 @@ from jaxnet.plan_targets import gpus_per_node, load_target, topology
 from jaxnet.planner import HEADROOM, _compile_train, _dividing_batch, _for_gpu, _memory, gpus_for, step_figures
 from jaxnet.train.loop import Run
 
-MAX_COMPILES = 6  # per candidate (mesh and policy): two to draw the line, the rest to confirm
+MAX_COMPILES = 8  # per candidate (mesh and policy): two to draw the line, the rest to find and confirm
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -62,7 +64,8 @@ def largest_multiple(
     """The largest multiple ``k`` of the data-parallel size whose memory (``memory_at(k)``, one
     compile each, asked at most ``most`` times) is within ``usable``, and the smallest known not to
     be (None when not reached). From ``start`` (halved until it fits), then ``2 x`` it: the line
-    through the two guesses the answer, confirmed by stepping one multiple at a time until one
+    through the two guesses the answer; once a size is known not to fit, the next sizes alternate
+    between the secant of the two sizes around the limit and the middle between them, until one
     fits and the next does not. ``(None, k)`` when not even one fits.
 
     >>> largest_multiple(lambda k: 100 + 10 * k, 2, 175)   # fits up to k = 7
@@ -87,12 +90,23 @@ def largest_multiple(
         high = 2 * first
     per_multiple = (seen[2 * first] - seen[first]) / first
     guess = low + 1 if per_multiple <= 0 else int(first + (usable - seen[first]) // per_multiple)
+    probes = 0
     while len(seen) < most and (high is None or high - low > 1):
-        step = max(guess, low + 1) if high is None else min(max(guess, low + 1), high - 1)
+        if high is None:
+            step = max(guess, low + 1)
+        elif probes % 2:  # every other probe halves the interval: memory need not be a line (XLA
+            step = (low + high) // 2  # rematerialises, reschedules), so the secant alone can crawl
+        else:  # the secant between the largest size that fits and the smallest that does not
+            slope = (seen[high] - seen[low]) / (high - low)
+            step = int(low + (usable - seen[low]) // slope) if slope > 0 else (low + high) // 2
+            step = min(max(step, low + 1), high - 1)
+        probes += 1
         if fits(step):
-            low, guess = step, step + 1
+            low = step
+            guess = step + 1 if per_multiple <= 0 else int(step + (usable - seen[step]) // per_multiple) + 0
+            guess = max(guess, step + 1)
         else:
-            high, guess = step, step - 1
+            high = step
     return low, high
 
 
@@ -145,16 +159,26 @@ def _candidate(
     )
     if found is None:
         return {"fits": False, "tried": {r: t["memory"]["total"] for r, t in tried.items()}, "compile_s": seconds}
-    low = found
-    rows = low * unit
-    run, text = tried[rows]["run"], tried[rows]["text"]
-    f = step_figures(run, text, rows, tgt, gpus, per_node)
-    prediction = {"compute_s": f["compute_s"], "memory_s": f["memory_s"], "launch_s": f["launch_s"]}
-    expected = expected_step(prediction, f["comm"], efficiency)["expected_step_s"] if efficiency else None
+
+    def rate(rows: int) -> tuple[float, dict, float | None]:
+        """Examples a second expected at ``rows`` (a compiled size), its step figures and expected step."""
+        f = step_figures(tried[rows]["run"], tried[rows]["text"], rows, tgt, gpus, per_node)
+        prediction = {"compute_s": f["compute_s"], "memory_s": f["memory_s"], "launch_s": f["launch_s"]}
+        expected = expected_step(prediction, f["comm"], efficiency)["expected_step_s"] if efficiency else None
+        return rows / (expected or f["step_s"]), f, expected
+
+    # Every size compiled that fits is a candidate: the largest is not always the fastest (XLA may
+    # recompute inside a program it must squeeze, at a cost per token the smaller size does not pay)
+    fitting = {r: rate(r) for r, t in tried.items() if t["memory"]["total"] <= usable}
+    rows = max(fitting, key=lambda r: fitting[r][0])
+    _, f, expected = fitting[rows]
+    run = tried[rows]["run"]
     step_s = expected or f["step_s"]
     tokens = rows * cfg.data.seq_len if run.text else None
     return {
         "fits": True,
+        "largest_batch_size": found * unit,
+        "sizes_fitting": {r: round(fitting[r][0] * (cfg.data.seq_len if run.text else 1), 1) for r in sorted(fitting)},
         "batch_size": rows,
         "multiple_of": unit,
         "next_size": high * unit if high is not None else None,
@@ -196,7 +220,32 @@ def search(
     ``none`` was searched), the expected (and predicted) step and tokens per second.
 
     >>> search(load_experiment("gpt2_small"), "h100", 1, policies=("none", "full"))["best"]  # doctest: +SKIP
+
+    As :func:`jaxnet.plan`, a default corpus not prepared yet is prepared in a temporary directory.
     """
+    import tempfile
+
+    from jaxnet.data import tokens as tokens_lib
+
+    given = dict(policies=policies, meshes=meshes, model=model, dataset=dataset, task=task, nodes=nodes, say=say)
+    with tempfile.TemporaryDirectory(prefix="jaxnet-plan-") as scratch, tokens_lib.prepared_in(scratch):
+        return _search(cfg, target, gpus, **given)
+
+
+def _search(
+    cfg: Config,
+    target: str,
+    gpus: int | None,
+    *,
+    policies: tuple[str, ...] | None,
+    meshes: list[dict[str, int]] | None,
+    model: nn.Module | None,
+    dataset: Any,
+    task: tasks.Task | None,
+    nodes: int | None,
+    say: Any,
+) -> dict[str, Any]:
+    """:func:`search`, its corpus (if it prepares one) in a temporary directory."""
     say = say or (lambda line: None)
     tgt = load_target(target)
     if not hasattr(cfg.model, "remat"):  # a family without recomputation policies: batch and mesh only

@@ -277,6 +277,74 @@ def step_figures(run: Run, text: str, rows: int, tgt: Target, gpus: int, per_nod
     }
 
 
+def context_traffic(run: Run, rows: int, packed: bool, comm: dict[str, Any]) -> dict[str, Any] | None:
+    """What splitting each row's sequence over ``mesh.context`` sends from one device in a train step
+    of ``rows`` rows (``packed``: with segment ids), predicted from the Transformer's shapes
+    (:mod:`jaxnet.models.transformer.context`), beside what the compiled program's collectives of
+    that kind carry (``comm``, :func:`communication`, whose seconds are in the communication bound).
+    Bytes are each collective's full buffer, as :func:`communication` counts them. None without a
+    context axis or a Transformer.
+
+    A ring sends a device's keys and values (and segment ids) on ``C - 1`` times in each forward
+    pass of an attention layer, and in its backward pass the keys and values again ``C - 2`` times
+    (XLA reuses the first transfer of the forward pass that runs before it) and their gradients
+    ``C`` times (float32, the last in the compute dtype); gathered, the keys and
+    values are all-gathered in each pass and their gradients reduce-scattered. Putting the hidden
+    states back in order sends them once in the forward pass and once in the backward pass
+    (``collective-permute`` either way). With ``model.remat`` other than ``none`` and ``minimal`` the
+    forward pass of attention runs twice.
+
+    >>> cfg = load_experiment("llama3_8b", ["mesh.context=8", "data.seq_len=131072"])  # doctest: +SKIP
+    >>> plan(cfg, "h100", 8)["context"]["predicted_bytes"]  # doctest: +SKIP
+    """
+    from jaxnet.models.transformer import context
+
+    ways = run.mesh.shape.get("context", 1)
+    spec = getattr(getattr(run.model, "module", None), "spec", None)
+    if ways == 1 or spec is None:
+        return None
+    length, accum = run.cfg.data.seq_len, run.cfg.optim.grad_accum
+    how = context.strategy(spec.context_attention, length, ways)
+    tensor = run.mesh.shape.get("tensor", 1)
+    kv_heads = (spec.kv_heads if spec.kv_heads % tensor == 0 else spec.heads) // tensor
+    tokens = rows // accum // parallel.batch_devices(run.mesh) * (length // ways)  # one micro-batch's
+    item = np.dtype(spec.dtype).itemsize
+    wide = np.dtype(np.promote_types(spec.dtype, np.float32)).itemsize
+    values = 2 * tokens * kv_heads * spec.head_dim
+    held = values * item + (4 * tokens if packed else 0)
+    forwards = 1 if spec.remat in ("none", "minimal") else 2
+    if how == "ring":
+        forward, backward = (ways - 1) * held, (ways - 2) * held + (ways - 1) * values * wide + values * item
+        kinds = {"collective-permute": None}
+    else:
+        forward, backward = ways * held, ways * held + ways * values * wide
+        kinds = {"all-gather": None, "reduce-scatter": None, "collective-permute": None}
+    restore = 2 * context.restore_moves(ways) * tokens // 2 * spec.width * item  # forward and backward
+    per_step = accum * (spec.layers * (forwards * forward + backward) + restore)
+    for kind in kinds:
+        found = comm["by_kind"].get(kind)
+        kinds[kind] = {"bytes": found["bytes"], "seconds": found["seconds"]} if found else None
+    return {
+        "ways": ways,
+        "attention": how,
+        "tokens_per_device": tokens,
+        "attention_forwards": forwards,
+        "per_layer_forward_bytes": forward,
+        "per_layer_backward_bytes": backward,
+        "restore_bytes": restore,
+        "predicted_bytes": per_step,
+        "compiled": kinds,
+        "note": "predicted_bytes: context parallelism's collectives of one step by the model's shapes (per device, "
+        "each collective's full buffer); compiled: all the collectives of those kinds in the compiled step "
+        + (
+            "(the ring and the reordering are its only collective-permutes)"
+            if how == "ring"
+            else "(the gathers "
+            "of FSDP are all-gathers and reduce-scatters too; the reordering is its only collective-permutes)"
+        ),
+    }
+
+
 def plan(
     cfg: Config,
     target: str = "h100",
@@ -312,7 +380,36 @@ def plan(
     True
     >>> eight = plan(load_experiment("gpt2_small", ["mesh.fsdp=8"]), "h100", 8, tokens=10e9, price=3)  # doctest: +SKIP
     >>> eight["goal"]["wall_days"], eight["goal"]["cost_usd"]  # doctest: +SKIP
+
+    An experiment's default corpus that is not prepared yet is prepared for the plan in a
+    temporary directory (:func:`jaxnet.data.tokens.prepared_in`), never where training would put it.
     """
+    import tempfile
+
+    from jaxnet.data import tokens as tokens_lib
+
+    goal_of = dict(tokens=tokens, epochs=epochs, price=price, calibrate=calibrate, nodes=nodes, say=say)
+    with tempfile.TemporaryDirectory(prefix="jaxnet-plan-") as scratch, tokens_lib.prepared_in(scratch):
+        return _plan(cfg, target, gpus, model=model, dataset=dataset, task=task, max_batch=max_batch, **goal_of)
+
+
+def _plan(
+    cfg: Config,
+    target: str,
+    gpus: int | None,
+    *,
+    model: nn.Module | None,
+    dataset: Any,
+    task: tasks.Task | None,
+    max_batch: bool,
+    tokens: float | None,
+    epochs: float | None,
+    price: float | None,
+    calibrate: str | Path | None,
+    nodes: int | None,
+    say: Any,
+) -> dict[str, Any]:
+    """:func:`plan`, its corpus (if it prepares one) in a temporary directory."""
     say = say or (lambda line: None)
     tgt = load_target(target)
     check_goal(tokens, epochs, price)
@@ -356,12 +453,14 @@ def plan(
         "seq_len": planned.data.seq_len if run.text else None,
         "model": run.model.name,
         "parameters": _count(state.params),
+        "active_parameters": planned.model.active_parameters(state.params) if run.lora is None else None,
         **(
             {"lora": dataclasses.asdict(run.lora), "frozen_parameters": _count(state.model_state[lora.BASE])}
             if run.lora is not None
             else {}
         ),
         "compute_dtype": dtype,
+        "loss": "blockwise" if run.blockwise_loss else "logits",
         "fits": _fits(memory),
         "memory": memory,
         "eval_memory": {k: eval_memory[k] for k in ("arguments", "outputs", "temp", "total")},
@@ -433,6 +532,9 @@ def plan(
         "caveats": notes + CAVEATS,
     }
     report["prediction"].update(expectation(report, load_fit()))
+    traffic = context_traffic(run, rows, "segments" in first, comm)
+    if traffic is not None:
+        report["context"] = traffic
     report["processes"] = process_layout(gpus, report["mesh"], per_node)
     if calibration is not None:
         report["calibration"] = apply_calibration(calibration, report)

@@ -380,7 +380,7 @@ def load(workdir: str | os.PathLike, step: int | str | None = None, *, model: An
     params = variables.pop("params")
     if settings is not None:
         if settings.base_dtype:  # the base as training held it
-            params = jax.tree.map(lambda x: np.asarray(x).astype(settings.base_dtype), params)
+            params = jax.tree.map(np.asarray, lora.cast_base(params, settings))
         params = jax.tree.map(np.asarray, lora.merge(params, adapter_params, settings.scale))
     trained = Trained(
         workdir=workdir,

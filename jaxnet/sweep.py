@@ -221,6 +221,8 @@ def check_supported(cfg: Config) -> None:
     if cfg.train.init_from or cfg.train.lora_rank:
         what = "train.init_from" if cfg.train.init_from else "train.lora_rank (adapters on a train.init_from base)"
         raise UserError(f"jaxnet sweep starts every member fresh; {what} is for jaxnet train")
+    if cfg.train.objective:
+        raise UserError(f"train.objective={cfg.train.objective} tunes a trained model on pairs: jaxnet train")
     if cfg.train.keep_best:
         raise UserError("jaxnet sweep keeps each member's newest checkpoints; train.keep_best is for jaxnet train")
 

@@ -65,6 +65,9 @@ class Task:
     :func:`jaxnet.blockwise.cross_entropy`, which never holds the whole logits); the train step uses
     it for a model that offers them (:func:`jaxnet.models.adapters.features_apply`), giving the
     model the same ``keyword_inputs``, and ``loss`` on the outputs for any other.
+    ``reference``: ``(outputs, batch) -> {key: array}``, entries the steps add to each batch from a
+    reference model's outputs on it (the weights the run started from, never differentiated) before
+    the loss and metrics read it: DPO's reference log-probabilities (:mod:`jaxnet.preference`).
     """
 
     inputs: str | tuple[str, ...]
@@ -79,6 +82,7 @@ class Task:
     labels: str | None = None
     keyword_inputs: tuple[str, ...] = ()
     from_features: Callable[[jnp.ndarray, Head, Batch], tuple[jnp.ndarray, dict[str, jnp.ndarray]]] | None = None
+    reference: Callable[[Any, Batch], dict[str, jnp.ndarray]] | None = None
 
     def __post_init__(self) -> None:
         keys = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs)
@@ -435,6 +439,12 @@ def loss_settings(cfg: Any) -> dict[str, Any]:
 def builtin(cfg: Any, default: str, allowed: tuple[str, ...], kind: str, **kwargs: Any) -> Task:
     """The built-in task ``cfg.task`` names (``default`` if unset), if it suits data of ``kind``."""
     name = cfg.task or default
+    if cfg.train.objective:  # a preference corpus's task comes from jaxnet.preference, not from here
+        raise UserError(
+            f"train.objective={cfg.train.objective} trains on pairs of a chosen and a rejected reply, which "
+            f"data.name={cfg.data.name} does not hold: prepare them with jaxnet prepare preference FILE... --out DIR "
+            "and train with data.name=tokens data.path=DIR"
+        )
     if name in BUILT_IN and name not in allowed:
         raise UserError(
             f"task={name} does not fit {kind} data (data.name={cfg.data.name}); use task={' or task='.join(allowed)}"
@@ -463,6 +473,8 @@ def check(task: Task, model_name: str, outputs: Any, batch: Batch) -> None:
     check_inputs(task, batch)
 
     abstract_batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) for k, v in batch.items()}
+    if task.reference is not None:  # what the steps add from the reference model (its outputs are shaped as ours)
+        abstract_batch = {**abstract_batch, **jax.eval_shape(task.reference, outputs, abstract_batch)}
     try:
         loss, metrics = jax.eval_shape(task.train_values, outputs, abstract_batch)
     except KeyError as e:

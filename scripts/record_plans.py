@@ -2,12 +2,14 @@
 against, every shipped experiment compiled for one H100, gpt2_small on 1 and 8 H100s (fsdp=8) and on
 one H200, llama3_8b on 8 H100s (fsdp=8) with and without model.remat, and the families `jaxnet study
 devices` compares on one H200, llama3_8b with LoRA rank 16 on 1 and 2 H100s, qwen3_8b and gemma3_12b
-on 8 H100s (fsdp=8) with and without model.remat, from this CPU-only machine
+on 8 H100s (fsdp=8), from this CPU-only machine
 (XLA deviceless compilation).
 
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
-    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, others, devices, NAME)
+    python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, context, others,
+                                                # devices, context:LABEL for one long-context plan, or one NAME)
+    python scripts/record_plans.py spread       # the published runs' spread of the expected step, from the table
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>][-<label>]-<date>.json: the dict of
 `jaxnet.plan` plus the command that reproduces it and the date (a record of an earlier date for the
@@ -48,7 +50,7 @@ sys.path.insert(0, os.environ.get("JAXNET_PLAN_DIR") or os.path.join(sys.prefix,
 
 import numpy as np  # noqa: E402
 
-from jaxnet import config, planner  # noqa: E402
+from jaxnet import config, plan_estimate, planner  # noqa: E402
 from jaxnet.data import Dataset  # noqa: E402
 from jaxnet.errors import UserError  # noqa: E402
 
@@ -96,11 +98,55 @@ LLAMA += [
     ),
 ]
 # The dense families fine-tuned most beside Llama, on the same node and batch as llama3_8b: Qwen3 8B
-# and Gemma 3 12B's text decoder, the largest batch with and without recomputing each block.
+# (the largest batch), and Gemma 3 12B's text decoder at one sequence a GPU and, recomputing each
+# block, at the largest batch (each compile of these takes 10 to 20 minutes on a shared 2-core CPU).
+GOAL = ["--tokens", "1e9", "--price", "3"]
 DENSE = [
-    (name, ["mesh.fsdp=8", *remat, "--max-batch", "--tokens", "1e9", "--price", "3"], "h100", 8, *label)
-    for name in ("qwen3_8b", "gemma3_12b")
-    for remat, label in (([], []), (["model.remat=true"], ["remat"]))
+    ("qwen3_8b", ["mesh.fsdp=8", "--max-batch", *GOAL], "h100", 8),
+    ("gemma3_12b", ["mesh.fsdp=8", *GOAL], "h100", 8),
+    ("gemma3_12b", ["mesh.fsdp=8", "model.remat=true", "--max-batch", *GOAL], "h100", 8, "remat"),
+]
+# Long context: Llama 3.1 8B (Llama 3 8B with its rope scaling) at 131,072 tokens a row on a node of
+# 8 H100s, the sequence split over the GPUs (mesh.context, parameters and optimizer state split over
+# them too) with every block recomputed, one row a step; beside it the splits of context x FSDP (FSDP
+# splits the batch: one row for each of its GPUs); and 32,768 tokens a row.
+LONG = ["model.rope_scaling=llama3", "model.remat=full", "train.eval_batch_size=1", "--tokens", "1e9", "--price", "3"]
+CONTEXT = [
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.context=8", "train.batch_size=1", *LONG],
+        "h100",
+        8,
+        "128k-context8",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.fsdp=2", "mesh.context=4", "train.batch_size=2", *LONG],
+        "h100",
+        8,
+        "128k-fsdp2-context4",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=131072", "mesh.data=1", "mesh.fsdp=4", "mesh.context=2", "train.batch_size=4", *LONG],
+        "h100",
+        8,
+        "128k-fsdp4-context2",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=32768", "mesh.data=1", "mesh.context=8", "train.batch_size=1", *LONG],
+        "h100",
+        8,
+        "32k-context8",
+    ),
+    (
+        "llama3_8b",
+        ["data.seq_len=32768", "mesh.data=1", "mesh.fsdp=4", "mesh.context=2", "train.batch_size=4", *LONG],
+        "h100",
+        8,
+        "32k-fsdp4-context2",
+    ),
 ]
 # The families `jaxnet study devices` compares, also on an H200: its predicted GPU column.
 DEVICES = [(name, [], "h200", 1) for name in ("cnn_fashion_mnist", "lstm_ptb_small", "transformer_shakespeare")]
@@ -202,6 +248,9 @@ def published(date: str) -> dict:
             efficiency_this_run_needs=needs if math.isfinite(needs) else None,
         )
         rows.append(row)
+    fit["spread"] = plan_estimate.published_spread(rows)  # how far the expected step fell from the published ones
+    (ROOT / "jaxnet" / "targets" / planner.FIT_FILE).write_text(json.dumps(fit, indent=2) + "\n")
+    planner.load_fit.cache_clear()
     summary = {
         "kind": "published-runs-vs-plan",
         "date": date,
@@ -215,6 +264,19 @@ def published(date: str) -> dict:
     }
     write(out / f"plan-published-runs-{date}.json", summary)
     return summary
+
+
+def spread() -> dict:
+    """The spread of the newest committed published-runs table (:func:`published`'s) written into
+    jaxnet/targets/expected.json beside its fit, without planning anything again."""
+    table = sorted((ROOT / "benchmarks" / "results").glob("plan-published-runs-*.json"))[-1]
+    path = ROOT / "jaxnet" / "targets" / planner.FIT_FILE
+    fit = json.loads(path.read_text())
+    fit["spread"] = plan_estimate.published_spread(json.loads(table.read_text())["rows"])
+    fit["spread"]["source"] = str(table.relative_to(ROOT))
+    path.write_text(json.dumps(fit, indent=2) + "\n")
+    print(f"wrote {path.relative_to(ROOT)}: spread {fit['spread']['low']:+.2%} .. {fit['spread']['high']:+.2%}")
+    return fit
 
 
 def host(report: dict) -> str:
@@ -236,17 +298,24 @@ def records(which: str) -> list[tuple]:
         return DEVICES
     if which == "dense":
         return DENSE
+    if which == "context":
+        return CONTEXT
+    if which.startswith("context:"):  # one of them by its label, e.g. context:128k-context8
+        return [r for r in CONTEXT if r[4] == which.partition(":")[2]]
     if which in config.list_experiments():
         return [(which, [], "h100", 1)]
     own = {"gpt2_small", "llama3_8b", "qwen3_8b", "gemma3_12b", *UNPLANNED}  # planned in GPT2, LLAMA and DENSE
     others = [(name, [], "h100", 1) for name in config.list_experiments() if name not in own]
-    return others + DEVICES if which == "others" else GPT2 + LLAMA + DENSE + others + DEVICES
+    return others + DEVICES if which == "others" else GPT2 + LLAMA + DENSE + CONTEXT + others + DEVICES
 
 
 def main(argv: list[str]) -> int:
     date = datetime.date.today().isoformat()
     out = ROOT / "benchmarks" / "results"
     which = argv[0] if argv else "all"
+    if which == "spread":
+        spread()
+        return 0
     if which in ("published", "all"):
         published(date)
     for name, overrides, target, gpus, *label in records(which) if which != "published" else []:

@@ -2,7 +2,7 @@
 recomputation policy with the best expected tokens/s that fits (``jaxnet plan --search``), beside
 the hand-chosen plans committed before it (``benchmarks/results/plan-llama3_8b-h100x8*.json``).
 
-    python scripts/record_search.py            # about 15 compiles of the 8B step: most of an hour on 2 cores
+    python scripts/record_search.py            # about 11 compiles of the 8B step: 30-60 minutes on 2 cores
     python scripts/record_search.py --smoke    # llama3_8b:smoke on one H100, two policies: a few minutes
 
 Writes ``benchmarks/results/searched-llama3_8b-h100x8-<date>.json`` (``--smoke``: prints only).
@@ -26,10 +26,10 @@ sys.path.insert(0, os.environ.get("JAXNET_PLAN_DIR") or os.path.join(sys.prefix,
 
 from jaxnet import config, plan_search, planner  # noqa: E402
 
-# none and full are the hand-chosen plans' two; dots_no_batch and minimal keep more than full and
-# less than none (offload keeps dots_no_batch's in host memory: the same device memory as full
-# for a step that moves those bytes over PCIe, left out to save an hour of compiling)
-POLICIES = ("none", "full", "dots_no_batch", "minimal")
+# none and full, the hand-chosen plans' two policies: the search chooses their batch, and the record
+# compares like with like. Each further policy costs about 8 more compiles of the 8B step (an hour on
+# 2 shared cores): jaxnet plan llama3_8b mesh.fsdp=8 --target h100 --gpus 8 --search searches all six.
+POLICIES = ("none", "full")
 
 
 def hand_chosen() -> list[dict]:

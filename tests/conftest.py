@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,40 @@ def said(argv: list[str], capsys) -> str:
     capsys.readouterr()
     assert cli.main(argv) == 0
     return capsys.readouterr().out
+
+
+def busy() -> float:
+    """How many times slower than on a quiet machine work may run now: the load average of the
+    last minute per core, at least 1 (a machine with every core busy twice over: 2)."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def patient(seconds: float) -> float:
+    """A time limit of ``seconds`` (what the work needs on a quiet machine, with room) stretched by
+    how busy the machine is now (:func:`busy`): a test must not fail because others use the cores."""
+    return seconds * busy()
+
+
+def run_patiently(command: list[str], *, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True, **kw)`` under a time limit that
+    follows the load: ``timeout`` seconds on a quiet machine, stretched by the busiest load average
+    seen while the command runs (:func:`busy`, sampled every few seconds at most). A command past it is
+    killed and :class:`subprocess.TimeoutExpired` raised, as ``subprocess.run`` does."""
+    kw.pop("capture_output", None)
+    kw.setdefault("text", True)
+    factor, started = busy(), time.monotonic()
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw) as process:
+        while True:
+            try:
+                out, err = process.communicate(timeout=min(5.0, timeout / 4))
+                break
+            except subprocess.TimeoutExpired:
+                factor = max(factor, busy())
+                if time.monotonic() - started > timeout * factor:
+                    process.kill()
+                    out, err = process.communicate()
+                    raise subprocess.TimeoutExpired(command, timeout * factor, out, err) from None
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 def cpu_env(devices: int = 1) -> dict[str, str]:

@@ -76,7 +76,9 @@ def env(devices: int, spy: Path) -> dict[str, str]:
 def run(command: list[str], devices: int, spy: Path) -> subprocess.CompletedProcess:
     """Run ``command`` (in the checkout) with ``devices`` CPU devices per process, recording into
     ``spy``; it must succeed."""
-    result = subprocess.run(command, capture_output=True, text=True, env=env(devices, spy), timeout=600, cwd=ROOT)
+    from conftest import run_patiently
+
+    result = run_patiently(command, capture_output=True, text=True, env=env(devices, spy), timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

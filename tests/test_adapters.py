@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import arrays_config
+from conftest import arrays_config, run_patiently
 from flax import nnx
 
 import jaxnet
@@ -489,13 +489,12 @@ print(json.dumps({"specs": specs, "losses": losses}))
 
 
 def test_unnamed_parameters_split_over_fsdp_along_their_largest_divisible_dimension(tmp_path):
-    import subprocess
     import sys
     from pathlib import Path
 
     from conftest import cpu_env
 
-    done = subprocess.run(
+    done = run_patiently(
         [sys.executable, "-c", UNNAMED_ON_FSDP, str(tmp_path)],
         env=cpu_env(4), cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import patient
 
 from jaxnet import bench, flops
 from jaxnet.bench import torch_peers
@@ -32,7 +33,7 @@ def test_smoke_prints_the_table_and_writes_every_figure(tmp_path, capsys):
             runner / case["median_steps_per_s"]["handwritten"], rel=1e-2
         )
         assert case["tokens_per_s"] == pytest.approx(runner * case["batch_size"] * case["seq_len"], rel=1e-3)
-        assert 0 < case["compile_time_s"] < 60
+        assert 0 < case["compile_time_s"] < patient(60)
         assert case["memory_bytes"]["params"] > 0 and case["memory_bytes"]["activations"] > 0
         assert case["mfu"] is None and case["peak_flops"] is None  # a CPU has no peak in the table
         assert case["dtype"] == "float32"

@@ -12,7 +12,6 @@ differentiation of the whole logits through optax's cross-entropy (nothing of ja
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import run_patiently
 
 from jaxnet import blockwise, config, tasks
 from jaxnet.data import packing
@@ -208,6 +208,41 @@ def test_the_train_step_from_features_equals_the_step_from_logits(tied, used, ma
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7, err_msg=str(path))
 
 
+def test_under_lora_the_step_from_features_equals_the_step_from_logits_and_the_merged_model():
+    """LoRA on every projection and the (untied) output layer, whose adapter is merged into the
+    head: auto takes the features, and the adapters' loss and gradients equal the whole logits';
+    the logits equal the plain model's with each kernel replaced by W + s A B."""
+    from jaxnet.models.adapters import adapt, lora
+
+    spec = TransformerSpec(vocab=29, context=8, layers=1, width=16, heads=2, **PRESETS["llama"])
+    targets = r"(attention/(query|key|value|out)|mlp_(in|gate|out)|output)/kernel$"
+    model = lora.Lora(adapt(TransformerLanguageModel(spec)), lora.Settings(rank=4, alpha=8, targets=targets))
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, 29, (4, 8)).astype(np.int32)
+    batch = {"tokens": tokens, "targets": np.roll(tokens, -1, axis=1), "mask": (rng.random((4, 8)) < 0.8) * 1.0}
+    variables = model.init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}, tokens)
+    # B drawn too (it starts at zero): the adapters then change what the model computes
+    adapters = jax.tree.map(
+        lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), jnp.float32), nn.unbox(variables["params"])
+    )
+    base = nn.unbox(variables[lora.BASE])
+    assert lora.adapter_paths(adapters)[-1] == "output/kernel" and features_apply(model) is not None
+    merged = TransformerLanguageModel(spec).apply({"params": lora.merge(base, adapters, 2.0)}, tokens)
+    adapted = model.apply({"params": adapters, lora.BASE: base}, tokens, train=False)
+    np.testing.assert_allclose(np.asarray(adapted), np.asarray(merged), rtol=1e-5, atol=1e-5)
+    values = {}
+    for source in ("features", "logits"):
+        task = tasks.lm(loss_from=source, z_loss=1e-3, loss_block=8)
+        grad_fn = jax.jit(make_grad_fn(model, task))
+        (loss, _), grads = grad_fn(adapters, {lora.BASE: base}, batch, jax.random.PRNGKey(2))
+        values[source] = (float(loss), grads)
+    (loss, grads), (want, want_grads) = values["features"], values["logits"]
+    assert loss == pytest.approx(want, rel=1e-6)
+    flat, flat_want = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)]) for g in (grads, want_grads))
+    assert np.abs(flat_want).max() > 1e-3 and flat.size == sum(x.size for x in jax.tree.leaves(adapters))
+    np.testing.assert_allclose(flat, flat_want, rtol=1e-5, atol=1e-6 * np.abs(flat_want).max())
+
+
 def test_packed_chat_rows_of_a_llama_shape_train_as_each_example_alone():
     """Packed rows (segments, positions) with a chat corpus's loss mask, on the Llama shape (RMSNorm,
     SwiGLU, grouped-query rotary attention, an untied output without bias, a padded vocabulary):
@@ -283,6 +318,10 @@ def test_loss_from_features_refuses_a_model_or_task_that_cannot():
     own = tasks.Task(inputs="tokens", loss=lambda out, b: jnp.mean(out), name="mine")
     with pytest.raises(UserError, match=r"task 'mine' computes its loss from the model's outputs only"):
         Run(text_config("train.loss_from=features"), dataset=text, task=own)
+    # auto: blockwise for the Transformer, with LoRA adapters too (what jaxnet plan reports as its loss)
+    assert Run(text_config(), dataset=text).blockwise_loss
+    assert Run(text_config("train.lora_rank=2", "train.init_from=elsewhere"), dataset=text).blockwise_loss
+    assert not Run(text_config("train.loss_from=logits"), dataset=text).blockwise_loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +366,7 @@ print("RESULTS" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def two_device_runs():
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", TWO_DEVICES], capture_output=True, text=True, env=cpu_env(2), timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]

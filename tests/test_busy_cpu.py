@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cpu_env, needs_fashion_mnist
+from conftest import cpu_env, needs_fashion_mnist, run_patiently
 
 from jaxnet import parallel
 
@@ -58,7 +58,7 @@ def test_many_evaluation_batches_on_eight_busy_devices_finish():
     waiting for the devices) on a data x fsdp x tensor mesh while every core is busy: before the
     fix this aborted in a collective, now each gives the same loss."""
     with busy_cores(120):
-        result = subprocess.run(
+        result = run_patiently(
             [sys.executable, "-c", MANY_EVALUATIONS], capture_output=True, text=True, env=cpu_env(8), timeout=300
         )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -136,7 +136,7 @@ def test_the_eight_device_command_finishes_again_and_again_while_every_core_is_b
     with busy_cores(ROUNDS * 600):
         for round_ in range(ROUNDS):
             workdir = tmp_path / f"run{round_}"
-            result = subprocess.run(
+            result = run_patiently(
                 [*command, "--workdir", str(workdir)], capture_output=True, text=True, env=cpu_env(8), timeout=600
             )
             assert result.returncode == 0, (round_, result.stderr[-3000:])
@@ -145,3 +145,17 @@ def test_the_eight_device_command_finishes_again_and_again_while_every_core_is_b
             assert summary["complete"] and summary["test"]["loss"] > 0, round_
             saved = sorted(int(p.name) for p in Path(workdir, "checkpoints").iterdir() if p.name.isdigit())
             assert saved and saved[-1] == summary["steps_total"], round_
+
+
+def test_a_tests_time_limit_stretches_with_the_load_and_still_stops_a_command(monkeypatch):
+    """conftest.run_patiently, every subprocess's limit in the suite: a command that outlasts its
+    quiet-machine limit is stopped there on a quiet machine, and finishes on one 20 times as busy."""
+    import conftest
+
+    slow = [sys.executable, "-c", "import time; time.sleep(3); print('done')"]
+    monkeypatch.setattr(conftest, "busy", lambda: 1.0)
+    with pytest.raises(subprocess.TimeoutExpired):
+        conftest.run_patiently(slow, timeout=1)
+    monkeypatch.setattr(conftest, "busy", lambda: 20.0)
+    done = conftest.run_patiently(slow, timeout=1)
+    assert done.returncode == 0 and done.stdout == "done\n"

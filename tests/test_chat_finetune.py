@@ -49,11 +49,15 @@ def test_the_end_of_turn_is_what_a_template_writes_after_a_reply(tmp_path):
 
 @pytest.fixture(scope="module")
 def chat_llama(tmp_path_factory) -> Path:
+    return write_chat_llama(tmp_path_factory.mktemp("chat-llama") / "llama")
+
+
+def write_chat_llama(directory: Path) -> Path:
+    """The module docstring's checkpoint, written into ``directory`` (skips without the reference extra)."""
     torch = pytest.importorskip("torch", reason="the reference extra (torch, transformers) is not installed")
     transformers = pytest.importorskip("transformers", reason="the reference extra is not installed")
     from test_hf_llama import SPECIALS, learned_tokenizer
 
-    directory = tmp_path_factory.mktemp("chat-llama") / "llama"
     tokenizer = learned_tokenizer()
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
@@ -335,3 +339,29 @@ def test_a_lora_chat_fine_tune_from_the_command_line_lowers_the_validation_loss(
         losses = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none").numpy()
         total, count = total + float((losses * np.asarray(mask[1:])).sum()), count + int(np.sum(mask[1:]))
     assert val_loss == pytest.approx(total / count, rel=1e-5)  # the merged export computes the adapted model
+
+
+def test_a_tokenizer_of_more_ids_than_its_model_is_refused_by_sample_and_prepare(chat_llama, tmp_path, capsys):
+    from tokenizers import Tokenizer
+
+    directory = tmp_path / "llama"
+    shutil.copytree(chat_llama, directory)
+    rows = json.loads((directory / "config.json").read_text())["vocab_size"]
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    have = tok.get_vocab_size(with_added_tokens=True)
+    tok.add_tokens([f"zextra{i}" for i in range(rows - have + 10)])  # ten ids past the model's rows
+    tok.save(str(directory / "tokenizer.json"))
+    past = f"zextra{rows - have + 9}"
+    greedy = ["--temperature", "0", "--tokens", "4"]
+    for flag in ("--prompt", "--chat"):
+        err = fails(["sample", "--workdir", f"hf:{directory}", flag, f"to be {past}", *greedy], capsys)
+        assert f"encodes to id {rows + 9:,}, past the {rows:,} ids of hf:{directory}'s model" in err
+    src = write_jsonl(tmp_path / "chats.jsonl", conversations(12))
+    for command in (["prepare"], ["prepare", "chat"]):
+        out = tmp_path / f"out-{len(command)}"
+        err = fails([*command, str(src), "--tokenizer", f"hf:{directory}", "--out", str(out)], capsys)
+        assert f"has {rows + 10:,} ids, more than the {rows:,} of the model beside it" in err and not out.exists()
+    # a corpus prepared with it before the check: the refusal names the checkpoint's own tokenizer, not another
+    record = tokenizers.get(f"hf:{directory}").record()
+    with pytest.raises(UserError, match="it is the checkpoint's own tokenizer.json, which does not fit its model"):
+        tokenizers.check_fits(record, rows, directory)

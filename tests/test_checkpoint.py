@@ -7,7 +7,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import run_patiently, tiny_config
 
 from jaxnet.checkpoint import DAMAGED, MANIFEST, Checkpoints
 from jaxnet.errors import UserError
@@ -296,7 +295,7 @@ def test_full_disk_while_saving_is_a_user_error_and_earlier_checkpoints_survive(
     save_steps(tmp_path, [10, 20], keep=2, size=32768)  # 4 MiB of float32 noise per checkpoint
     script = FULL_DISK_SCRIPT.format(tests=str(ROOT / "tests"), directory=str(tmp_path), asynchronous=asynchronous)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ from typing import Any
 
 import docblocks
 import pytest
-from conftest import FASHION_MNIST, needs_fashion_mnist
+from conftest import FASHION_MNIST, busy, needs_fashion_mnist, run_patiently
 
 from jaxnet import cli, observe
 
@@ -26,7 +26,7 @@ def jaxnet_command(*args: str, cwd: Path, devices: int = 1) -> subprocess.Comple
     """``python -m jaxnet ARGS`` in ``cwd``, on ``devices`` host-platform CPU devices."""
     from conftest import cpu_env
 
-    return subprocess.run(
+    return run_patiently(
         [sys.executable, "-m", "jaxnet", *args],
         cwd=cwd,
         env=cpu_env(devices),
@@ -654,6 +654,7 @@ def write_cifar_batches(directory: Path, per_batch: int) -> None:
 
 def test_resnet_cifar10_smoke_variant_trains_from_a_pickle_directory(tmp_path):
     write_cifar_batches(tmp_path / "cifar", per_batch=64)
+    before = busy()
     result = jaxnet_command(
         "train", "resnet_cifar10:smoke", f"data.dir={tmp_path / 'cifar'}", "--workdir", "run", cwd=tmp_path
     )
@@ -662,11 +663,12 @@ def test_resnet_cifar10_smoke_variant_trains_from_a_pickle_directory(tmp_path):
     assert summary["complete"] and summary["step"] == 20
     # random pixels and labels: no accuracy to expect, but all 64 test examples were evaluated
     assert math.isfinite(summary["test"]["loss"]) and (64 * summary["test"]["accuracy"]).is_integer()
-    assert summary["wall_time_s"] < 60
+    # a smoke variant's promise: under 60 s on a quiet 2-core CPU, longer in proportion when others use the cores
+    assert summary["wall_time_s"] < 60 * max(before, busy())
 
 
 def run_block(block: str, cwd: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", block],
         cwd=cwd,
         capture_output=True,

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import patient, run_patiently
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "scripts" / "slurm" / "local_cluster.sh"
@@ -71,7 +72,7 @@ def _cannot_install() -> str | None:
 
 
 def _cluster(command: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CLUSTER), command], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([str(CLUSTER), command], capture_output=True, text=True, timeout=patient(timeout))
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def corpus(tmp_path_factory) -> Path:
     out = tmp / "corpus"
     command = [sys.executable, "-m", "jaxnet", "prepare", str(tmp), "--tokenizer", "byte", "--out", str(out)]
     command += ["--workers", "1", "--val-fraction", "0.2", "--test-fraction", "0.2", "--quiet"]
-    result = subprocess.run(command, capture_output=True, text=True, env=_env(1), timeout=120)
+    result = run_patiently(command, capture_output=True, text=True, env=_env(1), timeout=120)
     assert result.returncode == 0, result.stderr
     return out
 
@@ -123,7 +124,7 @@ def reference(corpus, tmp_path_factory) -> dict[tuple[int, str], float]:
     """The losses of one process with 2 CPU devices."""
     workdir = tmp_path_factory.mktemp("cluster-reference") / "run"
     command = [sys.executable, "-m", "jaxnet", "train", EXPERIMENT, *ARGS, f"data.path={corpus}", "--workdir"]
-    result = subprocess.run([*command, str(workdir)], capture_output=True, text=True, env=_env(2), timeout=300)
+    result = run_patiently([*command, str(workdir)], capture_output=True, text=True, env=_env(2), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = _losses(workdir)
     assert (STEPS, "test") in losses and (10, "val") in losses
@@ -145,7 +146,7 @@ def _submit(env: dict[str, str], workdir: Path, corpus: Path, *extra: str) -> tu
     """Submit the committed batch script for a run in ``workdir``; the job id and its output file."""
     output = workdir.parent / f"{workdir.name}.out"
     command = ["sbatch", "--parsable", f"--output={output}", str(BATCH), *ARGS, f"data.path={corpus}", *extra]
-    result = subprocess.run(
+    result = run_patiently(
         command, capture_output=True, text=True, env={**env, "WORKDIR": str(workdir)}, cwd=workdir.parent, timeout=30
     )
     assert result.returncode == 0, result.stderr
@@ -154,14 +155,14 @@ def _submit(env: dict[str, str], workdir: Path, corpus: Path, *extra: str) -> tu
 
 def _job(env: dict[str, str], job: str) -> dict[str, str]:
     """``scontrol show job``'s fields."""
-    result = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env, timeout=30)
+    result = run_patiently(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env, timeout=30)
     assert result.returncode == 0, result.stderr
     return dict(field.split("=", 1) for field in result.stdout.split() if "=" in field)
 
 
 def _wait(env: dict[str, str], job: str, until, seconds: float = 240) -> dict[str, str]:
     """Poll the job (every 0.2 s: sbatch --wait polls every 2 to 10 s) until ``until(fields)``."""
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + patient(seconds)
     while True:
         fields = _job(env, job)
         if until(fields):
@@ -175,7 +176,7 @@ def _ended(fields: dict[str, str]) -> bool:
 
 
 def _wait_for_line(output: Path, text: str, env: dict[str, str], job: str, seconds: float = 180) -> None:
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + patient(seconds)
     while not (output.exists() and text in output.read_text()):
         fields = _job(env, job)
         assert not _ended(fields), f"job {job} ended ({fields['JobState']}) before printing {text!r}"
@@ -229,7 +230,7 @@ def test_a_task_killed_outright_ends_the_job_at_once_with_a_line_naming_it(slurm
     workdir = tmp_path / "killed"
     job, output = _submit(slurm, workdir, corpus)
     _wait_for_line(output, "mesh data=2", slurm, job)
-    listed = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True, env=slurm, timeout=30)
+    listed = run_patiently(["scontrol", "listpids", job], capture_output=True, text=True, env=slurm, timeout=30)
     tasks = {row.split()[4]: int(row.split()[0]) for row in listed.stdout.splitlines()[1:] if row.split()[2] == "0"}
     os.kill(tasks["1"], signal.SIGKILL)
     killed = time.monotonic()
@@ -237,7 +238,7 @@ def test_a_task_killed_outright_ends_the_job_at_once_with_a_line_naming_it(slurm
     took = time.monotonic() - killed
     out = output.read_text()
     assert fields["JobState"] == "FAILED" and fields["ExitCode"] != "0:0", out[-3000:]
-    assert took < 20, f"the job took {took:.0f} s to end"
+    assert took < patient(20), f"the job took {took:.0f} s to end"
     stop = [line for line in out.splitlines() if "process 1 of 2 stopped unexpectedly" in line]
     assert stop and stop[0].startswith("jaxnet: error: [process 0 of 2] "), out[-3000:]
     assert "Traceback" not in out
@@ -273,7 +274,7 @@ def test_mpirun_np_2_trains_like_one_process_with_as_many_devices(installed, cor
     workdir = tmp_path / "mpi"
     command = ["mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe", "--mca", "oob_tcp_if_include", "lo"]
     command += [sys.executable, "-m", "jaxnet", "train", EXPERIMENT, *ARGS, f"data.path={corpus}"]
-    result = subprocess.run(
+    result = run_patiently(
         [*command, "--workdir", str(workdir)], capture_output=True, text=True, env=_env(1), timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import docblocks
 import pytest
+from conftest import run_patiently
 
 import jaxnet
 from jaxnet import cli, config
@@ -170,7 +171,7 @@ RUN = [b for b in docblocks.all_blocks() if b.kind == "run"]
 def test_docs_run_blocks_run(doc, tmp_path):
     command = [sys.executable, "-c", doc.code] if doc.lang == "python" else ["bash", "-euo", "pipefail", "-c", doc.code]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    result = run_patiently(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, f"{doc.where()}: {result.stderr[-2000:]}"
 
 

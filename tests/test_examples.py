@@ -14,6 +14,7 @@ import docblocks
 import jax
 import numpy as np
 import pytest
+from conftest import run_patiently
 
 from jaxnet import cli, config, observe
 from jaxnet.checkpoint import Checkpoints
@@ -30,7 +31,7 @@ TIMINGS = ("steps_per_s", "examples_per_s", "tokens_per_s")
 def python(*args: str, cwd: Path, devices: int = 1) -> subprocess.CompletedProcess:
     from conftest import cpu_env
 
-    return subprocess.run(
+    return run_patiently(
         [sys.executable, *args], cwd=cwd, env=cpu_env(devices), capture_output=True, text=True, timeout=300
     )
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import needs_fashion_mnist, tiny_config
+from conftest import needs_fashion_mnist, patient, tiny_config
 from test_cli import ROOT
 from test_lm_cli import needs_ptb, needs_shakespeare
 
@@ -133,7 +133,7 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
 
 def wait_for_line(process: subprocess.Popen, prefix: str, timeout: float = 240) -> list[str]:
     """Read the process's stdout until a line starts with ``prefix``; returns the lines read."""
-    lines, deadline = [], time.monotonic() + timeout
+    lines, deadline = [], time.monotonic() + patient(timeout)
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         if not line:
@@ -154,7 +154,7 @@ def test_signal_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, s
         wait_for_line(process, "step 20/2000")
         sent = time.monotonic()
         process.send_signal(sig)
-        out, err = process.communicate(timeout=60)
+        out, err = process.communicate(timeout=patient(60))
         took = time.monotonic() - sent
     finally:
         process.kill()
@@ -169,11 +169,11 @@ def test_signal_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, s
     assert Checkpoints(tmp_path / "run" / "checkpoints", read_only=True).latest_step() == stopped
     assert observe.read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["step"] == stopped  # logs flushed
     print(f"{name}: exited {took:.2f} s after the signal")  # the bound the README documents
-    assert took < 20
+    assert took < patient(20)  # a busy machine stretches it, in proportion
 
     resumed = start([*args[:2], "train.steps=40", *args[3:]], ROOT) if stopped < 40 else None
     if resumed is not None:  # the same command carries on from the checkpoint
-        out, err = resumed.communicate(timeout=240)
+        out, err = resumed.communicate(timeout=patient(240))
         assert resumed.returncode == 0, err
         assert f"resuming {tmp_path / 'run'} from step {stopped}" in out
 
@@ -218,7 +218,7 @@ def metrics_without_timings(workdir: Path) -> list[dict]:
 def kill_when_saving(process: subprocess.Popen, checkpoints: Path, timeout: float) -> bool:
     """SIGKILL ``process`` as soon as a checkpoint is being written (orbax's temporary directory
     exists); False if the process ended first."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     while process.poll() is None and time.monotonic() < deadline:
         try:
             writing = any("tmp" in entry.name for entry in os.scandir(checkpoints))
@@ -238,7 +238,7 @@ def test_sigkill_at_random_moments_then_the_same_command_ends_bit_identical(tmp_
     whole = start(args("whole"), ROOT)
     wait_for_line(whole, "step ")  # the first train line: start-up is over
     training_started = time.monotonic()
-    _, err = whole.communicate(timeout=600)
+    _, err = whole.communicate(timeout=patient(600))
     assert whole.returncode == 0, err
     training = time.monotonic() - training_started
 
@@ -264,7 +264,7 @@ def test_sigkill_at_random_moments_then_the_same_command_ends_bit_identical(tmp_
         history.append((delay, Checkpoints(tmp_path / "killed" / "checkpoints", read_only=True).all_steps()))
 
     final = start(args("killed"), ROOT)
-    out, err = final.communicate(timeout=600)
+    out, err = final.communicate(timeout=patient(600))
     assert final.returncode == 0, f"{history}\n{err}"
     assert caught, "no checkpoint write was caught in progress"
 

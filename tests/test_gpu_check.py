@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import patient, run_patiently
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -24,7 +25,7 @@ def gpu_check_sh(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=patient(timeout),
     )
 
 
@@ -195,7 +196,7 @@ def test_dry_run_of_the_plan_part_measures_and_compares(tmp_path):
     assert measured["device_kind"] == "cpu" and measured["steps_timed"] == gpu_check.DRY_PLAN_STEPS
     assert measured["batch_size"] == load_experiment(name).train.batch_size
     assert memory["total"] == memory["arguments"] + memory["outputs"] - memory["aliased"] + memory["temp"] > 0
-    assert 0 < measured["min_step_s"] <= measured["median_step_s"] < 5
+    assert 0 < measured["min_step_s"] <= measured["median_step_s"] < patient(5)
     if (ROOT / "jaxnet" / "planner.py").is_file() and "predicted" in config:
         assert config["predicted"]["device_kind"] == "NVIDIA H100 80GB HBM3"
         assert config["ratio_measured_to_predicted"]["median_step_s"] > 0
@@ -290,7 +291,7 @@ def test_speed_rows_past_the_deadline_are_recorded_not_measured(tmp_path):
     command = [sys.executable, str(ROOT / "scripts" / "gpu_speed.py"), "run", "--out", str(out)]
     command += ["--deadline", str(time.time() - 1), "--dry-run"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_patiently(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rows = json.loads(out.read_text())["rows"]
     assert list(rows) == [gpu_check.gpu_speed.row_id(*r) for r in gpu_check.gpu_speed.ROWS]

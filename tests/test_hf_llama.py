@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import fails
+from conftest import fails, run_patiently
 from safetensors.numpy import load_file, save_file
 
 import jaxnet
@@ -329,7 +328,7 @@ def test_each_tensor_is_placed_on_the_runs_devices_as_it_is_read(checkpoints, tm
     text = tmp_path / "text.txt"
     text.write_text(write_corpus_source(tmp_path / "src.jsonl").read_text()[:5_000])
     directory = checkpoints["llama-gqa-untied-llama3"]
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", IMPORT_ON_TWO_DEVICES, str(directory), str(text), str(tmp_path / "run")],
         env=cpu_env(2), capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
     )  # fmt: skip
@@ -394,6 +393,17 @@ def test_a_corpus_of_another_tokenizer_or_a_contradicting_key_is_refused(checkpo
     err = fails([*base, "model.kv_heads=2"], capsys)
     assert "model.kv_heads=2 here, 4 in the checkpoint" in err
     assert not run.exists()
+    # a checkpoint without tokenizer.json: the corpus cannot be checked, so it is refused unless told
+    bare = tmp_path / "bare"
+    shutil.copytree(source, bare, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens_map.json"))
+    argv = ["train", "hf_finetune:smoke", f"train.init_from=hf:{bare}", "data.name=tokens", f"data.path={corpus}"]
+    err = fails([*argv, "--workdir", str(run)], capsys)
+    assert f"{bare} has no tokenizer.json, so the data's tokenizer (byte) cannot be checked" in err
+    assert "train.check_tokenizer=false" in err and not run.exists()
+    from jaxnet.train import init_from
+
+    told = jaxnet.load_experiment("hf_finetune:smoke", [*argv[2:], "train.check_tokenizer=false"])
+    assert init_from.with_hf_shape(told).data.path == str(corpus)  # its ids fit: taken as it is
 
 
 def test_the_config_keys_are_checked_and_kv_heads_split_over_tensor_where_they_divide():

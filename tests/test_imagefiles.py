@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_patiently
 from PIL import Image
 
 from jaxnet import cli
@@ -368,7 +369,6 @@ def test_workers_stopped_by_an_error_leave_no_shared_memory_behind(tmp_path):
     """A loader of 2 grain workers stopped by an error in one: the process ends with the error
     alone, no "leaked shared_memory objects" from Python's resource tracker (which grain's
     in-flight batches used to leave it to clean up and report)."""
-    import subprocess
     import sys
 
     script = tmp_path / "stops.py"
@@ -392,7 +392,7 @@ if __name__ == "__main__":
     except UserError as e:
         print("stopped:", e)
 """)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = run_patiently([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0 and result.stdout == "stopped: an unreadable image in batch 5\n", result.stderr
     assert "leaked" not in result.stderr and "resource_tracker" not in result.stderr, result.stderr
 

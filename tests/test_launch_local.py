@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import patient
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "scripts" / "launch_local.sh"
@@ -40,13 +41,13 @@ def launch(tmp_path: Path, save_s: float, **env: str) -> tuple[subprocess.Comple
     launcher = subprocess.Popen(
         [str(LAUNCH), "2", "exp", "--workdir", "run"], env=environment, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + patient(20)
     while not all((tmp_path / f"started-{i}").exists() for i in (0, 1)):
         assert time.monotonic() < deadline and launcher.poll() is None, "the processes did not start"
         time.sleep(0.05)
     sent = time.monotonic()
     launcher.send_signal(signal.SIGTERM)
-    _, err = launcher.communicate(timeout=90)
+    _, err = launcher.communicate(timeout=patient(90))
     return subprocess.CompletedProcess(launcher.args, launcher.returncode, "", err), time.monotonic() - sent
 
 
@@ -58,7 +59,7 @@ def test_on_term_the_processes_finish_their_checkpoint_before_anything_is_killed
     assert result.stderr.strip().splitlines() == [
         "launch_local.sh: waiting up to 60 s for 2 processes to finish their preemption checkpoint"
     ]
-    assert 3 <= took < 10
+    assert 3 <= took < patient(10)
 
 
 def test_processes_still_running_after_the_bound_are_killed_and_it_says_so(tmp_path):
@@ -69,7 +70,7 @@ def test_processes_still_running_after_the_bound_are_killed_and_it_says_so(tmp_p
         "launch_local.sh: waiting up to 1 s for 2 processes to finish their preemption checkpoint",
         "launch_local.sh: 2 processes still running after 1 s; killing them",
     ]
-    assert 1 <= took < 5
+    assert 1 <= took < patient(5)
 
 
 @pytest.mark.parametrize("value", ["soon", "-1"])

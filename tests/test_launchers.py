@@ -7,10 +7,10 @@ read and for a port in use."""
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 
 import pytest
+from conftest import run_patiently
 
 from jaxnet.errors import UserError
 from jaxnet.parallel import launchers, watch
@@ -130,7 +130,7 @@ def test_the_command_under_open_mpi_5_stops_with_that_line_before_starting_jax(t
 
     env = {**cpu_env(1), "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1"}
     command = [sys.executable, "-m", "jaxnet", "train", "transformer_shakespeare:smoke", "--workdir", str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    result = run_patiently(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("jaxnet: error: this process was started by")
     assert "Open MPI 5" in result.stderr and not (tmp_path / "config.json").exists()
@@ -143,7 +143,7 @@ def test_a_coordinator_port_in_use_is_one_line_naming_it(tmp_path):
         port = taken.getsockname()[1]
         command = [sys.executable, "-m", "jaxnet", "train", "transformer_shakespeare:smoke", "--workdir", str(tmp_path)]
         command += ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", "0"]
-        result = subprocess.run(command, capture_output=True, text=True, env=cpu_env(1), timeout=120)
+        result = run_patiently(command, capture_output=True, text=True, env=cpu_env(1), timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         f"jaxnet: error: [process 0 of 2] the coordinator's port {port} is in use on this host (by another run, "

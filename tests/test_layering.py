@@ -27,6 +27,7 @@ LAYERS = [
         "jaxnet.optim",
         "jaxnet.parallel",
         "jaxnet.tasks",
+        "jaxnet.preference",  # the preference objectives (tasks over pairs), which a preference corpus names
         "jaxnet.blockwise",  # the tasks' cross-entropy from features and output layer
         "jaxnet.observe",
         "jaxnet.checkpoint",

@@ -7,12 +7,12 @@ import importlib.util
 import json
 import math
 import re
-import subprocess
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from conftest import run_patiently
 from test_cli import ROOT, bad, jaxnet_command, snapshot, tree
 
 from jaxnet import cli, config, observe
@@ -364,7 +364,7 @@ def test_lstm_on_two_devices_matches_one_device_and_compiles_once(tmp_path):
     one = train(cfg, tmp_path / "one")
     script = TWO_DEVICE_SCRIPT.format(cfg=json.dumps(cfg.to_dict()), workdir=str(tmp_path / "two"))
     env = dict(os.environ)  # the tests' XLA flags too; the script adds its devices
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    result = run_patiently([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "TRAIN_COMPILES 1" in result.stdout
     two = json.loads(re.search(r"RESULT (.*)", result.stdout).group(1))

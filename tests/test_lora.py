@@ -24,6 +24,7 @@ from test_hf_llama import ATOL, RTOL, learned_tokenizer, reference_logits, save,
 import jaxnet
 from jaxnet import cli, config
 from jaxnet.models.adapters import lora
+from jaxnet.models.adapters.paths import joined
 from jaxnet.train import loop as loop_lib
 from jaxnet.train import step as step_lib
 
@@ -131,7 +132,9 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
     # the base's bytes are the file's, untouched (held in bfloat16: the file's float32 rounded)
     trained = jaxnet.load(whole)
     restored = loop_lib.Run(trained.config).abstract_state()
-    assert restored.model_state[lora.BASE]["block_0"]["attention"]["query"]["kernel"].dtype == jnp.bfloat16
+    held = restored.model_state[lora.BASE]
+    assert held["block_0"]["attention"]["query"]["kernel"].dtype == jnp.bfloat16
+    assert held["block_0"]["norm_1"]["scale"].dtype == jnp.float32  # train.base_vectors=float32, the default
     tokens = tokens_for(base, length=32, seed=4)
     logits = trained.predict(tokens)
     assert np.abs(logits - reference_logits(base, tokens)).max() > 1e-3  # the adapters moved the outputs
@@ -147,10 +150,11 @@ def test_trains_only_the_adapters_resumes_exactly_and_exports_merged_and_as_peft
     assert tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape == (4, 48)
     assert tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"].shape == (48, 4)
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    # the base was held in bfloat16: give peft's base the same bytes
+    # the base's matrices were held in bfloat16, its norms in float32: give peft's base the same bytes
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
+            if p.ndim >= 2:
+                p.copy_(p.to(torch.bfloat16).float())
     model = peft.PeftModel.from_pretrained(model, adapters).eval()
     with torch.no_grad():
         theirs = model(torch.tensor(tokens)).logits.float().numpy()
@@ -222,6 +226,34 @@ def test_a_users_own_flax_model_takes_adapters_by_the_same_path_rule(tmp_path):
     # the saved run's outputs are the merged model's, as computed in training (evaluate restores the adapters)
     ours = jaxnet.evaluate(tmp_path / "lora", "val", model=MLP(), dataset=data, task=task)
     assert abs(ours["loss"] - summary["val"]["loss"]) < 1e-6
+
+
+def test_base_dtype_keeps_norms_and_biases_float32_unless_told_and_old_runs_read_as_they_were_cast(tmp_path):
+    base = {
+        "block_0": {"attention": {"query": {"kernel": np.ones((4, 2, 2), np.float32), "bias": np.ones((2, 2))}}},
+        "norm_out": {"scale": np.ones(4, np.float32)},
+        "embed": {"embedding": np.ones((6, 4), np.float32)},
+        "steps": np.ones((), np.int32),
+    }
+    kept = lora.cast_base(base, lora.Settings(rank=2, base_dtype="bfloat16"))
+    dtypes = {joined(p): x.dtype for p, x in jax.tree_util.tree_flatten_with_path(kept)[0]}
+    assert dtypes == {
+        "block_0/attention/query/kernel": jnp.bfloat16,
+        "block_0/attention/query/bias": jnp.float64,  # 2-D, but a bias: kept (and never narrowed)
+        "norm_out/scale": jnp.float32,
+        "embed/embedding": jnp.bfloat16,
+        "steps": jnp.int32,
+    }
+    every = lora.cast_base(base, lora.Settings(rank=2, base_dtype="bfloat16", base_vectors="base_dtype"))
+    assert {x.dtype for x in jax.tree.leaves(every)} == {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int32)}
+    # a run saved before train.base_vectors existed held its whole base in base_dtype: read so
+    cfg = config.apply_overrides(config.Config(), ["train.lora_rank=2", "train.base_dtype=bfloat16"])
+    config.save(cfg, tmp_path / "config.json")
+    tree = json.loads((tmp_path / "config.json").read_text())
+    del tree["train"]["base_vectors"]
+    (tmp_path / "config.json").write_text(json.dumps(tree))
+    assert config.load(tmp_path / "config.json").train.base_vectors == "base_dtype"
+    assert cfg.train.base_vectors == "float32"
 
 
 def test_adapters_are_replicated_while_small_and_split_like_their_kernel_when_large(monkeypatch):

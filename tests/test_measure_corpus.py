@@ -4,11 +4,11 @@ refuses at once when the disk cannot hold the corpora asked for."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_patiently
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "measure_corpus.py"
@@ -22,7 +22,7 @@ def _env() -> dict[str, str]:
 
 def test_too_little_disk_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "r.json"
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, str(SCRIPT), "--sizes-gb", "1e6", "--tmp", str(tmp_path), "--out", str(out)],
         capture_output=True,
         text=True,
@@ -38,7 +38,7 @@ def test_the_script_records_memory_loader_and_identical_losses(tmp_path):
     out = tmp_path / "r.json"
     command = [sys.executable, str(SCRIPT), "--sizes-gb", "0.01", "0.02", "--steps", "3", "--loader-batches", "3"]
     command += ["--skip-prepare", "--loss-steps", "4", "--tmp", str(tmp_path), "--out", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=900)
+    result = run_patiently(command, capture_output=True, text=True, env=_env(), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert [r["train_tokens"] for r in record["memory"]["runs"]] == [5_000_000, 10_000_000]

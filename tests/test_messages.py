@@ -8,7 +8,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import cpu_env, tiny_config
+from conftest import cpu_env, run_patiently, tiny_config
 
 import jaxnet
 from jaxnet import catalog, cli, observe
@@ -38,7 +37,7 @@ print([m for m in {HEAVY!r} if m in sys.modules])
 
 
 def test_help_and_list_import_no_jax_and_list_each_experiments_result_and_time():
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", HELP_AND_LIST], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
@@ -70,7 +69,7 @@ except AttributeError as e:
 def test_import_jaxnet_loads_jax_only_when_needed_and_still_sizes_the_cpu_client():
     env = {**cpu_env(8), "NPROC": "2"}
     env.pop("PJRT_NPROC", None)
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", "import json\n" + IMPORT_ONLY],
         cwd=ROOT,
         env=env,

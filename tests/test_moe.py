@@ -126,6 +126,7 @@ EXPERT_PARALLEL = textwrap.dedent(
     """
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import dataclasses
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from jaxnet import parallel
@@ -145,7 +146,11 @@ EXPERT_PARALLEL = textwrap.dedent(
 
     want, want_grads = jax.value_and_grad(loss)(params, tokens)
     boxed = jax.eval_shape(lambda: model.init(jax.random.key(1), tokens))
-    for sizes in ((2, 1, 2, 1), (1, 2, 2, 1), (1, 1, 2, 2)):  # expert beside data, FSDP and tensor
+    # a capacity no device can exceed (each expert at most every token once): the buffers drop nothing
+    roomy = TransformerLanguageModel(dataclasses.replace(spec, capacity_factor=2.0))
+    cases = [(model, (2, 1, 2, 1)), (model, (1, 2, 2, 1)), (model, (1, 1, 2, 2))]
+    cases += [(roomy, (1, 1, 1, 1)), (roomy, (2, 1, 2, 1))]
+    for model, sizes in cases:  # expert beside data, FSDP and tensor; the fixed buffers on one device and split
         mesh = parallel.make_mesh(MeshConfig(**dict(zip(("data", "fsdp", "expert", "tensor"), sizes))))
         shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, parallel.RULES)["params"]
         step = jax.jit(parallel.under_rules(jax.value_and_grad(loss), mesh, parallel.RULES))
@@ -154,7 +159,8 @@ EXPERT_PARALLEL = textwrap.dedent(
         assert abs(float(got) - float(want)) < 1e-5, (sizes, float(got), float(want))
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
-        assert grads["block_0"]["moe"]["gate"].sharding.spec[0] in ("expert", ("expert",))  # each device its experts
+        if sizes[2] > 1:  # each device its experts
+            assert grads["block_0"]["moe"]["gate"].sharding.spec[0] in ("expert", ("expert",))
     print("ok")
     """
 )
@@ -173,3 +179,28 @@ def test_a_model_of_mixture_layers_trains_through_the_aux_loss_channel():
     # evaluation: the model's outputs alone, no loss collected
     assert model.apply({"params": params}, tokens).shape == (2, 8, 40)
     assert set(params["block_0"]["moe"]) == {"router", "gate", "up", "down"}
+
+
+def test_flops_and_active_parameters_count_the_routed_experts_only():
+    from jaxnet.models.transformer import transformer_flops
+
+    common = dict(vocab=40, context=8, layers=2, width=16, heads=2, mlp="swiglu", norm="rms", position="rotary")
+    moe = TransformerSpec(**common, mlp_pattern=("moe",), experts=8, experts_per_token=2, expert_hidden=6)
+    # 2 experts of 6 units a token: the products of one SwiGLU of 12 units, plus the router's 16 x 8
+    dense = TransformerSpec(**common, mlp_hidden=12)
+    tokens = 3 * 8
+    assert transformer_flops(moe, batch=3) == transformer_flops(dense, batch=3) + 2 * 2 * tokens * 16 * 8
+    cfg = TransformerConfig(**{k: v for k, v in common.items() if k not in ("vocab", "context")},
+                            mlp_pattern=("moe",), experts=8, experts_per_token=2, expert_hidden=6)  # fmt: skip
+    params = nn.unbox(TransformerLanguageModel(moe).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))["params"]
+    total = sum(np.size(x) for x in jax.tree.leaves(params))
+    experts = sum(np.size(params[f"block_{i}"]["moe"][k]) for i in range(2) for k in ("gate", "up", "down"))
+    assert cfg.active_parameters(params) == total - experts + experts * 2 // 8
+
+
+def test_a_runs_router_aux_loss_replaces_the_models_coefficient():
+    from jaxnet import config
+    from jaxnet.train.loop import Run
+
+    cfg = config.load_experiment("moe_shakespeare:smoke", ["train.router_aux_loss=0.5", "data.seq_len=16"])
+    assert cfg.model.router_aux_loss == 0.01 and Run(cfg).model.module.spec.router_aux_loss == 0.5

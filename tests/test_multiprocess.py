@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import patient, run_patiently
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = [
@@ -40,7 +41,7 @@ def _losses(workdir: Path) -> dict[tuple[int, str], float]:
 def _run(command: list[str], devices: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``command`` with ``devices`` simulated CPU devices per process; it must succeed."""
     env = {**_env(devices), **(env or {})}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    result = run_patiently(command, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -103,7 +104,7 @@ def runs(tmp_path_factory):
     stranger = threading.Thread(target=_disturb_when_listening, args=(("localhost", port), disturbed), daemon=True)
     stranger.start()
     two = _run([*two_processes, "--workdir", str(tmp / "two")], 4, env={"JAXNET_WATCH_PORT": str(port)})
-    stranger.join(timeout=60)
+    stranger.join(timeout=patient(60))
     # Stopped after 20 steps by two processes (showing the libraries' lines), finished by one
     # process with its own 8 devices.
     half = _run([*two_processes, "train.stop_after=20", "--verbose", "--workdir", str(tmp / "moved")], 4)
@@ -123,7 +124,7 @@ def _disturb_when_listening(address: tuple[str, int], report: dict) -> None:
     import socket
     import time
 
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + patient(240)
     while time.monotonic() < deadline:
         try:
             socket.create_connection(address, timeout=5).close()
@@ -336,7 +337,7 @@ def test_a_bad_watch_port_is_a_one_line_error(monkeypatch, value):
     ],
 )
 def test_bad_multi_process_flags_are_one_line_errors(tmp_path, flags, message):
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-m", "jaxnet", "train", "transformer_shakespeare:smoke", *flags, "--workdir", str(tmp_path)],
         capture_output=True,
         text=True,
@@ -350,7 +351,7 @@ def test_bad_multi_process_flags_are_one_line_errors(tmp_path, flags, message):
 def test_a_mesh_that_leaves_out_a_process_stops_every_process_at_once(tmp_path):
     text = tmp_path / "fox.txt"
     text.write_text("the quick brown fox jumps over the lazy dog.\n" * 50)
-    result = subprocess.run(
+    result = run_patiently(
         [str(ROOT / "scripts" / "launch_local.sh"), "2", *RUN, f"data.path={text}", "mesh.data=2", "mesh.fsdp=1"]
         + ["--workdir", str(tmp_path / "run")],
         capture_output=True,
@@ -427,7 +428,7 @@ def _stop_all(processes: list[subprocess.Popen]) -> None:
         if p.poll() is None:
             p.kill()  # SIGKILL: SIGCONT is not needed for a stopped process
     for p in processes:
-        p.wait(timeout=60)
+        p.wait(timeout=patient(60))
 
 
 @pytest.mark.slow
@@ -455,13 +456,13 @@ def test_when_a_process_dies_the_other_stops_with_one_line_and_the_run_resumes(t
     survivor = 1 - victim
     processes = _start_processes(commands, tmp_path, "first")
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + patient(240)
         while not any(p.name.isdigit() for p in workdir.glob("checkpoints/*")):  # a finished checkpoint
             assert time.monotonic() < deadline and all(p.poll() is None for p in processes), "no checkpoint"
             time.sleep(0.05)
         processes[victim].send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         stopped = time.monotonic()
-        code = processes[survivor].wait(timeout=120)
+        code = processes[survivor].wait(timeout=patient(120))
         seconds = time.monotonic() - stopped
         print(f"process {victim} {how}: process {survivor} exited {seconds:.1f} s later")  # the README's figure
         assert processes[victim].poll() is None or how == "killed"
@@ -479,7 +480,7 @@ def test_when_a_process_dies_the_other_stops_with_one_line_and_the_run_resumes(t
 
     again = _start_processes(commands, tmp_path, "again")
     try:
-        codes = [p.wait(timeout=300) for p in again]
+        codes = [p.wait(timeout=patient(300)) for p in again]
     finally:
         _stop_all(again)
     stdout = (tmp_path / "again-0.out").read_text()

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 
 import jax
 import pytest
+from conftest import run_patiently
 
 from jaxnet import config, parallel
 from jaxnet.config import MeshConfig
@@ -104,22 +104,27 @@ CASES = [(experiment, layout) for experiment, (_, layouts) in FAMILIES.items() f
 
 @pytest.fixture(scope="module")
 def eight_device_runs():
+    """A family's runs on every layout, one subprocess a family (each about a minute on a quiet
+    2-core machine), run when a test first asks for it: a time limit per family follows its work,
+    and the load (:func:`conftest.run_patiently`)."""
     env = dict(os.environ)  # the tests' XLA flags too; the script adds its devices
-    result = subprocess.run(
-        [sys.executable, "-c", EIGHT_DEVICES, json.dumps(FAMILIES)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.split("RESULTS", 1)[1])
+    done: dict[str, dict] = {}
+
+    def runs(experiment: str) -> dict:
+        if experiment not in done:
+            family = json.dumps({experiment: FAMILIES[experiment]})
+            result = run_patiently([sys.executable, "-c", EIGHT_DEVICES, family], timeout=300, env=env)
+            assert result.returncode == 0, result.stderr[-3000:]
+            done.update(json.loads(result.stdout.split("RESULTS", 1)[1]))
+        return done[experiment]
+
+    return runs
 
 
 @pytest.mark.parametrize("experiment,mesh", CASES)
 def test_twenty_steps_on_a_mesh_match_one_device(eight_device_runs, experiment, mesh):
     """Every layout, and the per-device ``replicas`` mode (shard_map + pmean), is the same SGD."""
-    one, other = eight_device_runs[experiment]["one"], eight_device_runs[experiment][mesh]
+    one, other = eight_device_runs(experiment)["one"], eight_device_runs(experiment)[mesh]
     assert other["losses"] == pytest.approx(one["losses"], rel=1e-9)
     for a, b in zip(one["params"] + one["batch_stats"], other["params"] + other["batch_stats"], strict=True):
         # Up to 1e-5 here and there: a few float32 constants remain in float64 models (normalisation
@@ -131,12 +136,12 @@ def test_twenty_steps_on_a_mesh_match_one_device(eight_device_runs, experiment, 
 
 def test_the_resnet_keeps_batchnorm_statistics(eight_device_runs):
     """The BatchNorm comparison above is not vacuous: the statistics exist and moved from their start."""
-    stats = eight_device_runs["resnet_cifar10:smoke"]["one"]["batch_stats"]
+    stats = eight_device_runs("resnet_cifar10:smoke")["one"]["batch_stats"]
     assert len(stats) >= 4 and any(abs(v) > 1e-3 for leaf in stats for v in leaf)
 
 
 def test_fsdp_divides_the_transformers_parameter_and_optimizer_memory(eight_device_runs):
-    runs = eight_device_runs["transformer_shakespeare:smoke"]
+    runs = eight_device_runs("transformer_shakespeare:smoke")
     assert runs["fsdp8"]["bytes"] <= runs["one"]["bytes"] / 6
     assert runs["data8"]["bytes"] == runs["one"]["bytes"]  # data parallelism replicates
 
@@ -156,8 +161,16 @@ def test_a_mesh_that_does_not_fit_the_devices_is_a_one_line_error(mesh, devices,
 
 
 def test_mesh_sizes_resolve_the_rest_of_the_devices():
-    assert parallel.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == {"data": 2, "fsdp": 2, "tensor": 2}
-    assert parallel.mesh_shape(MeshConfig(data=2, fsdp=-1, tensor=1), 8) == {"data": 2, "fsdp": 4, "tensor": 1}
+    ones = {"expert": 1, "context": 1}
+    assert parallel.mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=2), 8) == {"data": 2, "fsdp": 2, "tensor": 2, **ones}
+    assert parallel.mesh_shape(MeshConfig(data=2, fsdp=-1, tensor=1), 8) == {"data": 2, "fsdp": 4, "tensor": 1, **ones}
+    assert parallel.mesh_shape(MeshConfig(data=2, context=-1), 8) == {
+        "data": 2,
+        "fsdp": 1,
+        "tensor": 1,
+        "expert": 1,
+        "context": 4,
+    }
 
 
 def test_a_layer_the_mesh_cannot_split_names_the_array():
@@ -209,9 +222,7 @@ def test_a_run_resumes_on_a_different_mesh(tmp_path):
     """Checkpointed on data=8, resumed on fsdp=4 x tensor=2 and on 1 device: the same losses as an
     uninterrupted single-device run, step by step."""
     env = dict(os.environ)  # the tests' XLA flags too; the script adds its devices
-    result = subprocess.run(
-        [sys.executable, "-c", REMESH, str(tmp_path)], capture_output=True, text=True, env=env, timeout=600
-    )
+    result = run_patiently([sys.executable, "-c", REMESH, str(tmp_path)], timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("resuming") == 2 and "mesh.fsdp 1 -> 4" in result.stdout
     assert "mesh.data 8 -> 1" in result.stdout

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from conftest import MLP, arrays_config, linear_data, tiny_config
+from conftest import MLP, arrays_config, linear_data, run_patiently, tiny_config
 
 import jaxnet
 from jaxnet import cli
@@ -129,7 +129,6 @@ assert not any(name.startswith("jaxnet") for name in sys.modules)
 
 
 def test_an_exported_model_runs_with_jax_alone(image_run, quadrants, tmp_path):
-    import subprocess
     import sys
 
     from conftest import cpu_env
@@ -139,7 +138,7 @@ def test_an_exported_model_runs_with_jax_alone(image_run, quadrants, tmp_path):
     trained.export(tmp_path / "model.jax")
     x = quadrants.test[0][:37]  # any batch size, raw uint8 images: the normalisation is inside
     np.save(tmp_path / "images.npy", x)
-    result = subprocess.run(
+    result = run_patiently(
         [sys.executable, "-c", RUN_EXPORTED], cwd=tmp_path, env=cpu_env(), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import patient, run_patiently
 
 from jaxnet import cli
 from jaxnet.data import prepare as prep
@@ -162,13 +163,13 @@ def test_a_worker_reads_its_tokenizer_from_a_file_and_imports_nothing_of_jax():
         started = time.perf_counter()
         first = pool.submit(eval, "1 + 1")
         handed = time.perf_counter() - started
-        assert first.result(timeout=60) == 2
+        assert first.result(timeout=patient(60)) == 2
     assert handed < 0.3, f"the first task waited {handed:.2f} s for the worker to read its arguments"
     gpt2 = toks.get("gpt2", "--tokenizer")
     texts = ["Hello world", DOCS[0], DOCS[2]]
     with workers.worker_pool(1, base.worker_init, (gpt2,)) as pool:
-        assert pool.submit(eval, WORKER_STATE).result(timeout=60) == ([], "1")
-        block, sizes = pool.submit(base.worker_encode, texts, np.dtype(np.uint16)).result(timeout=60)
+        assert pool.submit(eval, WORKER_STATE).result(timeout=patient(60)) == ([], "1")
+        block, sizes = pool.submit(base.worker_encode, texts, np.dtype(np.uint16)).result(timeout=patient(60))
     here = gpt2.encode_documents(texts, np.uint16)
     assert block.tolist() == here[0].tolist() and sizes.tolist() == here[1].tolist()
 
@@ -449,7 +450,6 @@ def test_bad_parquet_is_one_line_and_exit_2(tmp_path, capsys):
 def test_reading_parquet_holds_a_row_group_not_the_file(tmp_path):
     """Arrow's memory pool in a fresh process that reads every row of a file of 40 row groups,
     then of one 4 times as long: its peak does not grow with the file."""
-    import subprocess
     import sys
 
     texts = [f"row {i} " + "x" * 20_000 for i in range(400)]
@@ -462,7 +462,7 @@ for name in ("one", "four"):
     n = sum(len(t) for t in Source("{tmp_path}/" + name + ".parquet").texts(0))
     print(n, os.path.getsize("{tmp_path}/" + name + ".parquet"), pa.default_memory_pool().max_memory())
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = run_patiently([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     (chars1, size1, peak1), (chars4, size4, peak4) = (map(int, line.split()) for line in result.stdout.splitlines())
     assert chars1 == sum(map(len, texts)) and chars4 == 4 * chars1 and size1 > 8_000_000
@@ -472,7 +472,6 @@ for name in ("one", "four"):
 def test_the_prepare_command_imports_nothing_of_jax(tmp_path):
     """``jaxnet prepare``, with workers or of the shipped works, imports no JAX, optax or flax
     (importing jaxnet.data once cost 0.7 s of them before every prepare)."""
-    import subprocess
     import sys
 
     src = corpus_dir(tmp_path)
@@ -491,7 +490,7 @@ if __name__ == "__main__":
 """
     script = tmp_path / "prepare_only.py"
     script.write_text(code)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = run_patiently([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, []], result.stderr[-2000:]
     assert (tmp_path / "out" / "corpus.json").exists() and (tmp_path / "works" / "corpus.json").exists()
 
@@ -499,7 +498,6 @@ if __name__ == "__main__":
 def test_a_script_without_a_main_guard_gets_one_line_about_the_spawned_workers(tmp_path):
     """Spawned workers import the script that started them: without ``if __name__ == "__main__":``
     each would start a prepare of its own, and Python stops them; the script gets one line."""
-    import subprocess
     import sys
 
     corpus_dir(tmp_path)
@@ -515,7 +513,7 @@ try:
 except UserError as e:
     print("ERROR", e)
 """)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = run_patiently([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("ERROR a jaxnet prepare worker process died") and "__main__" in last, result.stdout
     assert not (tmp_path / "out" / "corpus.json").exists()

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_patiently
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,6 @@ def test_the_scripts_share_one_environment_stamp_and_switching_installs_nothing(
     scripts/test again: one install, the first; a change of the dependencies installs again."""
     import os
     import shutil
-    import subprocess
 
     root = tmp_path / "clone"
     (root / "scripts").mkdir(parents=True)
@@ -41,7 +41,7 @@ def test_the_scripts_share_one_environment_stamp_and_switching_installs_nothing(
 
     def source(reference: str) -> list[str]:
         env = {**os.environ, "JAXNET_VENV": str(venv), "JAXNET_REFERENCE": reference, "JAXNET_PLAN": "0"}
-        result = subprocess.run(["bash", "-c", f"source {root}/scripts/_env.sh"], env=env, capture_output=True,
+        result = run_patiently(["bash", "-c", f"source {root}/scripts/_env.sh"], env=env, capture_output=True,
                                 text=True, timeout=60)  # fmt: skip
         assert result.returncode == 0, result.stderr
         calls = log.read_text().splitlines() if log.exists() else []
@@ -63,6 +63,6 @@ def test_a_clone_named_jaxnet_imports_from_its_parent_directory(tmp_path):
         pytest.skip("jaxnet was installed with setuptools' import hook, not by scripts/_env.sh")
     (tmp_path / "jaxnet").symlink_to(ROOT)
     code = "import jaxnet, jaxnet.train; print(jaxnet.__file__)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = run_patiently([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(ROOT / "jaxnet" / "__init__.py")

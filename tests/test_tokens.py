@@ -245,7 +245,14 @@ def test_only_the_experiments_own_default_corpus_is_prepared_on_first_use_and_it
     monkeypatch.chdir(tmp_path)
     said = []
     cfg = DataConfig(name="tokens", path="corpora/mine")
+    scratch = tmp_path / "scratch"  # what jaxnet plan does: the corpus prepared aside, nothing under corpora/
+    with tokens.prepared_in(scratch):
+        aside = tokens.load_or_prepare(cfg, str(src), "byte", say=said.append, default="corpora/mine")
+    assert said == [f"preparing {src} with the byte tokenizer in a temporary directory (not into corpora/mine)"]
+    assert (scratch / "mine" / "corpus.json").is_file() and not (tmp_path / "corpora").exists()
+    said.clear()
     ds = tokens.load_or_prepare(cfg, str(src), "byte", say=said.append, default="corpora/mine")
+    assert np.array_equal(ds.train, aside.train)
     assert said[0] == f"preparing {src} with the byte tokenizer into corpora/mine (once: the experiment's default)"
     assert (tmp_path / "corpora/mine/corpus.json").is_file() and len(ds.train) > 100
     said.clear()

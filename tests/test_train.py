@@ -6,7 +6,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import run_patiently, tiny_config
 
 from jaxnet import Dataset, config, observe, optim
 from jaxnet.checkpoint import Checkpoints
@@ -286,7 +285,7 @@ print("TEST", summary["test"]["accuracy"], "VAL", summary["val"]["accuracy"])
 def test_two_devices_accumulate_without_gathering_the_batch_and_evaluate_odd_splits(tmp_path):
     script = MULTI_DEVICE_SCRIPT.format(tests=str(Path(__file__).parent), workdir=str(tmp_path / "run"))
     env = dict(os.environ)  # the tests' XLA flags too; the script adds its devices
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    result = run_patiently([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "NO_ALL_GATHER" in result.stdout
     accuracies = re.search(r"TEST ([\d.]+) VAL ([\d.]+)", result.stdout)

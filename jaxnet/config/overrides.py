@@ -155,6 +155,8 @@ def from_dict(tree: dict[str, Any], saved: bool = False) -> Config:
     """
     cfg = Config()
     flat = flatten(tree)
+    if saved and flat.get("train.base_dtype") and "train.base_vectors" not in flat:
+        flat["train.base_vectors"] = "base_dtype"  # saved before the key: its LoRA base was cast whole
     if "model.name" in flat:
         cfg.model = model_config(_parse("model.name", flat.pop("model.name"), str))
     for key, value in flat.items():

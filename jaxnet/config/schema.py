@@ -239,6 +239,12 @@ class TrainConfig(Checked):
     init_skip: str = field(
         "", "regex: with train.init_from, paths it matches (searched anywhere) keep their fresh initialisation"
     )
+    check_tokenizer: bool = field(
+        True,
+        "with train.init_from=hf:DIR, refuse data not tokenized by DIR's own tokenizer.json (GPT-2's for a GPT-2 "
+        "checkpoint of 50,257 ids without one), and a DIR without tokenizer.json whose data cannot be checked; "
+        "false = only that the data's ids fit the checkpoint (data tokenized otherwise on purpose)",
+    )
     steps_per_call: int = field(
         1,
         "steps run by one compiled call (a lax.scan over that many batches): one dispatch and host round trip per "
@@ -246,12 +252,35 @@ class TrainConfig(Checked):
         f"to {AUTO_STEPS_PER_CALL} that divides every interval (1 in a sweep)",
         low=0,
     )
-    label_smoothing: float = field(0.0, "label smoothing of the cross-entropy", low=0.0, high=1.0)
+    label_smoothing: float = field(
+        0.0,
+        "label smoothing of the cross-entropy; with train.objective=dpo|simpo, the probability that a pair's "
+        "preference is flipped (conservative DPO: -(1-e) log sigmoid(m) - e log sigmoid(-m) of the margin m)",
+        low=0.0,
+        high=1.0,
+    )
+    objective: str = field(
+        "",
+        "what a preference corpus (jaxnet prepare preference) is trained to: dpo (sigmoid DPO against the "
+        "starting weights: under LoRA the base with the adapters off, else a frozen copy of them) or simpo "
+        "(reference-free: length-normalised log-probabilities and a target margin) ('' = the data's: dpo for a "
+        "preference corpus)",
+        choices=("", "dpo", "simpo"),
+    )
+    dpo_beta: float = field(0.1, "train.objective=dpo: beta, the weight of the log-probability ratios", low=0.0)
+    simpo_beta: float = field(2.0, "train.objective=simpo: beta, the weight of the mean log-probabilities", low=0.0)
+    simpo_gamma: float = field(1.0, "train.objective=simpo: gamma, the target reward margin", low=0.0)
     z_loss: float = field(
         0.0,
         "weight of PaLM's z-loss, z * logsumexp(logits)^2 per predicted token, added to the training loss of the "
         "cross-entropy tasks (0 = off; evaluation reports the cross-entropy alone)",
         low=0.0,
+    )
+    router_aux_loss: float = field(
+        -1.0,
+        "coefficient of a mixture of experts' load-balancing loss for this run (-1 = the model's "
+        "model.router_aux_loss, a checkpoint's router_aux_loss_coef)",
+        low=-1.0,
     )
     loss_from: str = field(
         "auto",
@@ -294,8 +323,16 @@ class TrainConfig(Checked):
     base_dtype: str = field(
         "",
         "LoRA: the dtype the frozen base is held in (bfloat16 halves its memory); the adapters and their "
-        "optimizer stay float32 ('' = model.param_dtype)",
+        "optimizer stay float32; a full train.objective=dpo run: the dtype of its frozen reference copy "
+        "('' = model.param_dtype)",
         choices=("", "float32", "bfloat16"),
+    )
+    base_vectors: str = field(
+        "float32",
+        "LoRA with train.base_dtype: float32 keeps the base's norm scales and biases in float32 (a vanishing part "
+        "of its memory, the part whose rounding the model feels most); base_dtype casts them too, as loading the "
+        "whole model in bfloat16 does",
+        choices=("float32", "base_dtype"),
     )
     on_nonfinite: str = field(
         "stop",
@@ -316,6 +353,12 @@ class MeshConfig(Checked):
         1,
         "devices that split a mixture's experts (must divide model.experts) and the batch; tokens travel to "
         "their experts and back by all-to-all (-1 = the rest)",
+        low=-1,
+    )
+    context: int = field(
+        1,
+        "devices that split each row's sequence (context parallelism: the Transformer's attention works across "
+        "them; data.seq_len a multiple of 2 x mesh.context; -1 = the rest)",
         low=-1,
     )
     tensor: int = field(1, "devices that split attention heads and hidden units (-1 = the rest)", low=-1)
@@ -540,7 +583,7 @@ def validate(cfg: Config) -> None:
             "optim.schedule=warmup_cosine warms up over optim.warmup_steps, which is 0; set optim.warmup_steps=N "
             "(or optim.schedule=cosine for no warmup)"
         )
-    for axis in ("data", "fsdp", "expert", "tensor"):
+    for axis in ("data", "fsdp", "expert", "context", "tensor"):
         if getattr(cfg.mesh, axis) == 0:
             raise UserError(f"mesh.{axis}=0: use a positive device count or -1 for the rest of the devices")
     text_data = cfg.data.name in TEXT_DATA
@@ -572,6 +615,7 @@ def validate(cfg: Config) -> None:
             raise UserError("model.dtype=float64 needs JAX's 64-bit mode: run with JAX_ENABLE_X64=1")
     profile_steps(cfg)
     _check_steps_per_call(cfg)
+    _check_context(cfg, text_data)
     if cfg.parallel.mode == "replicas" and (cfg.mesh.fsdp != 1 or cfg.mesh.tensor != 1 or cfg.mesh.expert != 1):
         raise UserError(
             f"parallel.mode=replicas keeps a whole model on every device, so it needs mesh.fsdp=1, mesh.expert=1 "
@@ -580,6 +624,24 @@ def validate(cfg: Config) -> None:
         )
     _check_sgd(cfg)
     _check_fine_tuning(cfg)
+    _check_objective(cfg)
+
+
+def _check_objective(cfg: Config) -> None:
+    """A preference objective's keys: its pairs train with synchronous SGD, its label smoothing below
+    one half (a pair flipped more often than not is the other preference)."""
+    t = cfg.train
+    if not t.objective:
+        return
+    if cfg.parallel.sgd != "sync":
+        raise UserError(
+            f"train.objective={t.objective} trains with synchronous SGD; parallel.sgd={cfg.parallel.sgd} is not"
+        )
+    if t.label_smoothing >= 0.5:
+        raise UserError(
+            f"train.label_smoothing={t.label_smoothing} with train.objective={t.objective} is the probability that a "
+            "pair's preference is flipped: give a value below 0.5 (e.g. 0.1)"
+        )
 
 
 MIXTURE_EXAMPLE = "e.g. data.mixture=corpora/web:0.7,corpora/code:0.3"
@@ -666,6 +728,25 @@ def _check_mixture(cfg: Config) -> None:
     mixture_schedule(cfg)
 
 
+def _check_context(cfg: Config, text_data: bool) -> None:
+    """``mesh.context`` other than 1 needs a model whose attention splits the sequence, the sharded
+    mode, and (for a size given) a sequence length it can split."""
+    ways = cfg.mesh.context
+    if ways == 1:
+        return
+    if not type(cfg.model).splits_sequence:
+        raise UserError(
+            f"mesh.context={ways} splits each row's sequence over devices, which model.name={cfg.model.name} cannot "
+            "work across (the Transformer can); use mesh.context=1"
+        )
+    if cfg.parallel.mode == "replicas":
+        raise UserError(f"parallel.mode=replicas keeps whole rows on every device; use mesh.context=1, not {ways}")
+    if text_data and ways > 1:
+        from jaxnet.models.transformer import context
+
+        context.check_length(cfg.data.seq_len, ways, "data.seq_len")
+
+
 def _check_fine_tuning(cfg: Config) -> None:
     """The regexes of ``optim.freeze`` and ``train.init_skip`` compile; ``init_skip`` has something to skip."""
     for key, value in (("optim.freeze", cfg.optim.freeze), ("train.init_skip", cfg.train.init_skip)):
@@ -683,10 +764,17 @@ def _check_lora(cfg: Config) -> None:
     regex compiles; the adapters train with synchronous SGD."""
     t = cfg.train
     if not t.lora_rank:
+        frozen_copy = t.objective == "dpo"  # a full DPO run's reference is a frozen copy, held in base_dtype
         given = [
             f"train.{k}={getattr(t, k)}"
-            for k, off in (("lora_targets", ""), ("lora_alpha", 0.0), ("lora_dropout", 0.0), ("base_dtype", ""))
-            if getattr(t, k) != off
+            for k, off in (
+                ("lora_targets", ""),
+                ("lora_alpha", 0.0),
+                ("lora_dropout", 0.0),
+                ("base_dtype", ""),
+                ("base_vectors", "float32"),
+            )
+            if getattr(t, k) != off and not (k == "base_dtype" and frozen_copy)
         ]
         if given:
             raise UserError(

@@ -234,6 +234,7 @@ def prepare_chat(
             f"conversations), not {tokenizer}"
         )
     tok = tokenizers.get(tokenizer, "--tokenizer")
+    tok.check_model()
     template = chat_lib.load(tok.directory, chat_template)
     if shard_tokens < 1:
         raise UserError(f"--shard-tokens {shard_tokens}: give a positive number")

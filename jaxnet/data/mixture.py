@@ -351,6 +351,8 @@ def load(cfg: DataConfig, load_corpus: Any) -> MixtureDataset:
                 f"data.mixture: two corpora are named {name}; their logs are keyed by the directory's name, so "
                 "rename one"
             )
+        if getattr(part, "preference", None) is not None:
+            raise UserError(f"data.mixture: {path} is a preference corpus (pairs); mix plain corpora")
         if part.chat is not None:
             raise UserError(f"data.mixture: {path} is a chat corpus (packed conversations); mix plain corpora")
         if parts and not same_tokenizer(parts[0][1].record, part.record):

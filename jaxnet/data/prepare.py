@@ -138,6 +138,7 @@ def prepare(
     tokenizers.kind_of(tokenizer, "--tokenizer", TOKENIZERS)
     chosen = tokenizers.get(tokenizer, "--tokenizer")
     chosen.check_separates()
+    chosen.check_model()
     tokenizer = chosen.name  # hf:DIR with DIR absolute
     if shard_tokens < 1:
         raise UserError(f"--shard-tokens {shard_tokens}: give a positive number")

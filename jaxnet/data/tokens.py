@@ -34,6 +34,8 @@ first ``ceil(train.eval_tokens / data.seq_len)`` rows when capped).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import pickle
 import sys
@@ -373,6 +375,12 @@ def load(cfg: Any) -> TokenDataset:
         manifest = prepare_lib.read_manifest(path / "corpus.json")
         if manifest.get("format") != prepare_lib.FORMAT:
             raise UserError(f"{path / 'corpus.json'} is not a {prepare_lib.FORMAT} manifest; prepare the corpus again")
+        if manifest.get("kind") == "preference":  # pairs of a chosen and a rejected reply (jaxnet prepare preference)
+            from jaxnet.data import pairs
+
+            return pairs.load(
+                path, manifest, _padded(prepare_lib.corpus_vocab(manifest["tokenizer"]), cfg.vocab_size, name)
+            )
         splits, max_ids = {}, {}
         for s in SPLITS:
             entry = manifest["splits"][s]
@@ -488,14 +496,33 @@ def _process() -> tuple[int, int]:
     return jax.process_index(), jax.process_count()
 
 
+_SCRATCH: list[Path] = []  # where a missing default corpus is prepared instead (prepared_in)
+
+
+@contextlib.contextmanager
+def prepared_in(directory: str | os.PathLike) -> Iterator[None]:
+    """Within it, :func:`load_or_prepare` prepares a missing default corpus under ``directory``
+    instead of at its ``data.path``: what ``jaxnet plan`` uses, so that planning writes nothing
+    into the directory it is run from (a corpus already prepared is read where it is)::
+
+        with tempfile.TemporaryDirectory() as scratch, prepared_in(scratch):
+            run = Run(cfg)
+    """
+    _SCRATCH.append(Path(directory))
+    try:
+        yield
+    finally:
+        _SCRATCH.pop()
+
+
 def load_or_prepare(
     cfg: Any, source: str, tokenizer: str = "gpt2", say: Any = print, default: str | None = None
 ) -> TokenDataset:
     """:func:`load` the corpus at ``cfg.path``. Only the experiment's own default corpus
     (``default``, :func:`default_corpus` of ``source`` and ``tokenizer`` unless given) is prepared
     on first use, from ``source``, by process 0 alone while the others wait for its
-    ``corpus.json``; any other ``data.path`` must already be a corpus, or it is a one-line error
-    and nothing is written.
+    ``corpus.json`` (inside :func:`prepared_in`, into that directory instead); any other
+    ``data.path`` must already be a corpus, or it is a one-line error and nothing is written.
 
     A config with ``data.mixture`` reads its corpora instead (:mod:`jaxnet.data.mixture`): they
     are never prepared here.
@@ -507,6 +534,11 @@ def load_or_prepare(
     default = default_corpus(source, tokenizer) if default is None else default
     path = Path(cfg.path)
     ours = bool(cfg.path) and os.path.normpath(cfg.path) == os.path.normpath(default) and cfg.format in ("", "jaxnet")
+    if ours and not (path / "corpus.json").is_file() and _SCRATCH:
+        scratch = _SCRATCH[-1] / path.name
+        say(f"preparing {source} with the {tokenizer} tokenizer in a temporary directory (not into {path})")
+        prepare_lib.prepare(source, tokenizer, scratch, workers=1, progress=False, say=lambda _: None)
+        return load(dataclasses.replace(cfg, path=str(scratch)))
     if ours and not (path / "corpus.json").is_file():
         index, _ = _process()
         if index == 0:

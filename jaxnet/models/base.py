@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -262,6 +263,12 @@ def unknown_key(key: str, known: list[str], model_name: str) -> UserError:
     return UserError(f"unknown config key {key!r}{hint}")
 
 
+def _leaves(tree: Any) -> list:
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
 #: The keys every family has that say how a model is computed, not what (:meth:`ModelConfig.arithmetic`).
 _HOW = ("name", "dtype", "param_dtype")
 
@@ -279,6 +286,9 @@ class ModelConfig(Checked):
     #: batches are contiguous streams by default, and gradients cannot be accumulated over
     #: micro-batches (the state is per batch row). A class attribute, not a config key.
     carries_state: typing.ClassVar[bool] = False
+    #: The model's attention works across pieces of each row's sequence held by different devices
+    #: (``mesh.context`` > 1, context parallelism: the Transformer). A class attribute, not a config key.
+    splits_sequence: typing.ClassVar[bool] = False
 
     name: str = field("", "model family: a registered model (see jaxnet.models.register)")
     dtype: str = field(
@@ -328,6 +338,11 @@ class ModelConfig(Checked):
                 return 2 * batch * (input_shape[0] * self.hidden + self.hidden * outputs)
         """
         return None
+
+    def active_parameters(self, params: Any) -> int:
+        """How many of ``params`` (this model's parameter tree, arrays or shapes) each example
+        computes with: all of them by default; a mixture of experts only its routed experts'."""
+        return int(sum(math.prod(np.shape(x)) for x in _leaves(params)))
 
     def arithmetic(self) -> dict[str, Any]:
         """The keys that decide what this model computes (not how: kernels, dtypes, dropout,

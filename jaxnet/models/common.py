@@ -20,15 +20,16 @@ from jaxnet.errors import UserError
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
 
 
-def lookup(embed: nn.Embed, tokens: jnp.ndarray, dtype: Any) -> jnp.ndarray:
-    """Embedding rows of ``tokens`` (batch, time) -> (batch, time, width), split like the batch.
+def lookup(embed: nn.Embed, tokens: jnp.ndarray, dtype: Any, axes: tuple = ("batch", None, None)) -> jnp.ndarray:
+    """Embedding rows of ``tokens`` (batch, time) -> (batch, time, width), split like the batch
+    (the logical ``axes`` of the result: ``("batch", "length", None)`` splits the time axis too).
 
     The rows come from the whole table (gathered like any FSDP weight): gathering from a table
     split along its width leaves a layout the SPMD partitioner can only convert by replicating it.
     Without axis rules in scope this is ``embed(tokens)``.
     """
     table = nn.with_logical_constraint(embed.embedding, (None, None))
-    return nn.with_logical_constraint(jnp.take(table, tokens, axis=0).astype(dtype), ("batch", None, None))
+    return nn.with_logical_constraint(jnp.take(table, tokens, axis=0).astype(dtype), axes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The device mesh, where parameters, optimizer state and batches live on it, and the processes
 of a multi-process run.
 
-- :mod:`jaxnet.parallel.mesh`: the ``(data, fsdp, tensor)`` mesh, the logical-axis rules, the
+- :mod:`jaxnet.parallel.mesh`: the ``(data, fsdp, expert, context, tensor)`` mesh, the logical-axis rules, the
   shardings of the state and the batch, replicas (``shard_map``) and the memory report.
 - :mod:`jaxnet.parallel.launchers`: who started this process (the command line's flags, a Slurm
   job step, Open MPI's ``mpirun``) and the coordinator's port.
@@ -33,6 +33,7 @@ _HOMES = {
         "bytes_per_device",
         "check_batch",
         "check_divisible",
+        "check_sequence",
         "describe",
         "make_mesh",
         "memory",

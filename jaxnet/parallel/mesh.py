@@ -1,10 +1,13 @@
 """The device mesh, and where parameters, optimizer state and batches live on it.
 
-The mesh has three axes: ``data`` (the batch is split, parameters replicated), ``fsdp`` (the
+The mesh has five axes: ``data`` (the batch is split, parameters replicated), ``fsdp`` (the
 batch is split and so are parameters and optimizer state, gathered layer by layer by the
-compiler) and ``tensor`` (the hidden dimensions of a layer are split: attention heads, MLP
-hidden units, LSTM gates). Models name the axes of their parameters logically (``embed``,
-``heads``, ``mlp``, ``vocab``, ...); :data:`RULES` is the one table that maps those names onto
+compiler), ``expert`` (a mixture's experts are split, and the batch), ``context`` (each row's
+sequence is split: the activations' ``length`` axis, attention working across the pieces,
+:mod:`jaxnet.models.transformer.context`) and ``tensor`` (the hidden dimensions of a layer are
+split: attention heads, MLP hidden units, LSTM gates). Models name the
+axes of their parameters logically (``embed``, ``heads``, ``mlp``, ``vocab``, ...) and of a few
+activations (``batch``, ``length``); :data:`RULES` is the one table that maps those names onto
 mesh axes, so no model knows about devices. Every placement decision goes through this module.
 
 With several processes the mesh spans every process's devices, each process reads only the rows
@@ -27,20 +30,25 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxnet.config import MeshConfig
 from jaxnet.errors import UserError
 from jaxnet.models.adapters.lora import BASE as LORA_BASE
+from jaxnet.models.adapters.reference import REFERENCE
+from jaxnet.models.transformer import context
 
-AXES = ("data", "fsdp", "expert", "tensor")
+AXES = ("data", "fsdp", "expert", "context", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")
 REPLICA_AXIS = "data"  # parallel.mode=replicas: one whole model per device along this axis
 
 # Logical parameter axis -> mesh axis (None: not split). The first matching rule wins.
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", BATCH_AXES),
-    ("embed", "fsdp"),  # model width: split for FSDP, gathered before use
+    # model width: split for FSDP, gathered before use; the context devices hold other tokens of the
+    # same rows, so the parameters are split over them too (otherwise each would hold them whole)
+    ("embed", ("fsdp", "context")),
     ("heads", "tensor"),  # attention heads (Megatron: q/k/v column-split, output row-split)
     ("mlp", "tensor"),  # MLP hidden units, LSTM gate units, conv output channels
     ("vocab", "tensor"),
     ("kv", None),
     ("expert", "expert"),  # a mixture's experts (the batch is split along it too: tokens travel to them)
+    ("length", "context"),  # the sequence of the activations (context parallelism)
 )
 
 
@@ -72,7 +80,7 @@ def mesh_shape(cfg: MeshConfig, device_count: int) -> dict[str, int]:
 
 
 def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
-    """A ``(data, fsdp, tensor)`` mesh over the first ``data * fsdp * tensor`` devices."""
+    """A ``(data, fsdp, expert, context, tensor)`` mesh over the first (product of their sizes) devices."""
     devices = devices if devices is not None else jax.devices()
     sizes = mesh_shape(cfg, len(devices))
     count = math.prod(sizes.values())
@@ -108,6 +116,16 @@ def check_batch(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> 
             f"{what}={batch_size} is not divisible by the {devices} devices it is split over "
             f"({split}); use a multiple of {devices}"
         )
+
+
+def check_sequence(length: int, mesh: Mesh, key: str = "data.seq_len") -> None:
+    """A sequence must split into two chunks per ``context`` device (one from the start of a row,
+    one from its end: :func:`jaxnet.models.transformer.context.balanced_order`); a one-line
+    :class:`UserError` naming ``key`` otherwise::
+
+        check_sequence(cfg.data.seq_len, mesh)   # UserError for 100 tokens on mesh.context=8
+    """
+    context.check_length(length, mesh.shape.get("context", 1), key)
 
 
 def put_batch(batch: Any, mesh: Mesh, lead: int = 0) -> Any:
@@ -253,7 +271,7 @@ def check_divisible(state: Any, shardings: Any, mesh: Any) -> None:
     for (path, leaf), sharding in zip(leaves, flat, strict=True):
         for dim, axes in zip(leaf.shape, sharding.spec, strict=False):
             names = (axes,) if isinstance(axes, str) else tuple(axes or ())
-            ways = math.prod(mesh.shape[a] for a in names)
+            ways = math.prod(mesh.shape.get(a, 1) for a in names)
             if ways > 1 and dim % ways:
                 where = jax.tree_util.keystr(path)
                 raise UserError(
@@ -287,6 +305,8 @@ def describe(mesh: Mesh, state: Any, compiled: Any = None) -> str:
     model_state = getattr(state, "model_state", None)
     base = model_state.get(LORA_BASE) if isinstance(model_state, dict) else None  # a LoRA run's frozen base
     frozen = f", {size(bytes_per_device(base))} of frozen base" if base else ""
+    copy = model_state.get(REFERENCE) if isinstance(model_state, dict) else None  # a full DPO run's reference
+    frozen += f", {size(bytes_per_device(copy))} of frozen reference" if copy else ""
     return (
         f"mesh {shape} ({mesh.size} {mesh.devices.flat[0].platform} device(s)): per device "
         f"{size(sizes['params'])} of parameters{frozen}, {size(sizes['opt_state'])} of optimizer state{acts} "

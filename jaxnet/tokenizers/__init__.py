@@ -140,9 +140,15 @@ def check_fits(record: Mapping[str, Any], vocab_size: int, checkpoint: str | os.
     name = str(record.get("name", "?"))
     size = int(record.get("vocab_size") or len(record.get("vocab", ())))
     if size > vocab_size:
+        own = checkpoint is not None and name == f"hf:{Path(checkpoint).expanduser().resolve()}"
         raise UserError(
-            f"the corpus's tokenizer ({name}) has {size:,} ids, more than the model's {vocab_size:,}; prepare the "
-            "corpus with the checkpoint's own tokenizer (--tokenizer hf:DIR)"
+            f"the corpus's tokenizer ({name}) has {size:,} ids, more than the model's {vocab_size:,}; "
+            + (
+                "it is the checkpoint's own tokenizer.json, which does not fit its model (config.json's vocab_size): "
+                "put the tokenizer the checkpoint was trained with into its directory and prepare the corpus again"
+                if own
+                else "prepare the corpus with the checkpoint's own tokenizer (--tokenizer hf:DIR)"
+            )
         )
     if checkpoint is None or not (Path(checkpoint) / "tokenizer.json").is_file():
         return

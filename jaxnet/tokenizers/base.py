@@ -119,6 +119,10 @@ class Tokenizer:
                 "together; name an eos_token in tokenizer_config.json"
             )
 
+    def check_model(self) -> None:
+        """A one-line error if the model this tokenizer comes with has fewer ids than it (only a
+        checkpoint's tokenizer knows its model: the others have none to check)."""
+
     def encode_documents(self, texts: Sequence[str | bytes], dtype: Any = np.uint32) -> tuple[np.ndarray, np.ndarray]:
         """The texts one after another as a prepared corpus holds them (each one :attr:`before`,
         its ids, :attr:`after`), in ``dtype``, and each one's length: one array for a whole batch,

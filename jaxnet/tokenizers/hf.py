@@ -99,6 +99,8 @@ class HF(Tokenizer):
         tc, cc, gc = (_read_json(path / name) for name in FILES)
         vocab = self._tok.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1 if vocab else 0
+        size = cc.get("vocab_size", (cc.get("text_config") or {}).get("vocab_size"))
+        self.model_vocab: int | None = size if isinstance(size, int) and not isinstance(size, bool) else None
         ends = [self._token_id(tc.get("eos_token")), *_ids(cc.get("eos_token_id")), *_ids(gc.get("eos_token_id"))]
         self.end_ids = tuple(dict.fromkeys(i for i in ends if i is not None and 0 <= i < self.vocab_size))
         self.eot_id = self.end_ids[0] if self.end_ids else None
@@ -110,6 +112,19 @@ class HF(Tokenizer):
         ends_doc = self.eot_id is not None and self.eot_id not in suffix
         self.after = suffix + ((self.eot_id,) if ends_doc else ())
         self._strings: list[str] | None = None
+
+    def check_model(self) -> None:
+        """A one-line error if ``config.json`` beside ``tokenizer.json`` gives the model fewer ids
+        (``vocab_size``) than the tokenizer has: the ids past it would be read as no token at all.
+
+        >>> HF("checkpoints/my-llama").check_model()                # doctest: +SKIP
+        """
+        if self.model_vocab is not None and self.vocab_size > self.model_vocab:
+            raise UserError(
+                f"{self.name}'s tokenizer.json has {self.vocab_size:,} ids, more than the {self.model_vocab:,} of the "
+                f"model beside it (config.json's vocab_size): ids past {self.model_vocab - 1:,} would mean nothing to "
+                "it; put the tokenizer the checkpoint was trained with into the directory"
+            )
 
     def _token_id(self, token: Any) -> int | None:
         """The id of a special token as ``tokenizer_config.json`` writes it: a string, or an

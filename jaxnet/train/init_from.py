@@ -43,6 +43,7 @@ from jaxnet.errors import UserError
 from jaxnet.models import hf
 from jaxnet.models.adapters import lora
 from jaxnet.models.adapters.paths import joined
+from jaxnet.models.adapters.reference import REFERENCE
 
 CARRIED = "carry"  # model state of the data position, left fresh
 
@@ -137,13 +138,13 @@ def with_hf_shape(cfg: Config, pretrained: hf.Checkpoint | None = None) -> Confi
         )
     data = dataclasses.replace(cfg.data, seq_len=cfg.data.seq_len or context)
     if data.name == "tokens":
-        _check_corpus(data.path, pretrained, spec)
+        _check_corpus(data.path, pretrained, spec, cfg.train.check_tokenizer)
         if not data.vocab_size:  # the model has every id of the checkpoint (a tokenizer may use fewer)
             data = dataclasses.replace(data, vocab_size=pretrained.vocab)
     return dataclasses.replace(cfg, model=model, data=data)
 
 
-def _check_corpus(path: str, pretrained: hf.Checkpoint, spec: str) -> None:
+def _check_corpus(path: str, pretrained: hf.Checkpoint, spec: str, check: bool = True) -> None:
     """Refuse a corpus made by ``jaxnet prepare`` with another tokenizer than the checkpoint's (or
     more ids than it has), from its ``corpus.json``, before anything is opened."""
     manifest = Path(path) / "corpus.json" if path else None
@@ -153,15 +154,35 @@ def _check_corpus(path: str, pretrained: hf.Checkpoint, spec: str) -> None:
 
     record = prepare.read_manifest(manifest).get("tokenizer")
     if isinstance(record, dict):
-        _fits(record, pretrained, spec)
+        _fits(record, pretrained, spec, check)
 
 
-def _fits(record: dict[str, Any], pretrained: hf.Checkpoint, spec: str) -> None:
-    """:func:`jaxnet.tokenizers.check_fits` of a corpus's tokenizer record against the checkpoint
-    (its vocabulary, and its ``tokenizer.json`` when it has one), naming ``train.init_from``."""
-    directory = pretrained.directory if (pretrained.directory / "tokenizer.json").is_file() else None
+def _implied_gpt2(record: dict[str, Any], pretrained: hf.Checkpoint) -> bool:
+    """Whether the data is in GPT-2's tokens and the checkpoint a GPT-2 of GPT-2's 50,257 ids: the
+    pairing a GPT-2 directory without ``tokenizer.json`` is read with everywhere (``jaxnet sample``)."""
+    return record.get("name") == "gpt2" and pretrained.table.model_type == "gpt2" and pretrained.vocab == 50257
+
+
+def _fits(
+    record: dict[str, Any], pretrained: hf.Checkpoint, spec: str, check: bool = True, in_memory: bool = False
+) -> None:
+    """:func:`jaxnet.tokenizers.check_fits` of the data's tokenizer record against the checkpoint
+    (its vocabulary, and its ``tokenizer.json``), naming ``train.init_from``. With ``check``
+    (``train.check_tokenizer``) a checkpoint without ``tokenizer.json`` is refused unless the
+    pairing is GPT-2's own; without it, only a prepared corpus's size is checked (ids in memory are
+    checked one by one in :func:`load`)."""
+    has_tokenizer = (pretrained.directory / "tokenizer.json").is_file()
+    if check and not has_tokenizer and not _implied_gpt2(record, pretrained):
+        raise UserError(
+            f"train.init_from={spec}: {pretrained.directory} has no tokenizer.json, so the data's tokenizer "
+            f"({record.get('name', '?')}) cannot be checked against the checkpoint's; save the checkpoint's "
+            "tokenizer into that directory (tokenizer.save_pretrained) and tokenize the data with it (--tokenizer "
+            "hf:DIR), or set train.check_tokenizer=false if the data is tokenized otherwise on purpose"
+        )
+    if not check and in_memory:
+        return
     try:
-        tokenizers.check_fits(record, pretrained.vocab, directory)
+        tokenizers.check_fits(record, pretrained.vocab, pretrained.directory if has_tokenizer and check else None)
     except UserError as e:
         raise UserError(f"train.init_from={spec}: {e}") from None
 
@@ -189,10 +210,19 @@ def resuming(workdir: Path) -> bool:
 
 
 def variables(state: Any) -> dict[str, Any]:
-    """The leaves of a train state (live, abstract or as saved) that fine-tuning carries over, by path."""
+    """The leaves of a train state (live, abstract or as saved) that fine-tuning carries over, by path
+    (a DPO run's frozen reference copy is not one: it is its starting weights, not what it learnt)."""
     get = (lambda k: state.get(k) or {}) if isinstance(state, dict) else (lambda k: getattr(state, k))
-    tree = {"params": get("params"), **{k: v for k, v in dict(get("model_state")).items() if k != CARRIED}}
+    left = (CARRIED, REFERENCE)
+    tree = {"params": get("params"), **{k: v for k, v in dict(get("model_state")).items() if k not in left}}
     return {joined(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _references(state: Any) -> dict[str, Any]:
+    """A full DPO run's frozen reference leaves, by the path of the parameter each copies
+    (``params/...``): what ``train.init_from`` fills with the same values as the parameters."""
+    frozen = dict(state.model_state).get(REFERENCE, {})
+    return {"params/" + joined(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(frozen)[0]}
 
 
 def load(cfg: Config, run: Any, workdir: Path, pretrained: hf.Checkpoint | None = None) -> dict[str, jax.Array] | None:
@@ -213,7 +243,9 @@ def load(cfg: Config, run: Any, workdir: Path, pretrained: hf.Checkpoint | None 
         )
     if not spec or (resuming(workdir) and not adapted):  # a LoRA run's checkpoints hold no base: always read
         return None
-    ours = variables(run.abstract_state())
+    abstract = run.abstract_state()
+    ours = variables(abstract)
+    references = _references(abstract)  # a full DPO run: its reference starts as the parameters do
     if adapted:  # the base is the source's parameters; the adapters (params here) start fresh
         ours = {
             "params/" + n[len(lora.BASE) + 1 :] if n.startswith(lora.BASE + "/") else n: v
@@ -233,8 +265,8 @@ def load(cfg: Config, run: Any, workdir: Path, pretrained: hf.Checkpoint | None 
             raise UserError(f"train.init_from={spec}: {e}") from None
         record = getattr(run.dataset, "tokenizer_record", None)
         in_memory = isinstance(getattr(run.dataset, "train", None), np.ndarray)
-        if isinstance(record, dict) and ((source / "tokenizer.json").is_file() or not in_memory):
-            _fits(record, pretrained, spec)
+        if isinstance(record, dict):
+            _fits(record, pretrained, spec, cfg.train.check_tokenizer, in_memory)
         _check_ids(run.dataset, pretrained.vocab, spec)  # ids in memory: each one the checkpoint predicts
         origin = f"{pretrained.table.title} checkpoint {source}"
     else:
@@ -280,13 +312,17 @@ def load(cfg: Config, run: Any, workdir: Path, pretrained: hf.Checkpoint | None 
         for name, value in values:  # read one at a time, placed, let go
             if name in ours and not skipped(name):
                 taken[name] = place(value, ours[name])
+                if name in references:
+                    taken[REFERENCE + name[len("params") :]] = place(value, references[name])
     except UserError as e:
         raise UserError(f"train.init_from={spec}: {e}") from None
     if parallel.is_primary():
-        fresh = len(ours) - len(taken)
+        count = len([n for n in taken if not n.startswith(REFERENCE + "/")])
+        fresh = len(ours) - count
         print(
-            f"{'the frozen base is' if adapted else 'starting from'} {origin}: {len(taken)} arrays taken over"
-            + (f", {fresh} fresh (train.init_skip)" if fresh else ""),
+            f"{'the frozen base is' if adapted else 'starting from'} {origin}: {count} arrays taken over"
+            + (f", {fresh} fresh (train.init_skip)" if fresh else "")
+            + (" (and copied as the frozen reference)" if references else ""),
             file=sys.stderr if adapted else sys.stdout,
         )
     if adapted:

@@ -34,6 +34,7 @@ from jaxnet.data import text as text_lib
 from jaxnet.errors import UserError
 from jaxnet.models import adapters
 from jaxnet.models.adapters import lora as lora_lib
+from jaxnet.models.adapters import reference as reference_lib
 from jaxnet.observe import headline
 from jaxnet.train import actions as actions_lib
 from jaxnet.train import best as best_lib
@@ -151,6 +152,8 @@ class Run:
         if model is None and "model" not in self.hooks:  # the family's own checks of the mesh's sizes first
             cfg.model.axis_rules({axis: getattr(cfg.mesh, axis) for axis in parallel.AXES})
         self.mesh: Mesh = parallel.make_mesh(cfg.mesh, devices)
+        if self.mesh.shape["context"] > 1:  # mesh.context=-1 is known only now
+            parallel.check_sequence(cfg.data.seq_len, self.mesh)
         accum = cfg.optim.grad_accum
         parallel.check_batch(
             cfg.train.batch_size // accum,
@@ -176,7 +179,10 @@ class Run:
             # Per-device replicas see only their rows: BatchNorm averages its statistics across them.
             batch_axis = parallel.REPLICA_AXIS if self.replicas else None
             outputs = self.dataset.num_classes + self.task.extra_inputs
-            model = models.build(cfg.model, outputs, cfg.data.seq_len, batch_axis=batch_axis, backend=backend)
+            built = cfg.model
+            if cfg.train.router_aux_loss >= 0 and hasattr(built, "router_aux_loss"):  # this run's coefficient
+                built = dataclasses.replace(built, router_aux_loss=cfg.train.router_aux_loss)
+            model = models.build(built, outputs, cfg.data.seq_len, batch_axis=batch_axis, backend=backend)
             # The family's own logical axes (a built model's; yours are placed by the shared rules).
             self.rules = tuple(cfg.model.axis_rules(dict(self.mesh.shape))) + parallel.RULES
         self.model = adapters.adapt(model)
@@ -185,6 +191,9 @@ class Run:
             inner = self.model.inner if isinstance(self.model, lora_lib.Lora) else self.model  # a run's, rebuilt
             self.model = lora_lib.Lora(inner, self.lora)
             self.rules = lora_lib.RULES + tuple(self.rules)
+        elif self.task.reference is not None and adapters.reference_apply(self.model) is None:
+            # a DPO run's reference model: a frozen copy of the starting weights (under LoRA: the base)
+            self.model = reference_lib.Reference(self.model, cfg.train.base_dtype)
         self._check_loss_from(cfg.train.loss_from)
         self.sample = self.dataset.sample(cfg)
         sgd = cfg.parallel
@@ -280,6 +289,13 @@ class Run:
         tasks.check(self.task, name, outputs, self.sample)
         tasks.check_labels(self.task, name, outputs, self.sample, self.dataset)
         return boxed
+
+    @property
+    def blockwise_loss(self) -> bool:
+        """Whether the train step computes the task's loss from the model's final hidden states and
+        output layer in blocks (:mod:`jaxnet.blockwise`), never holding the whole logits: a
+        cross-entropy task and a model that offers them (the Transformer, with LoRA or without)."""
+        return self.task.from_features is not None and adapters.features_apply(self.model) is not None
 
     def _check_loss_from(self, loss_from: str) -> None:
         """``train.loss_from=features`` needs a task that computes its loss from features and a model
@@ -771,6 +787,8 @@ def _train(
     if run.lora is not None:
         frozen = state_lib.param_count(state.model_state[lora_lib.BASE])
         described = f"LoRA adapters of {num_params:,} parameters on a frozen base of {frozen:,}"
+    if reference_lib.REFERENCE in state.model_state:
+        described += " and a frozen copy of them (the reference)"
     if start == 0:
         progress.note(
             f"{cfg.experiment or 'run'}: {run.model.name} with {described}, "
@@ -788,7 +806,7 @@ def _train(
         actions_lib.StopOnSignal(interrupts),
         *([actions_lib.Profile(*profile)] if profile and primary else []),
         actions_lib.LogTrain(
-            train_cfg.log_every, run.lr_schedule, train_cfg.batch_size, cfg.data.seq_len if run.text else 0
+            train_cfg.log_every, run.lr_schedule, train_cfg.batch_size, tokens_per_example(run) if run.text else 0
         ),
         validate := actions_lib.Validate(train_cfg.eval_every, train_cfg.steps, stop_when),
         checkpoint := actions_lib.Checkpoint(train_cfg.checkpoint_every, ckpts),
@@ -826,6 +844,12 @@ def _train(
             say(kept)
         say(_result_line(summary))
     return summary
+
+
+def tokens_per_example(run: Run) -> int:
+    """The token positions of one example of a text run's batch: ``data.seq_len``, times the sequences
+    an example holds (a preference pair: two)."""
+    return run.cfg.data.seq_len * int(getattr(run.dataset, "sequences_per_example", 1))
 
 
 def empty_val_notice(dataset: Any) -> str | None:
@@ -965,7 +989,7 @@ def _summary(
         summary["steps_per_s"] = round(1 / step_seconds, 2)
         summary["examples_per_s"] = round(train_cfg.batch_size / step_seconds, 1)
         if run.text:
-            summary["tokens_per_s"] = round(train_cfg.batch_size * cfg.data.seq_len / step_seconds, 1)
+            summary["tokens_per_s"] = round(train_cfg.batch_size * tokens_per_example(run) / step_seconds, 1)
     if hasattr(run.dataset, "summary"):  # a mixture: each corpus's weights and the tokens read from it
         summary["mixture"] = run.dataset.summary(cfg, end)
     if best is not None and (end == train_cfg.steps or best.stopped_early):

@@ -49,8 +49,9 @@ def inputs(run: Any) -> dict[str, Any]:
     """The ``inputs.json`` record of a :class:`~jaxnet.train.loop.Run` (see the module's docstring)."""
     dataset, keys = run.dataset, run.task.inputs
     record: dict[str, Any] = {"format": FORMAT, "inputs": [], "normalize": None}
+    given = dict(zip(keys, run.task.model_inputs(run.sample), strict=True))  # as the model is called (pairs as rows)
     for key in keys:
-        value = np.asarray(run.sample[key])
+        value = np.asarray(given[key])
         if isinstance(dataset, data_lib.Dataset) and key == "image":
             # The images as the data holds them; predict normalises them as training did.
             spec = {"shape": list(dataset.train[0].shape[1:]), "dtype": str(dataset.train[0].dtype)}

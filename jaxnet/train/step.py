@@ -94,6 +94,21 @@ def reset_carry(model_state: dict, reset: jnp.ndarray) -> dict:
     return {**model_state, "carry": carry}
 
 
+def with_reference(task: Task, reference: Callable | None, variables: dict, batch: Batch) -> Batch:
+    """``batch`` with the entries ``task.reference`` takes from the reference model's outputs on it
+    (:func:`jaxnet.models.adapters.reference_apply`), never differentiated; ``batch`` itself for a
+    task without a reference."""
+    if task.reference is None:
+        return batch
+    if reference is None:
+        raise UserError(
+            f"task {task.name!r} compares the model with a reference model, which this model does not keep: wrap it "
+            "in jaxnet.models.adapters.reference.Reference (the runner does) or train LoRA adapters"
+        )
+    outputs = reference(variables, *task.model_inputs(batch), **task.model_keywords(batch))
+    return {**batch, **jax.lax.stop_gradient(task.reference(outputs, batch))}
+
+
 def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
     """``grad_fn(params, model_state, batch, rng) -> ((loss, (model_state, metrics)), grads)``:
     the task's loss of ``batch`` in training mode, its metrics, and the gradient of the loss with
@@ -109,10 +124,12 @@ def make_grad_fn(model: nn.Module, task: Task | None = None) -> Callable:
     ``loss``) is their sum, the objective. Figures it reports (:func:`~jaxnet.models.common.add_stat`)
     are metrics too."""
     features_apply = adapters.features_apply(model)
+    reference = adapters.reference_apply(model)
 
     def loss_fn(params: Any, model_state: dict, batch: Batch, rng: jax.Array) -> tuple[jnp.ndarray, tuple]:
         t = task_of(task, batch)
         variables = {"params": params, **model_state}
+        batch = with_reference(t, reference, variables, batch)
         mutable = [*model_state, LOSSES, STATS]
         kwargs = dict(**t.model_keywords(batch), train=True, rngs={"dropout": rng}, mutable=mutable)
         if t.from_features is not None and features_apply is not None:
@@ -456,9 +473,12 @@ def make_eval_step(
     LSTM walking a stream, ``{}`` otherwise) and is returned updated.
     """
 
+    reference = adapters.reference_apply(model)
+
     def eval_step(state: TrainState, batch: Batch, carry: dict) -> tuple[Metrics, dict]:
         t = task_of(task, batch)
         variables = {"params": state.params, **state.model_state, **carry}
+        batch = with_reference(t, reference, variables, batch)
         if carry:
             outputs, carry = model.apply(
                 variables, *t.model_inputs(batch), **t.model_keywords(batch), train=False, mutable=list(carry)

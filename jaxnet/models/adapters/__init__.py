@@ -100,6 +100,9 @@ def features_apply(model: Any) -> Callable[..., Any] | None:
     """
     import flax.linen as nn
 
+    offered = getattr(model, "features_apply", None)
+    if getattr(model, "is_jaxnet_adapter", False) and callable(offered):  # a wrapper (LoRA) asks what it wraps
+        return offered()
     module = model.module if isinstance(model, Linen) else model
     if not isinstance(module, nn.Module):
         return None
@@ -108,8 +111,21 @@ def features_apply(model: Any) -> Callable[..., Any] | None:
     return functools.partial(module.apply, method=_features_and_head)
 
 
+def reference_apply(model: Any) -> Callable[..., Any] | None:
+    """``apply(variables, *inputs, **keywords) -> outputs`` of the reference model a wrapper keeps
+    beside the model being trained (its starting weights, in evaluation mode), else None: LoRA's
+    base with the adapters off (:meth:`jaxnet.models.adapters.lora.Lora.reference`), or a frozen copy
+    (:class:`jaxnet.models.adapters.reference.Reference`). A DPO step asks it for the reference's
+    log-probabilities::
+
+        logits = reference_apply(model)(variables, tokens)
+    """
+    method = getattr(model, "reference", None)
+    return method if callable(method) else None
+
+
 def _features_and_head(module: Any, *inputs: Any, train: bool = False, **keywords: Any) -> tuple[Any, Any]:
     return module.features(*inputs, train=train, **keywords), module.head()
 
 
-__all__ = ["ACCEPTED", "FEATURES_SEAM", "Adapted", "Model", "adapt", "features_apply"]
+__all__ = ["ACCEPTED", "FEATURES_SEAM", "Adapted", "Model", "adapt", "features_apply", "reference_apply"]

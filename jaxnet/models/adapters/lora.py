@@ -64,6 +64,7 @@ class Settings:
     dropout: float = 0.0
     targets: str = ""
     base_dtype: str = ""
+    base_vectors: str = "float32"
 
     @property
     def scale(self) -> float:
@@ -80,7 +81,8 @@ class Settings:
         """The settings of a ``TrainConfig`` (None when ``lora_rank`` is 0)."""
         if not train.lora_rank:
             return None
-        return cls(train.lora_rank, train.lora_alpha, train.lora_dropout, train.lora_targets, train.base_dtype)
+        t = train
+        return cls(t.lora_rank, t.lora_alpha, t.lora_dropout, t.lora_targets, t.base_dtype, t.base_vectors)
 
 
 def targets(params: Any, settings: Settings, model: str) -> list[str]:
@@ -153,14 +155,19 @@ class Lora:
         self.found: dict[str, bool] = {}  # kernel path -> adapted inside its Projection (else merged)
 
     def init(self, rngs: Any, *inputs: Any, train: bool = False, **keywords: Any) -> dict[str, Any]:
-        """The base model's variables, its parameters moved to :data:`BASE` (in ``base_dtype``), and
-        fresh adapters as ``params``."""
+        """The base model's variables, its parameters moved to :data:`BASE` (in ``base_dtype``; the
+        norms' scales and the biases kept float32 unless ``base_vectors`` says otherwise), and fresh
+        adapters as ``params``."""
         projections: dict[str, int] = {}
+        called: set[str] = set()  # projections whose product runs through __call__ (and so adds the adapter)
 
         def record(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
             module = context.module
             if isinstance(module, Projection):
-                projections["/".join(module.scope.path)] = module.contract
+                path = "/".join(module.scope.path)
+                projections[path] = module.contract
+                if context.method_name == "__call__":
+                    called.add(path)
             return next_fun(*args, **kwargs)
 
         with nn.intercept_methods(record):
@@ -174,13 +181,16 @@ class Lora:
             leaf = _get(base, path)
             shape = tuple(nn.unbox(leaf).shape)
             module = path.rpartition("/")[0]
-            inside = module in projections and path.endswith("/kernel")
-            if not inside and len(shape) != 2:
+            # A projection whose kernel is only read as an array (the Transformer's output layer, for
+            # its head()) gets its adapter merged into the kernel, so every road through it sees it.
+            inside = module in called and path.endswith("/kernel")
+            projection = module in projections and path.endswith("/kernel")
+            if not projection and len(shape) != 2:
                 raise UserError(
                     f"train.lora_targets matches {path} of shape {shape}; LoRA adapts matrices (a Dense kernel, "
                     "inputs x outputs) and the Transformer's projections: narrow train.lora_targets"
                 )
-            contract = projections[module] if inside else 1
+            contract = projections[module] if projection else 1
             inputs_shape, outputs_shape = shape[:contract], shape[contract:]
             bound = 1.0 / math.sqrt(math.prod(inputs_shape))  # PEFT's kaiming_uniform_(a=sqrt(5))
             a = jax.random.uniform(jax.random.fold_in(key, i), (*inputs_shape, rank), jnp.float32, -bound, bound)
@@ -193,8 +203,7 @@ class Lora:
             found[path] = inside
         self.found = found
         if self.settings.base_dtype:
-            dtype = jnp.dtype(self.settings.base_dtype)
-            base = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, base)
+            base = cast_base(base, self.settings)
         return {"params": adapters, BASE: base, **variables}
 
     def apply(
@@ -208,6 +217,32 @@ class Lora:
     ) -> Any:
         """The base model's outputs with the adapters added; with ``mutable``, its updated
         collections and the base as it was."""
+        return self._apply(self.inner.apply, variables, inputs, train, rngs, mutable, keywords)
+
+    def features_apply(self) -> Any:
+        """``apply(variables, *inputs, train, rngs=None, mutable=False) -> (features, head)`` of the
+        adapted model, when the model it wraps offers its final hidden states and output layer apart
+        (:func:`jaxnet.models.adapters.features_apply`: the Transformer), else None. The adapters
+        are in both (an adapted output kernel merged into the head), so a loss computed from them
+        in pieces (:func:`jaxnet.blockwise.cross_entropy`) equals the loss of :meth:`apply`'s logits::
+
+            apply = Lora(adapters.adapt(module), Settings(rank=8)).features_apply()
+            features, head = apply(variables, tokens, train=False)
+        """
+        from jaxnet.models.adapters import features_apply
+
+        inner = features_apply(self.inner)
+        if inner is None:
+            return None
+        return lambda variables, *inputs, train, rngs=None, mutable=False, **keywords: self._apply(
+            inner, variables, inputs, train, rngs, mutable, keywords
+        )
+
+    def _apply(
+        self, call: Any, variables: dict[str, Any], inputs: tuple, train: bool, rngs: Any, mutable: Any, keywords: dict
+    ) -> Any:
+        """``call`` (the wrapped model's ``apply``, or its features' and head's) on the base with
+        the adapters: merged into kernels outside a projection's product, handed to the others."""
         variables = dict(variables)
         adapters, base = variables.pop("params"), variables.pop(BASE)
         if not self.found:  # a model applied without init: every adapted kernel merged
@@ -220,7 +255,7 @@ class Lora:
                 _set(lora, path, _get(adapters, path))
         inner_mutable = mutable if isinstance(mutable, bool) else [c for c in mutable if c != BASE]
         with adapting(self.settings.scale, self.settings.dropout if train else 0.0):
-            out = self.inner.apply(
+            out = call(
                 {"params": params, LORA: lora, **variables},
                 *inputs,
                 train=train,
@@ -234,6 +269,44 @@ class Lora:
         state = {k: v for k, v in dict(state).items() if k not in ("params", LORA)}
         return outputs, {**state, BASE: base}
 
+    def reference(self, variables: dict[str, Any], *inputs: Any, **keywords: Any) -> Any:
+        """The base model's outputs with the adapters off, in evaluation mode: the reference model of a
+        LoRA DPO run (:mod:`jaxnet.preference`), computed from the frozen base the run holds anyway,
+        with no second copy of the weights::
+
+            logits = model.reference(variables, tokens)   # what the base alone computes
+        """
+        variables = {k: v for k, v in variables.items() if k != "params"}
+        base = variables.pop(BASE)
+        return self.inner.apply({"params": base, **variables}, *inputs, train=False, **keywords)
+
+
+def kept_float32(path: str, leaf: Any) -> bool:
+    """Whether a base parameter stays float32 under ``train.base_dtype`` with ``base_vectors=float32``:
+    a norm's scale or a bias (named ``scale`` or ``bias``), or any parameter of fewer than 2 dimensions."""
+    return path.rpartition("/")[2] in ("scale", "bias") or len(getattr(leaf, "shape", ())) < 2
+
+
+def cast_base(base: Any, settings: Settings) -> Any:
+    """The base parameters in ``settings.base_dtype``: every floating one, or (``base_vectors``
+    ``float32``, the default) all but the norms' scales and the biases (:func:`kept_float32`), which
+    are a vanishing part of the memory and the part whose rounding the model feels most::
+
+        base = cast_base(base, Settings(rank=16, base_dtype="bfloat16"))
+    """
+    dtype = jnp.dtype(settings.base_dtype)
+    flat, tree = jax.tree_util.tree_flatten_with_path(base)
+    every = settings.base_vectors != "float32"
+
+    def cast(path: Any, x: Any) -> Any:
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        if not every and kept_float32(joined(path), x):
+            return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        return x.astype(dtype)
+
+    return jax.tree_util.tree_unflatten(tree, [cast(p, x) for p, x in flat])
+
 
 def without_base(state: Any) -> Any:
     """A train state without its :data:`BASE` collection (what a LoRA checkpoint holds); other states as they are::
@@ -246,4 +319,17 @@ def without_base(state: Any) -> Any:
     return state.replace(model_state={k: v for k, v in model_state.items() if k != BASE})
 
 
-__all__ = ["ALL", "ATTENTION", "BASE", "LARGE", "Lora", "Settings", "adapter_paths", "merge", "targets", "without_base"]
+__all__ = [
+    "ALL",
+    "ATTENTION",
+    "BASE",
+    "LARGE",
+    "Lora",
+    "Settings",
+    "adapter_paths",
+    "cast_base",
+    "kept_float32",
+    "merge",
+    "targets",
+    "without_base",
+]

@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
+
+import jax
+import numpy as np
 
 from jaxnet.errors import UserError
 from jaxnet.models.base import Unpacked, has_cudnn, register, register_migration
@@ -44,7 +48,8 @@ from jaxnet.models.transformer.attention import (
     rotary,
     segment_mask,
 )
-from jaxnet.models.transformer.model import Block, TransformerLanguageModel, norm
+from jaxnet.models.transformer.model import Block, TransformerLanguageModel
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import (
     PRESETS,
     Layer,
@@ -81,6 +86,7 @@ HOW = (
     "router_z_loss",
     "capacity_factor",
     "expert_matmul",
+    "context_attention",
 )
 
 
@@ -88,6 +94,8 @@ HOW = (
 class TransformerConfig(TransformerKeys):
     """``model.*`` keys of :class:`TransformerLanguageModel` (declared in :class:`TransformerKeys`),
     with what the family owns beside its module; :meth:`spec` makes them its spec."""
+
+    splits_sequence = True  # attention works across a sequence split over mesh.context (context.py)
 
     @classmethod
     def preset(cls, name: str, **keys: Any) -> TransformerConfig:
@@ -171,6 +179,17 @@ class TransformerConfig(TransformerKeys):
             out["rope_local_theta"] = 0.0  # the local layers' base given, the same as the rest's
         return {k: v for k, v in out.items() if k not in unused}
 
+    def active_parameters(self, params: Any) -> int:
+        """The parameters each token computes with: every one but the experts it is not routed to
+        (``experts_per_token / experts`` of each mixture's expert kernels)."""
+        total = 0
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+            names = [str(getattr(k, "key", k)) for k in path]
+            size = math.prod(np.shape(leaf))
+            routed = len(names) >= 2 and names[-2] == "moe" and names[-1] in ("gate", "up", "down")
+            total += size * self.experts_per_token // self.experts if routed else size
+        return total
+
     def build(self, *, outputs: int, seq_len: int = 0, batch_axis: Any = None) -> TransformerLanguageModel:
         """The :class:`TransformerLanguageModel` this config describes over a vocabulary of ``outputs``
         tokens, with a context of ``seq_len`` (``auto`` settings resolved, see :func:`jaxnet.models.resolve`)."""
@@ -187,7 +206,8 @@ class TransformerConfig(TransformerKeys):
     def axis_rules(self, mesh_shape: dict[str, int]) -> tuple[tuple[str, Any], ...]:
         """Key/value heads split over ``tensor`` like the query heads where it divides them, whole
         on every tensor device otherwise (fewer key/value heads than tensor devices); an ``expert``
-        axis that does not divide the experts is a :class:`UserError`."""
+        axis that does not divide the experts, or a ``context`` axis under soft-capped attention, is a
+        :class:`UserError`."""
         kv_heads = self.kv_heads or self.heads
         ways = mesh_shape.get("expert", 1)
         if ways > 1 and (not self.experts or self.experts % ways):
@@ -195,21 +215,27 @@ class TransformerConfig(TransformerKeys):
                 f"mesh.expert={ways} does not divide model.experts={self.experts}; give an expert axis that divides "
                 "the experts (or mesh.expert=1)"
             )
+        if mesh_shape.get("context", 1) > 1 and self.attention_softcap:
+            raise UserError(
+                f"model.attention_softcap={self.attention_softcap} is not computed over a sequence split by "
+                f"mesh.context={mesh_shape['context']}; use mesh.context=1 for a soft-capped model (Gemma 2)"
+            )
         return (("kv_heads", "tensor" if kv_heads % mesh_shape.get("tensor", 1) == 0 else None),)
 
 
 def transformer_flops(spec: TransformerSpec, *, batch: int, causal: bool = True) -> float:
     """Forward FLOPs of :class:`TransformerLanguageModel` of ``spec`` on ``batch`` sequences of
     ``spec.context`` tokens (see :mod:`jaxnet.flops`): the projections (queries, keys and values
-    of their own head counts, the output, the MLP: two matrices, three for SwiGLU and GeGLU), the attention
-    scores and weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``:
-    a local layer's queries each see their window), the logits."""
+    of their own head counts, the output, the MLP: two matrices, three for SwiGLU and GeGLU; a mixture
+    layer's router, the k experts each token goes to and its shared experts), the attention scores and
+    weighted values (only the pairs a causal model needs when ``causal`` and ``spec.causal``: a local
+    layer's queries each see their window), the logits."""
     length = spec.context
     tokens = batch * length
     w, hd = spec.width, spec.head_dim
     attention = w * spec.heads * hd + 2 * w * spec.kv_heads * hd + spec.heads * hd * w
-    mlp = (3 if spec.mlp in ("swiglu", "geglu") else 2) * w * spec.mlp_hidden  # gated: gate, in and out
-    projections = 2 * tokens * (attention + mlp)
+    dense = (3 if spec.mlp in ("swiglu", "geglu") else 2) * w * spec.mlp_hidden  # gated: gate, in and out
+    routed = w * spec.experts + 3 * w * spec.expert_hidden * (spec.experts_per_token + spec.shared_experts)
 
     def pairs(window: int) -> float:
         if not (causal and spec.causal):
@@ -218,10 +244,15 @@ def transformer_flops(spec: TransformerSpec, *, batch: int, causal: bool = True)
             return window * (window + 1) / 2 + (length - window) * window
         return length * (length + 1) / 2
 
-    windows = collections.Counter(spec.layer(i).window for i in range(spec.layers))
-    # q.k and the weighted sum of v, over all heads, for the layers of each window
+    # each layer's projections and, over all heads, q.k and the weighted sum of v in its window
+    layers = collections.Counter((spec.layer(i).window, spec.layer(i).mlp) for i in range(spec.layers))
     blocks = sum(
-        count * (projections + 2 * 2 * batch * pairs(window) * spec.heads * hd) for window, count in windows.items()
+        count
+        * (
+            2 * tokens * (attention + (routed if mlp == "moe" else dense))
+            + 2 * 2 * batch * pairs(window) * spec.heads * hd
+        )
+        for (window, mlp), count in layers.items()
     )
     logits = 2 * tokens * w * spec.vocab
     return blocks + logits

@@ -20,7 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxnet.models.common import ATTENTION_OUTPUT, OffsetRMSNorm, Projection, project, soft_cap
+from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project, soft_cap
+from jaxnet.models.transformer import context
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
 
 #: The kernel a decoding step attends with: JAX's choice for a few queries over the masked cache.
@@ -158,20 +160,38 @@ def attend(
     window: int = 0,
     scale: float | None = None,
     softcap: float = 0.0,
+    segments: jnp.ndarray | None = None,
+    context_attention: str = "auto",
 ) -> jnp.ndarray:
     """softmax(Q K^T / sqrt(head_dim)) V: queries (batch, time, heads, head_dim), keys and values
     (batch, time', kv_heads, head_dim) with ``kv_heads`` dividing ``heads`` -> (batch, time,
     heads, head_dim). ``causal`` hides later keys; ``window`` (a local layer's) hides keys more
     than ``window - 1`` positions before the query; ``mask`` (True where a query sees a key,
-    broadcastable to (batch, heads, time, time')) hides others; ``scale`` multiplies Q K^T in
-    place of 1 / sqrt(head_dim); ``softcap`` (0: none) caps the scaled logits as ``softcap *
-    tanh(logits / softcap)`` (Gemma 2). ``kernel`` picks the computation (:func:`attention_fn`),
-    but soft-capped logits are always :func:`head_major_attention`'s (no fused kernel caps them:
-    ``model.attention=auto`` then resolves to XLA's); every caller (training, evaluation,
-    decoding) comes through here::
+    broadcastable to (batch, heads, time, time')) hides others, as do ``segments`` (batch, time),
+    the examples packed in each row (:func:`segment_mask`); ``scale`` multiplies Q K^T in place of
+    1 / sqrt(head_dim); ``softcap`` (0: none) caps the scaled logits as ``softcap * tanh(logits /
+    softcap)`` (Gemma 2). ``kernel`` picks the computation (:func:`attention_fn`), but soft-capped
+    logits are always :func:`head_major_attention`'s (no fused kernel caps them: ``model.attention=auto``
+    then resolves to XLA's); every caller (training, evaluation, decoding) comes through here::
 
         out = attend(q, k, v, causal=True, kernel="xla", window=4096)
+
+    Under sharding rules that split the sequence (``mesh.context`` > 1) the tokens are in the order
+    :func:`~jaxnet.models.transformer.context.balanced_order` gives and attention works across the
+    devices (:func:`jaxnet.models.transformer.context.attention`, ``context_attention``: ``ring``,
+    ``gather`` or ``auto``), the examples of packed rows kept apart by ``segments`` (a ``mask``
+    there is an error: it would be as long as the sequence squared).
     """
+    if context.split()[1] > 1:
+        if mask is not None:
+            raise ValueError("attention over a sequence split by mesh.context takes segments, not a mask")
+        if softcap:
+            raise ValueError("soft-capped attention logits over a sequence split by mesh.context are not computed")
+        return context.attention(
+            q, k, v, causal=causal, window=window, segments=segments, how=context_attention, scale=scale
+        )
+    if segments is not None:
+        mask = segment_mask(segments) if mask is None else mask & segment_mask(segments)
     local = {"local_window_size": (window - 1, 0)} if window else {}
     if softcap:
         return head_major_attention(q, k, v, is_causal=causal, mask=mask, scale=scale, softcap=softcap, **local)
@@ -209,20 +229,6 @@ class _PackedKey(nn.Module):
         return self.make_rng("params")
 
 
-def head_norm(spec: TransformerSpec, name: str) -> nn.Module:
-    """RMSNorm over each head's ``head_dim`` (``spec.qk_norm``: Qwen3's and Gemma 3's ``q_norm`` and
-    ``k_norm``), its scale of ``head_dim`` named along ``kv`` (of ``1 + w`` with ``spec.norm_offset``)."""
-    if spec.norm_offset:
-        return OffsetRMSNorm(spec.norm_offset, spec.norm_eps, spec.dtype, spec.param_dtype, ("kv",), name=name)
-    return nn.RMSNorm(
-        epsilon=spec.norm_eps,
-        dtype=spec.dtype,
-        param_dtype=spec.param_dtype,
-        name=name,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("kv",)),
-    )
-
-
 class SelfAttention(nn.Module):
     """Self-attention of a :class:`TransformerSpec`: queries, keys and values (each a
     :class:`~jaxnet.models.common.Projection`: ``query``, ``key``, ``value``; keys and values of
@@ -235,7 +241,8 @@ class SelfAttention(nn.Module):
     ``positions`` are the positions of ``x``'s tokens: (time,), or (batch, time) for rows that
     restart them. ``mask`` (True where a query may see a key, broadcastable to (batch, heads,
     time, time)) is added to the causal rule: examples packed into one row that must not see
-    each other. ``index`` is the block's number: its :class:`~jaxnet.models.transformer.spec.Layer`
+    each other; on a sequence split over ``mesh.context``, ``segments`` (batch, time) say the same
+    (:func:`attend`). ``index`` is the block's number: its :class:`~jaxnet.models.transformer.spec.Layer`
     says whether it attends to every earlier position or to a window, and its rotary base.
     """
 
@@ -273,7 +280,12 @@ class SelfAttention(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: jnp.ndarray, positions: jnp.ndarray, decode: bool = False, mask: jnp.ndarray | None = None
+        self,
+        x: jnp.ndarray,
+        positions: jnp.ndarray,
+        decode: bool = False,
+        mask: jnp.ndarray | None = None,
+        segments: jnp.ndarray | None = None,
     ) -> jnp.ndarray:
         s = self.spec
         layer = s.layer(self.index)
@@ -307,16 +319,16 @@ class SelfAttention(nn.Module):
             kernel = jnp.stack([k for k, _ in weights], axis=1)
             bias = jnp.stack([b for _, b in weights]) if s.biased("qkv") else None
             qkv = project(x, kernel, bias, 1, s.dtype, s.matmul)
-            qkv = nn.with_logical_constraint(qkv, ("batch", None, None, "heads", None))
+            qkv = nn.with_logical_constraint(qkv, ("batch", context.LENGTH, None, "heads", None))
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
             deltas = [p.adapter(x) for p in projections]  # LoRA adapters' terms, each through its rank
             q, k, v = (a if d is None else a + d for a, d in zip((q, k, v), deltas, strict=True))
         else:
             q, k, v = (p(x) for p in projections)
-            q = nn.with_logical_constraint(q, ("batch", None, "heads", None))
-            k, v = (nn.with_logical_constraint(a, ("batch", None, "kv_heads", None)) for a in (k, v))
+            q = nn.with_logical_constraint(q, ("batch", context.LENGTH, "heads", None))
+            k, v = (nn.with_logical_constraint(a, ("batch", context.LENGTH, "kv_heads", None)) for a in (k, v))
         if s.qk_norm:  # each head's queries and keys, over its head_dim, before the positions
-            q, k = (head_norm(s, name)(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
+            q, k = (norm(s, name, "kv", "rms")(a) for a, name in ((q, "query_norm"), (k, "key_norm")))
         if s.position == "rotary":
             q, k = (rotary(a, positions, layer.rope_theta, layer.rope_llama3, layer.rope_linear) for a in (q, k))
         scaling = {
@@ -340,7 +352,18 @@ class SelfAttention(nn.Module):
             visible = filled[None, None] if mask is None else filled[None, None] & mask
             out = attend(q, cached_k.value, cached_v.value, causal=False, kernel=DECODE_KERNEL, mask=visible, **scaling)
         else:
-            out = attend(q, k, v, causal=s.causal, kernel=s.attention, mask=mask, window=layer.window, **scaling)
+            out = attend(
+                q,
+                k,
+                v,
+                causal=s.causal,
+                kernel=s.attention,
+                mask=mask,
+                window=layer.window,
+                segments=segments,
+                context_attention=s.context_attention,
+                **scaling,
+            )
         out = checkpoint_name(out, ATTENTION_OUTPUT)  # what model.remat=minimal keeps
         return Projection(
             (s.width,),

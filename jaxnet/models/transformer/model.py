@@ -45,36 +45,13 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models.common import Head, OffsetRMSNorm, Projection, lookup, normal, remat_policy
+from jaxnet.models.common import Head, Projection, lookup, normal, remat_policy
+from jaxnet.models.transformer import context
 from jaxnet.models.transformer.attention import SelfAttention, segment_mask
+from jaxnet.models.transformer.context import LENGTH
 from jaxnet.models.transformer.moe import MoE
+from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
-
-
-def norm(spec: TransformerSpec, name: str) -> nn.Module:
-    """The normalisation before each residual branch and before the unembedding, of epsilon
-    ``spec.norm_eps``: LayerNorm (``spec.norm="layer"``: scale and bias) or RMSNorm (``"rms"``:
-    x / sqrt(mean(x^2) + eps) * scale, in float32, as Llama's; with ``spec.norm_offset``, times
-    ``offset + scale`` as Gemma's ``1 + w``: :class:`~jaxnet.models.common.OffsetRMSNorm`), its
-    parameters named along ``embed``."""
-    if spec.norm == "rms" and spec.norm_offset:
-        return OffsetRMSNorm(spec.norm_offset, spec.norm_eps, spec.dtype, spec.param_dtype, ("embed",), name=name)
-    if spec.norm == "rms":
-        return nn.RMSNorm(
-            epsilon=spec.norm_eps,
-            dtype=spec.dtype,
-            param_dtype=spec.param_dtype,
-            name=name,
-            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        )
-    return nn.LayerNorm(
-        epsilon=spec.norm_eps,
-        dtype=spec.dtype,
-        param_dtype=spec.param_dtype,
-        name=name,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-    )
 
 
 def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
@@ -85,10 +62,10 @@ def dense_mlp(spec: TransformerSpec, h: jnp.ndarray) -> jnp.ndarray:
     s = spec
     kw = dict(dtype=s.dtype, param_dtype=s.param_dtype, use_bias=s.biased("mlp"), matmul=s.matmul)
     y = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_in", **kw)(h)
-    y = nn.with_logical_constraint(y, ("batch", None, "mlp"))
+    y = nn.with_logical_constraint(y, ("batch", LENGTH, "mlp"))
     if s.mlp in ("swiglu", "geglu"):
         gate = Projection((s.mlp_hidden,), ("embed", "mlp"), name="mlp_gate", **kw)(h)
-        gate = nn.with_logical_constraint(gate, ("batch", None, "mlp"))
+        gate = nn.with_logical_constraint(gate, ("batch", LENGTH, "mlp"))
         y = (nn.silu(gate) if s.mlp == "swiglu" else nn.gelu(gate, approximate=s.gelu == "tanh")) * y
     else:
         y = nn.gelu(y, approximate=s.gelu == "tanh")
@@ -121,18 +98,24 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: jnp.ndarray, positions: jnp.ndarray, train: bool, decode: bool, mask: jnp.ndarray | None = None
+        self,
+        x: jnp.ndarray,
+        positions: jnp.ndarray,
+        train: bool,
+        decode: bool,
+        mask: jnp.ndarray | None = None,
+        segments: jnp.ndarray | None = None,
     ) -> jnp.ndarray:
         s = self.spec
         drop = nn.Dropout(s.dropout, deterministic=not train)
-        y = SelfAttention(s, self.index, name="attention")(norm(s, "norm_1")(x), positions, decode, mask)
+        y = SelfAttention(s, self.index, name="attention")(norm(s, "norm_1")(x), positions, decode, mask, segments)
         if s.post_norms:
             y = norm(s, "norm_1_post")(y)
         x = x + drop(y)
         y = MLPS[s.layer(self.index).mlp](s, self.index, norm(s, "norm_2")(x))
         if s.post_norms:
             y = norm(s, "norm_2_post")(y)
-        return nn.with_logical_constraint(x + drop(y), ("batch", None, None))
+        return nn.with_logical_constraint(x + drop(y), ("batch", LENGTH, None))
 
 
 class _DecodePositions(nn.Module):
@@ -171,6 +154,14 @@ class TransformerLanguageModel(nn.Module):
     of each row (0 for padding) and ``positions`` (batch, time) restarts at each: a token attends
     only to its own example's tokens and sits at its position in it (rotary or learned), so each
     example computes what it computes alone.
+
+    **Context parallelism.** Under sharding rules that split the sequence (``mesh.context`` > 1,
+    :mod:`~jaxnet.models.transformer.context`), :meth:`features` puts the tokens, their positions
+    and segments in :func:`~jaxnet.models.transformer.context.balanced_order` (two chunks per
+    device, one from the start of the row and one from its end), runs the blocks on the tokens
+    each device holds, attention working across the devices, and returns the hidden states in
+    the row's order again, split along it: the same numbers as on one device. Decoding is not
+    split (sample with ``mesh.context=1``).
     """
 
     spec: TransformerSpec
@@ -211,10 +202,19 @@ class TransformerLanguageModel(nn.Module):
         normalisation, in the compute dtype; ``segments`` and ``positions`` of packed rows keep
         their examples apart."""
         s = self.spec
+        ways = context.split()[1]
+        if ways > 1 and decode:
+            raise ValueError("decoding does not split the sequence over mesh.context; decode with mesh.context=1")
         if positions is None:
             positions = self.decode_positions(tokens.shape[1]) if decode else jnp.arange(tokens.shape[1])
-        mask = None if segments is None else segment_mask(segments)
-        x = lookup(self.embed, tokens, s.dtype)
+        if ways > 1:  # each device's two chunks of every row (context.balanced_order), segments given as they are
+            order = context.balanced_order(tokens.shape[1], ways)
+            tokens, positions = tokens[:, order], jnp.take(positions, order, axis=-1)
+            segments = None if segments is None else segments[:, order]
+            mask = None
+        else:
+            mask, segments = (None if segments is None else segment_mask(segments)), None
+        x = lookup(self.embed, tokens, s.dtype, ("batch", LENGTH, None))
         if s.embed_scale:  # Gemma's sqrt(width), rounded to the compute dtype as its own is to its weights'
             x = x * jnp.asarray(s.width**0.5, s.dtype)
         if s.position == "learned":
@@ -222,8 +222,8 @@ class TransformerLanguageModel(nn.Module):
             x = x + (table if table.ndim == 3 else table[None])
         x = self.drop(x, deterministic=not train)
         for block in self.blocks:
-            x = block(x, positions, train, decode, mask)
-        return self.norm_out(x)
+            x = block(x, positions, train, decode, mask, segments)
+        return context.restore(self.norm_out(x))
 
     def head(self) -> Head:
         """The output layer as arrays (:class:`~jaxnet.models.common.Head`): the token embedding,
@@ -241,7 +241,7 @@ class TransformerLanguageModel(nn.Module):
         """Logits (..., vocab), float32 (or the compute dtype if wider), of final hidden states
         (..., width): :meth:`head`'s logits (soft-capped with ``spec.logit_softcap``), the unused ids
         masked (:func:`mask_unused_vocab`)."""
-        return nn.with_logical_constraint(self.head().logits(features), ("batch", None, "vocab"))
+        return nn.with_logical_constraint(self.head().logits(features), ("batch", LENGTH, "vocab"))
 
     def __call__(
         self,

@@ -16,9 +16,11 @@ every token goes through. Parameters, under the block::
 **Dropless.** The (token, expert) assignments are sorted by expert and multiplied in one grouped
 matmul (:func:`grouped_matmul`: ``jax.lax.ragged_dot``, or rows padded to blocks of one expert
 each), so every token reaches its experts whatever the batch or the mesh, and a token's output
-does not depend on which others share its batch. ``capacity_factor`` > 0 drops instead the
-assignments past ``capacity_factor`` times an expert's even share of a device's tokens (their
-weight zeroed, counted as ``moe/dropped``): a result that then depends on the batch and mesh.
+does not depend on which others share its batch. ``capacity_factor`` > 0 gives each expert a
+buffer of fixed size instead, ``capacity_factor`` times its even share of a device's assignments,
+multiplied in one batched product (:func:`experts_batched`: no sort, fixed shapes, what a GPU runs
+fastest); assignments past it are dropped (counted as ``moe/block_N/dropped``), a result that then
+depends on the batch and the mesh.
 
 **Expert parallelism.** On a mesh with an ``expert`` axis the experts are split over it and the
 batch too; each device routes its own tokens, and the rows for experts on other devices travel
@@ -102,6 +104,40 @@ def route(logits: jnp.ndarray, k: int, renorm: bool) -> tuple[jnp.ndarray, jnp.n
     return probs, chosen, top
 
 
+def _buffered(
+    x: jnp.ndarray, chosen: jnp.ndarray, rank: jnp.ndarray, weights: tuple, experts: int, capacity: int, axis: Any
+) -> jnp.ndarray:
+    """Each assignment's expert output (tokens * k, width), with a ``capacity``: every expert's
+    first ``capacity`` assignments of this device (``rank`` below it) go into a buffer of fixed shape
+    (experts, capacity, width) and the experts multiply theirs in one batched product (no sorting,
+    no grouped matmul: what a GPU runs fastest); later assignments are dropped (zeros). With an
+    expert ``axis`` the buffer's rows for experts held elsewhere travel there and back by ``all_to_all``."""
+    n, k = chosen.shape
+    gate, up, down = weights
+    flat, slot = chosen.reshape(-1), rank.reshape(-1)
+    rows = x[jnp.arange(n * k) // k]
+    if axis is None:
+        buffer = jnp.zeros((experts, capacity, x.shape[1]), x.dtype).at[flat, slot].set(rows, mode="drop")
+        out = experts_batched(buffer, gate, up, down)
+        return jnp.where((slot < capacity)[:, None], out[flat, jnp.minimum(slot, capacity - 1)], 0)
+    devices = jax.lax.axis_size(axis)
+    local = experts // devices
+    where = (flat // local, flat % local, slot)
+    send = jnp.zeros((devices, local, capacity, x.shape[1]), x.dtype).at[where].set(rows, mode="drop")
+    got = jax.lax.all_to_all(send, axis, 0, 0, tiled=True)  # (sources, local experts, capacity, width)
+    mine = jnp.swapaxes(got, 0, 1).reshape(local, devices * capacity, -1)
+    out = experts_batched(mine, gate, up, down).reshape(local, devices, capacity, -1)
+    back = jax.lax.all_to_all(jnp.swapaxes(out, 0, 1), axis, 0, 0, tiled=True)
+    clipped = (where[0], where[1], jnp.minimum(slot, capacity - 1))
+    return jnp.where((slot < capacity)[:, None], back[clipped], 0)
+
+
+def experts_batched(buffer: jnp.ndarray, gate: jnp.ndarray, up: jnp.ndarray, down: jnp.ndarray) -> jnp.ndarray:
+    """Each expert's SwiGLU on its rows of ``buffer`` (experts, rows, width), one batched product a kernel."""
+    h = nn.silu(jnp.einsum("erw,ewh->erh", buffer, gate)) * jnp.einsum("erw,ewh->erh", buffer, up)
+    return jnp.einsum("erh,ehw->erw", h, down)
+
+
 def _local(
     x: jnp.ndarray, chosen: jnp.ndarray, kept: jnp.ndarray, weights: tuple, experts: int, impl: str, axis: str | None
 ) -> jnp.ndarray:
@@ -164,13 +200,15 @@ class MoE(nn.Module):
             probs, chosen, top = route(logits, s.experts_per_token, s.router_renorm)
             counts = jnp.zeros((E,), jnp.float32).at[chosen.reshape(-1)].add(1.0)
             kept = jnp.ones(chosen.shape, bool)
+            ep = "expert" if "expert" in axes else None
             if s.capacity_factor:  # each expert's first `capacity` assignments on this device, in token order
                 capacity = max(1, math.ceil(s.capacity_factor * n * s.experts_per_token / E))
                 flat = chosen.reshape(-1)
                 rank = jnp.cumsum(jax.nn.one_hot(flat, E, dtype=jnp.int32), axis=0)[jnp.arange(flat.size), flat] - 1
                 kept = (rank < capacity).reshape(chosen.shape)
-            ep = "expert" if "expert" in axes else None
-            out = _local(tokens, chosen, kept, (gate, up, down), E, impl, ep)
+                out = _buffered(tokens, chosen, rank.reshape(chosen.shape), (gate, up, down), E, capacity, ep)
+            else:
+                out = _local(tokens, chosen, kept, (gate, up, down), E, impl, ep)
             y = jnp.sum(out.reshape(n, -1, W) * (top * kept)[..., None].astype(out.dtype), axis=1)
             mean = lambda v: jax.lax.pmean(v, axes) if axes else v  # noqa: E731
             routed = mean(counts / n)  # f_e: the tokens that chose expert e, over the whole batch

@@ -169,6 +169,13 @@ class TransformerKeys(ModelConfig):
         "parameters, optimizer, output layer and attention's own products unchanged",
         choices=MATMULS,
     )
+    context_attention: str = field(
+        "auto",
+        "with mesh.context > 1, how attention reaches the keys and values of the other devices: ring = passed "
+        "device to device (ppermute), a piece at a time; gather = all of them gathered on every device "
+        "(all_gather); auto = gather when a device holds at most 2048 tokens of a row, ring above",
+        choices=("auto", "ring", "gather"),
+    )
     gelu: str = field(
         "tanh",
         "the MLP's GELU: tanh = the tanh approximation (GPT-2's gelu_new), exact = x * Phi(x) with erf",

@@ -1,12 +1,15 @@
 """Gemma 3 12B's text decoder (Google 2025), for planning: does it train on 8 H100s with FSDP, at what batch, how fast.
 
-Command:  jaxnet plan gemma3_12b mesh.fsdp=8 --target h100 --gpus 8 --max-batch      (compiled here, on a CPU)
+Command:  jaxnet plan gemma3_12b mesh.fsdp=8 --target h100 --gpus 8                  (compiled here, on a CPU)
           jaxnet plan gemma3_12b mesh.fsdp=8 model.remat=true --target h100 --gpus 8 --max-batch
           jaxnet train gemma3_12b mesh.fsdp=-1 train.init_from=hf:DIR data.path=CORPUS   (on 8 GPUs)
           jaxnet train gemma3_12b:smoke                                                    (a tiny relative, on a CPU)
-Result:   not trained here (no GPU); the plans of 8 H100s with fsdp=8, with and without model.remat, are
-          benchmarks/results/plan-gemma3_12b-h100x8*-*.json and the table of docs/open-models.md
-Time:     smoke: under a minute on a 2-core CPU; each plan of 8 H100s compiles in minutes on 2 cores
+Result:   not trained here (no GPU). Planned on 8 H100s with fsdp=8 at one sequence a GPU, it does NOT
+          fit: 195.2 GiB per device of 79.6, 178.7 GiB of it temporaries, its attention XLA's (a head
+          of 256) (benchmarks/results/plan-gemma3_12b-h100x8-*.json, the table of docs/open-models.md);
+          the plan with model.remat (record_plans.py dense:gemma3_12b-remat) is not recorded yet
+Time:     smoke: under a minute on a 2-core CPU; each compile of a plan of 8 H100s takes 10 to 20 min on a
+          shared 2-core CPU
 
 48 blocks 3,840 wide, 16 query heads of 256 sharing 8 key/value heads, a GeGLU MLP of 15,360 units,
 RMSNorm (1 + w, epsilon 1e-6) before and after each branch and on each head's queries and keys, the

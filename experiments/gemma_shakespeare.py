@@ -4,7 +4,7 @@ Command:  jaxnet prepare shakespeare --tokenizer gpt2 --out corpora/shakespeare-
           jaxnet train gemma_shakespeare data.path=corpora/shakespeare-gpt2
           jaxnet sample --workdir runs/gemma_shakespeare --prompt "ROMEO:" --tokens 100
 Result:   see docs/open-models.md (python scripts/record_result.py gemma_shakespeare)
-Time:     about 20 min on a shared 2-core CPU
+Time:     55 min on a 2-core CPU shared with other jobs (load average 6 to 9; llama_shakespeare: 16 min)
 
 llama_shakespeare's model in Gemma 2's shape (``TransformerConfig.preset("gemma2")``): a GeGLU MLP
 (the tanh GELU gating the up projection) instead of SwiGLU, RMSNorm scales of 1 + w, the embeddings

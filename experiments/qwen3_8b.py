@@ -1,12 +1,12 @@
 """Qwen3 8B's shape (Alibaba 2025), for planning: does it train on 8 H100s with FSDP, at what batch, how fast.
 
 Command:  jaxnet plan qwen3_8b mesh.fsdp=8 --target h100 --gpus 8 --max-batch      (compiled here, on a CPU)
-          jaxnet plan qwen3_8b mesh.fsdp=8 model.remat=true --target h100 --gpus 8 --max-batch
           jaxnet train qwen3_8b mesh.fsdp=-1 train.init_from=hf:DIR data.path=CORPUS   (on 8 GPUs)
           jaxnet train qwen3_8b:smoke                                                    (a tiny relative, on a CPU)
-Result:   not trained here (no GPU); the plans of 8 H100s with fsdp=8, with and without model.remat, are
-          benchmarks/results/plan-qwen3_8b-h100x8*-*.json and the table of docs/open-models.md
-Time:     smoke: under a minute on a 2-core CPU; each plan of 8 H100s compiles in minutes on 2 cores
+Result:   not trained here (no GPU); the plan of 8 H100s with fsdp=8 is
+          benchmarks/results/plan-qwen3_8b-h100x8-*.json and the table of docs/open-models.md
+Time:     smoke: under a minute on a 2-core CPU; the plan of 8 H100s took 45 min on a shared 2-core CPU
+          (two compiles of 15 min)
 
 36 blocks 4,096 wide, 32 query heads of 128 sharing 8 key/value heads, RMSNorm on each head's queries
 and keys before the rotary positions (base 1,000,000), a SwiGLU MLP of 12,288 units, RMSNorm (epsilon

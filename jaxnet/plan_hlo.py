@@ -93,7 +93,7 @@ def attention_kernel(text: str, asked: str | None, packed: bool, why: str = "") 
     reaches it) or XLA's own softmax(QK^T)V. ``asked`` is ``model.attention`` as resolved for the
     GPU (None: a model without that key, whose attention is not reported); ``packed``: the batch
     carries ``segments``; ``why``: the model's reason for running no fused kernel, if it has one
-    (soft-capped logits: ``TransformerConfig.unfused_because``), said with XLA's::
+    (soft-capped logits, a head size cuDNN is not given: ``TransformerConfig.unfused_because``), said with XLA's::
 
         attention_kernel(hlo_text, "xla", False, "model.attention_softcap=50 soft-caps the attention logits")
     """

@@ -523,7 +523,7 @@ def _plan(
             text,
             getattr(models.resolve(run.cfg.model, "cuda"), "attention", None),
             "segments" in first,
-            getattr(run.cfg.model, "unfused_because", lambda: "")(),  # soft-capped logits: why not cuDNN
+            getattr(run.cfg.model, "unfused_because", lambda: "")(),  # capped logits or a wide head: why not cuDNN
         ),
         "compile_s": round(compile_s, 2),
         "eval_compile_s": round(eval_s, 2),

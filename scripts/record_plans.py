@@ -8,7 +8,8 @@ on 8 H100s (fsdp=8), from this CPU-only machine
     python scripts/record_plans.py              # all records (the published runs first), then the docs' tables
     python scripts/record_plans.py published    # only the published runs, the fit and its table
     python scripts/record_plans.py gpt2         # only gpt2_small's (or: llama, lora, dense, context, moe, others,
-                                                # devices, context:LABEL for one long-context plan, or one NAME)
+                                                # devices, context:LABEL, dense:NAME[-LABEL] or moe:NAME-LABEL for
+                                                # one of those groups, or one NAME)
     python scripts/record_plans.py spread       # the published runs' spread of the expected step, from the table
 
 Each record is benchmarks/results/plan-<experiment>-<target>[x<gpus>][-<label>]-<date>.json: the dict of
@@ -322,6 +323,8 @@ def records(which: str) -> list[tuple]:
         return MOE
     if which.startswith("moe:"):  # one of them by its experiment and label, e.g. moe:qwen3_30b_a3b-fsdp8
         return [r for r in MOE if f"{r[0]}-{r[4]}" == which.partition(":")[2]]
+    if which.startswith("dense:"):  # one of them by its record's name, e.g. dense:gemma3_12b-remat
+        return [r for r in DENSE if "-".join([r[0], *r[4:]]) == which.partition(":")[2]]
     if which.startswith("context:"):  # one of them by its label, e.g. context:128k-context8
         return [r for r in CONTEXT if r[4] == which.partition(":")[2]]
     if which in config.list_experiments():

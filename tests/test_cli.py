@@ -149,14 +149,18 @@ BAD_INPUT = [
     bad(["plan", SMOKE, "--target", "h100", "--gpus", "0"], "--gpus 0: give a number of GPUs of at least 1"),
     bad(
         ["plan", SMOKE, "--target", "h100", "--gpus", "8", "mesh.data=2", "mesh.fsdp=2"],
-        "the mesh data=2 x fsdp=2 x tensor=1 uses 4 GPUs but --gpus is 8",
+        "the mesh data=2 x fsdp=2 x expert=1 x context=1 x tensor=1 uses 4 GPUs but --gpus is 8",
     ),
     bad(["plan", SMOKE], "the following arguments are required: --target"),
     # config keys and values
     bad(
         ["train", SMOKE, "optim.learning_rate=0.1"], "unknown config key 'optim.learning_rate'; did you mean optim.lr?"
     ),
-    bad(["train", SMOKE, "mesh.pipeline=2"], "unknown mesh axis 'pipeline'", "mesh.data, mesh.fsdp, mesh.tensor"),
+    bad(
+        ["train", SMOKE, "mesh.pipeline=2"],
+        "unknown mesh axis 'pipeline'",
+        "mesh.data, mesh.fsdp, mesh.expert, mesh.context, mesh.tensor",
+    ),
     bad(["train", SMOKE, "model.colour=red"], "unknown config key 'model.colour'; the model keys are name, features"),
     bad(["train", SMOKE, "experiment=other"], "experiment cannot be overridden"),
     bad(["train", SMOKE, "optim.lr"], "override 'optim.lr' is not of the form key=value"),
@@ -199,8 +203,16 @@ BAD_INPUT = [
         "train.batch_size / optim.grad_accum=2 is not divisible by the 4 devices",
         devices=4,
     ),
-    bad(["train", SMOKE, "mesh.data=3"], "mesh data=3 x fsdp=1 x tensor=1 needs 3 devices but 4", devices=4),
-    bad(["train", SMOKE, "mesh.data=8"], "mesh data=8 x fsdp=1 x tensor=1 needs 8 devices but 4", devices=4),
+    bad(
+        ["train", SMOKE, "mesh.data=3"],
+        "mesh data=3 x fsdp=1 x expert=1 x context=1 x tensor=1 needs 3 devices but 4",
+        devices=4,
+    ),
+    bad(
+        ["train", SMOKE, "mesh.data=8"],
+        "mesh data=8 x fsdp=1 x expert=1 x context=1 x tensor=1 needs 8 devices but 4",
+        devices=4,
+    ),
     bad(["train", SMOKE, "mesh.data=3", "mesh.fsdp=-1"], "set to 3 devices do not divide the 4 device(s)", devices=4),
     bad(
         ["train", SMOKE, "mesh.tensor=4", "model.hidden=250"],

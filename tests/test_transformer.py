@@ -323,6 +323,10 @@ def test_soft_capped_attention_never_runs_a_fused_kernel_and_says_why():
 
     said = attention_kernel("", "xla", False, capped.unfused_because())["description"]
     assert said == f"XLA's softmax(QK^T)V (no cuDNN attention call: {capped.unfused_because()})"
+    # a head size past cuDNN's (Gemma 3 12B's 256) is XLA's too, and said so
+    wide = TransformerConfig.preset("gemma3", dtype="bfloat16", width=1024, heads=4)
+    assert wide.for_backend("cuda").attention == "xla"
+    assert wide.unfused_because().startswith("a head size of 256")
 
 
 def test_local_layers_count_the_flops_of_their_window():

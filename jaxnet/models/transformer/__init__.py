@@ -136,11 +136,17 @@ class TransformerConfig(TransformerKeys):
     def unfused_because(self) -> str:
         """Why no fused attention kernel computes this model's attention ("" when one may): soft-capped
         logits, which neither cuDNN's kernel nor ``jax.nn.dot_product_attention`` computes (the
-        attention then runs :func:`head_major_attention`, XLA's own). ``jaxnet plan`` says it."""
+        attention then runs :func:`head_major_attention`, XLA's own), or a head size :meth:`for_backend`
+        does not send to cuDNN (Gemma 3 12B's 256). ``jaxnet plan`` says it."""
         if self.attention_softcap:
             return (
                 f"model.attention_softcap={self.attention_softcap:g} soft-caps the attention logits, which "
                 "cuDNN's fused attention cannot; they are XLA's softmax(QK^T)V"
+            )
+        if self.head_size % 8 or self.head_size > 128:
+            return (
+                f"a head size of {self.head_size}, where jaxnet's cuDNN attention takes multiples of 8 up to 128; "
+                "the attention is XLA's softmax(QK^T)V, its scores held whole"
             )
         return ""
 

@@ -157,7 +157,7 @@ CONTEXT = [
 MOE_COMMON = ["model.remat=true", "model.capacity_factor=1.25"]
 MOE = [
     ("qwen3_30b_a3b", ["mesh.fsdp=8", *MOE_COMMON, *GOAL], "h100", 8, "fsdp8"),
-    ("qwen3_30b_a3b", ["mesh.fsdp=2", "mesh.expert=4", *MOE_COMMON, "--max-batch", *GOAL], "h100", 8, "fsdp2-expert4"),
+    ("qwen3_30b_a3b", ["mesh.fsdp=2", "mesh.expert=4", *MOE_COMMON, *GOAL], "h100", 8, "fsdp2-expert4"),
     ("mixtral_8x7b", ["mesh.fsdp=4", "mesh.expert=2", *MOE_COMMON, *GOAL], "h100", 8, "fsdp4-expert2"),
     (
         "mixtral_8x7b",

@@ -343,7 +343,9 @@ def test_nnx_partitioning_metadata_places_parameters_on_the_mesh_axes_and_on_one
 
     run = Run(config(), model=Sharded(), dataset=DATA, task=TASK)
     specs = jax.tree.map(lambda s: tuple(s.spec), run.state_shardings.params)
-    assert specs == {"hidden": {"kernel": ("fsdp", "tensor"), "bias": ()}, "out": {"kernel": (), "bias": ()}}
+    # embed over fsdp x context (the context devices hold other tokens of the same rows), mlp over tensor
+    want = {"hidden": {"kernel": (("fsdp", "context"), "tensor"), "bias": ()}, "out": {"kernel": (), "bias": ()}}
+    assert specs == want
 
 
 def test_jaxnet_eval_on_the_command_line_prints_the_summary_metrics_of_an_experiment_file_model(tmp_path, capsys):

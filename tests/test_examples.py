@@ -116,7 +116,7 @@ def test_custom_experiment_trains_on_an_8_device_mesh_with_sharded_weights(tmp_p
         devices=8,
     )
     assert result.returncode == 0, result.stderr
-    assert "mesh data=1 x fsdp=8 x tensor=1 (8 cpu device(s))" in result.stdout
+    assert "mesh data=1 x fsdp=8 x expert=1 x context=1 x tensor=1 (8 cpu device(s))" in result.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["environment"]["device_count"] == 8 and summary["test"]["accuracy"] > 0.8
     # every weight matrix is split 8 ways along its embed axis: a device holds about 1/8 of them

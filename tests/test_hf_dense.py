@@ -27,7 +27,15 @@ import numpy as np
 import pytest
 from conftest import fails
 from safetensors.numpy import load_file
-from test_hf_llama import ATOL, RTOL, learned_tokenizer, reference_logits, tokens_for, write_corpus_source
+from test_hf_llama import (
+    ATOL,
+    RTOL,
+    learned_tokenizer,
+    reference_logits,
+    tokens_for,
+    write_corpus_source,
+    write_random,
+)
 
 import jaxnet
 from jaxnet import cli
@@ -68,21 +76,7 @@ BF16 = ("qwen3", "gemma", "gemma2", "gemma3", "phi3", "mistral-window")
 
 def save(directory: Path, name: str, tokenizer, bf16: bool = False) -> Path:
     config_class, model_class, keywords = MODELS[name]
-    config = getattr(transformers, config_class)(
-        vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        **{**COMMON, **keywords},
-    )  # fmt: skip
-    torch.manual_seed(sum(map(ord, name)))
-    model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    if bf16:
-        model.to(torch.bfloat16).save_pretrained(directory, max_shard_size="40KB")
-    else:
-        model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return write_random(directory, (config_class, model_class), {**COMMON, **keywords}, tokenizer, name, bf16)
 
 
 @pytest.fixture(scope="module")

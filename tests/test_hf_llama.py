@@ -88,22 +88,39 @@ def learned_tokenizer():
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIALS[0], eos_token=SPECIALS[1])
 
 
-def save(directory: Path, name: str, tokenizer, bf16: bool = False) -> Path:
-    kind, keywords = MODELS[name]
-    config = getattr(transformers, f"{kind}Config")(
+def write_random(
+    directory: Path,
+    classes: tuple[str, str],
+    settings: dict,
+    tokenizer,
+    seed: str,
+    bf16: bool = False,
+    shard: str = "40KB",
+) -> Path:
+    """A random model of transformers' ``classes`` (config, model) of ``settings`` over
+    ``tokenizer``'s ids, its weights moved off their initial values (seeded by the name ``seed``),
+    saved by transformers with the tokenizer: float32 in one file, or bfloat16 over files of at most
+    ``shard``."""
+    config = getattr(transformers, classes[0])(
         vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        **COMMON, **keywords,
+        **settings,
     )  # fmt: skip
-    torch.manual_seed(sum(map(ord, name)))
-    model = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
+    torch.manual_seed(sum(map(ord, seed)))
+    model = getattr(transformers, classes[1])(config).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     if bf16:
-        model.to(torch.bfloat16).save_pretrained(directory, max_shard_size="40KB")
+        model.to(torch.bfloat16).save_pretrained(directory, max_shard_size=shard)
     else:
         model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    return directory
+
+
+def save(directory: Path, name: str, tokenizer, bf16: bool = False) -> Path:
+    kind, keywords = MODELS[name]
+    write_random(directory, (f"{kind}Config", f"{kind}ForCausalLM"), {**COMMON, **keywords}, tokenizer, name, bf16)
     ends = [tokenizer.convert_tokens_to_ids(t) for t in SPECIALS[1:]]
     transformers.GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=ends).save_pretrained(directory)
     return directory

@@ -17,7 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import cpu_env, fails
-from test_hf_llama import ATOL, RTOL, learned_tokenizer, reference_logits, tokens_for, write_corpus_source
+from test_hf_llama import (
+    ATOL,
+    RTOL,
+    learned_tokenizer,
+    reference_logits,
+    tokens_for,
+    write_corpus_source,
+    write_random,
+)
 
 import jaxnet
 from jaxnet import cli
@@ -42,21 +50,8 @@ MODELS = {
 
 def save(directory: Path, name: str, tokenizer, bf16: bool = False) -> Path:
     kind, keywords = MODELS[name]
-    config = getattr(transformers, f"{kind}Config")(
-        vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        **COMMON, **keywords,
-    )  # fmt: skip
-    torch.manual_seed(sum(map(ord, name)))
-    model = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    if bf16:
-        model.to(torch.bfloat16).save_pretrained(directory, max_shard_size="20KB")
-    else:
-        model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    classes = (f"{kind}Config", f"{kind}ForCausalLM")
+    return write_random(directory, classes, {**COMMON, **keywords}, tokenizer, name, bf16, shard="20KB")
 
 
 @pytest.fixture(scope="module")

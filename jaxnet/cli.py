@@ -10,7 +10,7 @@
     jaxnet predict --workdir DIR --input FILE.npy --out FILE.npy [--step N|best] [--batch-size B] [--probs|--argmax]
                    [--cast]
     jaxnet sample --workdir DIR|hf:PATH [--prompt TEXT | --ids I,J,... | --chat MESSAGE [--system TEXT]] [--tokens N]
-                  [--temperature T] [--top-k K] [--seed S]
+                  [--temperature T] [--top-k K] [--repetition-penalty P] [--seed S]
     jaxnet export --workdir DIR --format hf|jax|peft --out PATH [--step N|best] [--chat-template FILE]
     jaxnet bench [FAMILY ...] [--full] [--smoke] [--rounds R] [--seconds S] [--only M,...] [--out DIR]
                  [--compare-devices] [--roofline]
@@ -184,6 +184,14 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--tokens", type=int, default=500, help="tokens to generate (characters or words)")
     sample.add_argument("--temperature", type=float, default=0.8, help="0 = always the likeliest token")
     sample.add_argument("--top-k", type=int, default=0, help="draw from the k likeliest tokens only (0 = all)")
+    sample.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="make tokens already in the text less likely (logits / P where positive, x P where negative, as "
+        "transformers' repetition_penalty); 1 = off, 1.2-1.5 keeps greedy replies from looping",
+    )
     sample.add_argument("--seed", type=int, default=0, help="random seed of the draws")
     sample.add_argument(
         "--ids", default=None, metavar="I,J,...", help="the prompt as token ids; prints token ids (hf: checkpoints)"
@@ -629,6 +637,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             ids=_ids(args.ids),
             chat=args.chat,
             system=args.system,
+            repetition_penalty=args.repetition_penalty,
         )
         print(text)
         if args.chat is not None and not text.strip():

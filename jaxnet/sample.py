@@ -41,9 +41,24 @@ from jaxnet.errors import UserError
 from jaxnet.models import hf
 
 
-def choose(logits: jnp.ndarray, key: jax.Array, temperature: float, top_k: int) -> jnp.ndarray:
+def penalize(logits: jnp.ndarray, penalty: float, seen: jnp.ndarray) -> jnp.ndarray:
+    """``logits`` (..., vocab) with the repetition guard applied to the tokens ``seen`` (a bool mask
+    of the same shape): divided by ``penalty`` where positive, multiplied where negative."""
+    return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+def choose(
+    logits: jnp.ndarray, key: jax.Array, temperature: float, top_k: int, penalty: float = 1.0, seen: Any = None
+) -> jnp.ndarray:
     """The next token from float32 ``logits`` (vocab,): argmax at temperature 0, else a draw from
-    the softmax of ``logits / temperature`` restricted to the ``top_k`` most likely (0 = all)."""
+    the softmax of ``logits / temperature`` restricted to the ``top_k`` most likely (0 = all).
+
+    ``penalty`` > 1 is the repetition guard of CTRL (Keskar et al., 2019), as transformers'
+    ``repetition_penalty`` applies it: the logit of every token in ``seen`` (a (vocab,) bool mask of
+    the tokens of the sequence so far, prompt included) is divided by ``penalty`` where positive and
+    multiplied by it where negative, before the temperature."""
+    if penalty != 1.0 and seen is not None:
+        logits = penalize(logits, penalty, seen)
     if temperature == 0:
         return jnp.argmax(logits).astype(jnp.int32)
     logits = logits / temperature
@@ -61,7 +76,7 @@ def decode_state(model: nn.Module) -> dict:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "temperature", "top_k"))
+@functools.partial(jax.jit, static_argnames=("model", "temperature", "top_k", "penalty"))
 def _scan(
     model: nn.Module,
     params: Any,
@@ -71,18 +86,24 @@ def _scan(
     key: jax.Array,
     temperature: float,
     top_k: int,
+    penalty: float,
+    seen: jnp.ndarray,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Walk every position of ``tokens``; returns the token at each position and the one after."""
+    """Walk every position of ``tokens``; returns the token at each position and the one after.
+    ``seen``: the tokens already in the sequence before ``tokens`` (the repetition guard's mask)."""
 
     def body(carry: tuple, i: jnp.ndarray) -> tuple:
-        state, previous = carry
+        state, previous, seen = carry
         token = jnp.where(i < given, tokens[i], previous)
+        seen = seen.at[token].set(True)
         logits, state = model.apply(
             {"params": params, **state}, token[None, None], train=False, decode=True, mutable=list(state)
         )
-        return (dict(state), choose(logits[0, -1], jax.random.fold_in(key, i), temperature, top_k)), token
+        after = choose(logits[0, -1], jax.random.fold_in(key, i), temperature, top_k, penalty, seen)
+        return (dict(state), after, seen), token
 
-    (_, after), placed = jax.lax.scan(body, (state, jnp.zeros((), jnp.int32)), jnp.arange(tokens.shape[0]))
+    start = (state, jnp.zeros((), jnp.int32), seen)
+    (_, after, _), placed = jax.lax.scan(body, start, jnp.arange(tokens.shape[0]))
     return placed, after
 
 
@@ -96,9 +117,12 @@ def generate(
     top_k: int = 0,
     seed: int = 0,
     stop_ids: tuple[int, ...] = (),
+    repetition_penalty: float = 1.0,
 ) -> np.ndarray:
     """``num_tokens`` token ids following ``prompt``: the ids of one sequence, (T,) or a batch of
     one (1, T), not empty; fewer when one of ``stop_ids`` is generated (the ids end with it).
+    ``repetition_penalty`` > 1 makes every token already in the sequence (prompt included) less
+    likely, as transformers' ``repetition_penalty`` does (:func:`choose`); 1 leaves the logits alone.
 
     ``model`` is called as ``model.apply(variables, tokens, train=False, decode=True)``; a model
     with a ``context`` attribute (the Transformer) is decoded in windows of that
@@ -117,6 +141,8 @@ def generate(
     if len(prompt) == 0:
         raise UserError("the prompt is empty; give at least one token of text")
     prompt = prompt.astype(np.int32)
+    if not (np.isfinite(repetition_penalty) and repetition_penalty > 0):
+        raise UserError(f"--repetition-penalty {repetition_penalty}: give a number > 0 (1 = none; 1.2-1.5 guards)")
     if num_tokens < 1:
         return np.zeros(0, np.int32)
     context = getattr(model, "context", None)
@@ -127,6 +153,8 @@ def generate(
         )
     key = jax.random.PRNGKey(seed)
     empty = decode_state(model)
+    # the guard's mask spans the vocabulary; without a guard a one-element stand-in (never read)
+    vocab_size = _vocab_size(model, params) if repetition_penalty != 1.0 else 1
     text, new = list(prompt), 0
     window = prompt
     stops = set(int(i) for i in stop_ids)
@@ -135,6 +163,9 @@ def generate(
         length = min(context, length) if context is not None else length
         buffer = np.zeros(length, np.int32)
         buffer[: len(window)] = window
+        seen = np.zeros(vocab_size, bool)  # the guard's mask: the text before this window
+        if vocab_size > 1:
+            seen[np.asarray(text[: len(text) - len(window)], np.int64)] = True
         placed, after = _scan(
             model,
             params,
@@ -144,6 +175,8 @@ def generate(
             jax.random.fold_in(key, new),
             temperature,
             top_k,
+            float(repetition_penalty),
+            jnp.asarray(seen),
         )
         produced = [*np.asarray(placed)[len(window) :].tolist(), int(after)][: num_tokens - new]
         ended = next((i for i, t in enumerate(produced) if t in stops), None)
@@ -154,6 +187,16 @@ def generate(
         new += len(produced)
         window = np.asarray(text[-(context // 2) :] if context is not None else text, np.int32)
     return np.asarray(text[len(prompt) :], np.int32)
+
+
+def _vocab_size(model: nn.Module, params: Any) -> int:
+    """The number of logits ``model`` gives a token (its vocabulary), read from its output's shape."""
+    variables = {"params": params, **decode_state(model)}
+    shape = jax.eval_shape(
+        lambda v: model.apply(v, jnp.zeros((1, 1), jnp.int32), train=False, decode=True, mutable=list(v))[0],
+        variables,
+    ).shape
+    return int(shape[-1])
 
 
 def hf_tokenizer(directory: Path, vocab: int, table: str) -> Any:
@@ -270,6 +313,7 @@ def sample_hf(
     ids: list[int] | None = None,
     chat: str | None = None,
     system: str | None = None,
+    repetition_penalty: float = 1.0,
 ) -> str:
     """:func:`sample` of a Hugging Face checkpoint ``hf:PATH`` before any training. With ``ids``
     (token ids) the continuation's ids are returned, space-separated. A text ``prompt`` is encoded
@@ -289,7 +333,7 @@ def sample_hf(
         def run(start: np.ndarray, stop_ids: tuple[int, ...]) -> np.ndarray:
             _, model, params = hf_model(checkpoint, context=-(-(len(start) + tokens) // 256) * 256)
             kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stop_ids)
-            return generate(model, params, start, tokens, **kw)
+            return generate(model, params, start, tokens, **kw, repetition_penalty=repetition_penalty)
 
         return _chat(template, tok, chat, system, tokens, run, vocab, spec)
     if ids is not None:
@@ -313,7 +357,8 @@ def sample_hf(
     # A rotary model is built with the positions this sample needs (a multiple of 256), not its
     # whole context: the decoding cache of a 128K-context model would not fit beside it.
     _, model, params = hf_model(checkpoint, context=-(-(len(start) + tokens) // 256) * 256)
-    out = generate(model, params, start, tokens, temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)
+    kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops, repetition_penalty=repetition_penalty)
+    out = generate(model, params, start, tokens, **kw)
     if ids is not None or tok is None:
         return " ".join(map(str, out.tolist()))
     if len(out) and int(out[-1]) in stops:
@@ -355,13 +400,15 @@ def sample(
     ids: list[int] | None = None,
     chat: str | None = None,
     system: str | None = None,
+    repetition_penalty: float = 1.0,
 ) -> str:
     """Text generated by the newest checkpoint of a language-model run, continuing ``prompt``
     (default: the start of a line); with ``ids`` (a prompt of token ids) the token ids generated,
     space-separated. ``workdir`` ``"hf:PATH"`` samples a Hugging Face checkpoint (:func:`sample_hf`).
     A run whose tokenizer is a checkpoint's (``hf:DIR``) stops at any of its end ids. With
     ``chat`` (a user's message; ``system``: a system turn before it) the reply alone, rendered and
-    stopped by the chat template (module docstring)::
+    stopped by the chat template (module docstring). ``repetition_penalty`` > 1: the repetition
+    guard of :func:`generate`::
 
         reply = sample("runs/chat", chat="Good morrow, sir.", temperature=0)
     """
@@ -377,13 +424,15 @@ def sample(
         raise UserError(f"--temperature {temperature}: give a finite temperature >= 0 (0 = always the likeliest)")
     if top_k < 0:
         raise UserError(f"--top-k {top_k}: give a count >= 0 (0 = no limit)")
+    if not (np.isfinite(repetition_penalty) and repetition_penalty > 0):
+        raise UserError(f"--repetition-penalty {repetition_penalty}: give a number > 0 (1 = none; 1.2-1.5 guards)")
     if ids is not None and not ids:
         raise UserError("--ids is empty; give at least one token id")
     if chat is not None and not chat.strip():
         raise UserError("--chat is empty; give the user's message")
     if hf.is_hf(workdir):
         kw = dict(temperature=temperature, top_k=top_k, seed=seed, ids=ids, chat=chat, system=system)
-        return sample_hf(str(workdir), prompt, tokens, **kw)
+        return sample_hf(str(workdir), prompt, tokens, **kw, repetition_penalty=repetition_penalty)
     workdir = Path(workdir)
     cfg = config_lib.apply_overrides(
         config_lib.load(workdir / "config.json"),
@@ -419,7 +468,7 @@ def sample(
     model, params = trained.model.module, trained.params
     codec = dataset.codec
     stops = codec.end_ids if codec.kind == "hf" else ()
-    kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops)
+    kw = dict(temperature=temperature, top_k=top_k, seed=seed, stop_ids=stops, repetition_penalty=repetition_penalty)
     if template is not None:
         run = lambda start, stop_ids: generate(model, params, start, tokens, **{**kw, "stop_ids": stop_ids})
         return _chat(template, codec, chat, system, tokens, run, len(vocab), str(workdir))

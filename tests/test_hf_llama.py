@@ -214,18 +214,29 @@ def test_each_table_maps_its_names_onto_jaxnets_axes(checkpoints):
     assert mistral["mlp_gate"]["kernel"].shape == mistral["mlp_in"]["kernel"].shape == (48, 80)
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-untied-llama3", "qwen2-qkv-bias", "mistral-head-dim"])
-def test_greedy_generation_with_the_cache_equals_transformers_generate(checkpoints, name):
+@pytest.mark.parametrize(
+    "name,penalty",
+    [("llama-gqa-untied-llama3", 1.0), ("qwen2-qkv-bias", 1.0), ("mistral-head-dim", 1.0), ("llama-tied", 1.5)],
+)
+def test_greedy_generation_with_the_cache_equals_transformers_generate(checkpoints, name, penalty):
     directory = checkpoints[name]
     prompt = tokens_for(directory, rows=1, length=7, seed=3)
     trained = jaxnet.load(f"hf:{directory}")
-    ours = generate(trained.model.module, trained.params, prompt, 20, temperature=0)
+    ours = generate(trained.model.module, trained.params, prompt, 20, temperature=0, repetition_penalty=penalty)
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # 20 tokens whatever they are, as ours
     with torch.no_grad():
-        theirs = model.generate(torch.tensor(prompt), do_sample=False, max_new_tokens=20, pad_token_id=0)[0, 7:].numpy()
+        theirs = model.generate(
+            torch.tensor(prompt), do_sample=False, max_new_tokens=20, pad_token_id=0, repetition_penalty=penalty
+        )[0, 7:].numpy()
     assert len(theirs) == 20
     np.testing.assert_array_equal(ours, theirs)
+    if penalty != 1.0:  # the guard changed what greedy decoding says, and repeats less
+        plain = generate(trained.model.module, trained.params, prompt, 20, temperature=0)
+        assert not np.array_equal(ours, plain)
+        assert len(set(ours.tolist())) > len(set(plain.tolist()))
+    with pytest.raises(UserError, match="--repetition-penalty 0.0: give a number > 0"):
+        generate(trained.model.module, trained.params, prompt, 2, repetition_penalty=0.0)
 
 
 def test_sample_with_the_checkpoints_tokenizer_stops_at_any_of_its_end_ids(checkpoints, tmp_path, capsys):

@@ -272,6 +272,7 @@ LM_BAD_INPUT = [
     bad(["sample", "--workdir", "{run}", "--tokens", "-1"], "--tokens -1"),
     bad(["sample", "--workdir", "{run}", "--temperature", "-1"], "--temperature -1"),
     bad(["sample", "--workdir", "{run}", "--top-k", "-1"], "--top-k -1"),
+    bad(["sample", "--workdir", "{run}", "--repetition-penalty", "-2"], "--repetition-penalty -2.0: give a number > 0"),
     bad(["sample", "--workdir", "{run}", "--tokens", "many"], "argument --tokens: invalid int value: 'many'"),
     bad(["sample", "--workdir", "{run}/tb"], "not a run directory"),
     bad(["sample", "--workdir", "{checkpoints_file}"], "checkpoints: it is a file, not a directory"),

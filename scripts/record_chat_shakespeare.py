@@ -1,11 +1,12 @@
 """Record chat_shakespeare end to end on this machine, offline, and save the results file.
 
-    python scripts/record_chat_shakespeare.py [--pretrain-steps 120] [--steps 100] [--lora-rank 8] [--keep DIR]
+    python scripts/record_chat_shakespeare.py [--pretrain-steps 600] [--steps 100] [--lora-rank 8]
+        [--repetition-penalty 1.3] [--keep DIR [--reuse]]
 
 Runs, each as the ``jaxnet`` command a user types, in a scratch directory (or ``--keep DIR``):
 
-1. ``jaxnet train llama_shakespeare train.steps=P`` (its corpus prepared on first use): a short
-   pretraining of the Llama-style model in GPT-2's tokens;
+1. ``jaxnet train llama_shakespeare train.steps=P`` (its corpus prepared on first use): the
+   pretraining of the Llama-style model in GPT-2's tokens (P = 600, the experiment's own steps);
 2. ``jaxnet export --format hf --chat-template experiments/chat_shakespeare.jinja``: the checkpoint
    with GPT-2's tokenizer files and the template;
 3. ``python experiments/chat_shakespeare.py convs`` and ``jaxnet prepare chat``: the conversations
@@ -14,8 +15,11 @@ Runs, each as the ``jaxnet`` command a user types, in a scratch directory (or ``
    assistant's tokens before fine-tuning;
 5. ``jaxnet train chat_shakespeare train.init_from=hf:CKPT``: the fine-tune of every weight, and
    the same with ``train.lora_rank=R`` (adapters alone, at ``--lora-lr``; ``--lora-rank 0`` skips it);
-6. ``jaxnet sample --chat`` (greedy) of the checkpoint and of the fine-tunes, on the first user
-   turns of the test play.
+6. ``jaxnet sample --chat`` (greedy, and greedy with ``--repetition-penalty``) of the checkpoint
+   and of the fine-tunes, on the first user turns of the test play.
+
+``--keep DIR --reuse`` works in a DIR an earlier ``--keep DIR`` left: step 1's run is resumed
+where it stopped (a finished one at once), so a stopped recording goes on.
 
 Writes ``docs/results/chat_shakespeare-<platform>-<date>.json``: every command, its wall time,
 the losses, the replies, the device, the library versions and the date.
@@ -43,14 +47,19 @@ MESSAGES = 4  # test-play user turns sampled before and after
 def main(argv: list[str]) -> int:
     """Run the steps and write the results file; returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pretrain-steps", type=int, default=120, help="llama_shakespeare's train.steps (600)")
+    parser.add_argument("--pretrain-steps", type=int, default=600, help="llama_shakespeare's train.steps")
     parser.add_argument("--steps", type=int, default=100, help="chat_shakespeare's train.steps")
     parser.add_argument("--lora-rank", type=int, default=8, help="the LoRA fine-tune's train.lora_rank (0: none)")
     parser.add_argument("--lora-lr", type=float, default=3e-3, help="the LoRA fine-tune's optim.lr")
+    parser.add_argument("--repetition-penalty", type=float, default=1.3, help="the guarded greedy replies' P")
     parser.add_argument("--keep", type=Path, default=None, help="work in DIR (new) and leave everything there")
+    parser.add_argument("--reuse", action="store_true", help="with --keep: DIR may hold an earlier recording's work")
     args = parser.parse_args(argv)
-    if args.keep is not None and args.keep.exists():
-        print(f"--keep {args.keep}: already exists; give a new directory", file=sys.stderr)
+    if args.reuse and args.keep is None:
+        print("--reuse goes with --keep DIR: the directory whose work to reuse", file=sys.stderr)
+        return 2
+    if args.keep is not None and args.keep.exists() and not args.reuse:
+        print(f"--keep {args.keep}: already exists; give a new directory (or --reuse to go on in it)", file=sys.stderr)
         return 2
     work = args.keep.absolute() if args.keep else Path(tempfile.mkdtemp(prefix="jaxnet-chat-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -92,18 +101,23 @@ def main(argv: list[str]) -> int:
             before[split] = json.loads(out.strip().splitlines()[-1])
         tests = [json.loads(line) for line in (work / conv / "test.jsonl").read_text().splitlines()[:MESSAGES]]
         greedy = ["--temperature", "0", "--tokens", "60"]
+        guarded = [*greedy, "--repetition-penalty", str(args.repetition_penalty)]
+
+        def answer(entry: dict, workdir: str, label: str) -> None:
+            for name, how in ((label, greedy), (f"{label}, guarded", guarded)):
+                entry[name] = run("jaxnet", "sample", "--workdir", workdir, "--chat", entry["user"], *how).rstrip("\n")
+
         replies: list[dict] = []
         for row in tests:
             user, reply = (m["content"] for m in row["messages"])
-            said = run("jaxnet", "sample", "--workdir", "hf:checkpoints/llama-shakespeare", "--chat", user, *greedy)
-            replies.append({"user": user, "play's reply": reply, "before fine-tuning": said.rstrip("\n")})
+            replies.append({"user": user, "play's reply": reply})
+            answer(replies[-1], "hf:checkpoints/llama-shakespeare", "before fine-tuning")
         run("jaxnet", "train", "chat_shakespeare", "train.init_from=hf:checkpoints/llama-shakespeare",
             f"train.steps={args.steps}", "train.eval_tokens=1000000", "train.progress=false", "--workdir",
             "runs/chat_shakespeare")  # fmt: skip
         chat = json.loads((work / "runs/chat_shakespeare/summary.json").read_text())
         for entry in replies:
-            said = run("jaxnet", "sample", "--workdir", "runs/chat_shakespeare", "--chat", entry["user"], *greedy)
-            entry["after fine-tuning"] = said.rstrip("\n")
+            answer(entry, "runs/chat_shakespeare", "after fine-tuning")
         lora = None
         if args.lora_rank:
             run("jaxnet", "train", "chat_shakespeare", "train.init_from=hf:checkpoints/llama-shakespeare",
@@ -112,9 +126,7 @@ def main(argv: list[str]) -> int:
                 "train.progress=false", "--workdir", "runs/chat_shakespeare_lora")  # fmt: skip
             lora = json.loads((work / "runs/chat_shakespeare_lora/summary.json").read_text())
             for entry in replies:
-                said = run("jaxnet", "sample", "--workdir", "runs/chat_shakespeare_lora", "--chat", entry["user"],
-                           *greedy)  # fmt: skip
-                entry["after LoRA fine-tuning"] = said.rstrip("\n")
+                answer(entry, "runs/chat_shakespeare_lora", "after LoRA fine-tuning")
         manifest = json.loads((work / "corpora/chat-shakespeare-llama-shakespeare/corpus.json").read_text())
     finally:
         if args.keep is None:
@@ -135,6 +147,8 @@ def main(argv: list[str]) -> int:
         "pretraining": {
             "experiment": "llama_shakespeare",
             "steps": pretrain["step"],
+            "wall_time_s": pretrain.get("wall_time_s"),  # the run's own, also when --reuse resumed it finished
+            "reused": args.reuse,
             "val_loss": pretrain["val"]["loss"],
             "test_loss": pretrain["test"]["loss"],
             "param_count": pretrain["param_count"],
@@ -170,6 +184,10 @@ def main(argv: list[str]) -> int:
             "compile_time_s": lora["compile_time_s"],
             "tokens_per_s": lora.get("tokens_per_s"),
         },
+        "sampling": {
+            "greedy": "--temperature 0 --tokens 60",
+            "guarded": f"the same, --repetition-penalty {args.repetition_penalty}",
+        },  # fmt: skip
         "replies": replies,
     }
     out = ROOT / "docs" / "results" / f"chat_shakespeare-{env['platform']}-{date}.json"

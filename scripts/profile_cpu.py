@@ -38,11 +38,26 @@ SETTINGS = {
     "nommap": {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"},
     "xnnpack": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "XLA_FLAGS": "--xla_cpu_use_xnnpack=true"},
     "onednn": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "XLA_FLAGS": "--xla_cpu_use_onednn=true"},
+    # every dot, convolution and reduction on XLA's own (Eigen) kernels, none on YNNPACK
+    "eigen": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="},
+    # YNNPACK for the matrix products alone: reductions on XLA's own loops too
+    "ynn_dots": {
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+        "XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+    },
+    # the batch split over one simulated CPU device per core (mesh.data = cores): see OVERRIDES
+    "devices": {
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={os.cpu_count() or 1}",
+    },
     "keep_hugetlb": {
         "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
         "glibc.malloc.trim_threshold=4294967296"
     },
 }
+
+# name -> config overrides a setting adds
+OVERRIDES = {"devices": (f"mesh.data={os.cpu_count() or 1}",)}
 
 
 def child(family: str, steps: int, steps_per_call: int, overrides: tuple[str, ...] = ()) -> dict:
@@ -161,7 +176,8 @@ def measure(family: str, setting: str, steps: int, steps_per_call: int) -> dict:
         if key not in SETTINGS[setting]:
             env.pop(key, None)
     code = f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import profile_cpu, json; "
-    code += f"print('RESULT', json.dumps(profile_cpu.child({family!r}, {steps}, {steps_per_call})))"
+    overrides = OVERRIDES.get(setting, ())
+    code += f"print('RESULT', json.dumps(profile_cpu.child({family!r}, {steps}, {steps_per_call}, {overrides!r})))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -206,7 +222,9 @@ def main() -> None:
             runs[key].append(result)
             print(f"round {r + 1}: {key[0]:12s} {key[1]:10s} K={key[2]:<3d} {result}", flush=True)
     for (family, setting, k), results in runs.items():
-        median = {m: statistics.median(x[m] for x in results) for m in results[0]}
+        median = {
+            m: statistics.median(x[m] for x in results) for m in results[0] if isinstance(results[0][m], (int, float))
+        }
         name = f"{family}/{setting}" + (f"/K={k}" if len(ks) > 1 else "")
         record["results"][name] = {"median": median, "rounds": results}
     out = Path(args.out) / f"cpu-profile-{record['date']}{'-' + args.tag if args.tag else ''}.json"

@@ -1,0 +1,261 @@
+"""Where a CPU step's time goes, operation by operation, and how each peer uses the cores.
+
+    python scripts/profile_ops.py                       # lstm transformer: the families behind PyTorch
+    python scripts/profile_ops.py cnn lstm transformer --steps 10 --rounds 2
+
+For each family, in fresh processes:
+
+1. **XLA's trace** (``jax.profiler``) of the runner's compiled step: the time of every operation
+   (a "thunk" of XLA's CPU runtime) summed per step, grouped by what runs it: YNNPACK's matrix
+   products, XLA's own (Eigen) products, YNNPACK's reductions, XLA's loop fusions (elementwise
+   work, its own reductions, transposes), copies; with the ten costliest operations named by the
+   model code they come from (the HLO ``op_name``).
+2. **Use of the cores**: the step's wall time with every core and with one (``taskset``), for
+   jaxnet's compiled step and for the PyTorch peer (``jaxnet/bench/torch_peers.py``), alternating.
+   A peer that gains less from the second core loses on a machine whose single core is slower.
+
+Writes ``benchmarks/results/cpu-ops-<date>.json`` with the device, versions, load and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _case(family: str):
+    from jaxnet import bench
+
+    case = bench.CASES[family]
+    cfg = bench.case_config(case, smoke=False)
+    return cfg, bench.case_dataset(case, cfg)
+
+
+def trace(family: str, steps: int) -> dict:
+    """XLA's per-operation times of ``steps`` steps of ``family``'s compiled step (this process)."""
+    import jax
+    from jax.profiler import ProfileData
+
+    from jaxnet.data import pipeline
+    from jaxnet.train.loop import Run
+
+    cfg, dataset = _case(family)
+    run = Run(cfg, dataset=dataset)
+    state = run.init_state()
+    batches = pipeline.prefetch(((1, b) for b in run.train_batches(0)), cfg.data.prefetch, run.put_call)
+    _, batch = next(batches)
+    compiled = run.train_step.lower(state, batch).compile()
+    for _ in range(5):
+        state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    with tempfile.TemporaryDirectory() as directory:
+        jax.profiler.start_trace(directory)
+        for _ in range(steps):
+            state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        jax.profiler.stop_trace()
+        profile = ProfileData.from_file(sorted(glob.glob(f"{directory}/**/*.xplane.pb", recursive=True))[-1])
+    # each instruction of the optimised program: its kind, its shape, the model code it came from
+    ops, bodies, current = {}, {}, None
+    for line in compiled.as_text().splitlines():
+        head = re.match(r"^%?([\w.\-]+) \(.*\) -> .* \{", line)
+        if head:
+            current = head.group(1)
+            bodies[current] = ""
+            continue
+        if current is not None:
+            bodies[current] += line + "\n"
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\(", line)
+        if m:
+            source = re.search(r'op_name="([^"]*)"', line)
+            calls = re.search(r"calls=%?([\w.\-]+)", line)
+            ops[m.group(1)] = {
+                "shape": m.group(2),
+                "opcode": m.group(3),
+                "source": re.sub(r"^jit\([\w]+\)/", "", source.group(1)) if source else "",
+                "calls": calls.group(1) if calls else None,
+            }
+    per_op = collections.Counter()
+    for plane in profile.planes:
+        for line in plane.lines:
+            for event in line.events:
+                if event.name in ops:
+                    per_op[event.name] += event.duration_ns
+
+    def group(name: str) -> str:
+        op = ops[name]
+        body = bodies.get(op["calls"] or "", "")
+        if name.startswith("ynn_fusion"):
+            return "YNNPACK matrix products" if " dot(" in body else "YNNPACK reductions"
+        if op["opcode"] in ("dot", "convolution") or " dot(" in body or " convolution(" in body:
+            return "XLA (Eigen) matrix products and convolutions"
+        if "reduce-window(" in body:
+            return "XLA reduce-window (split reductions)"
+        if op["opcode"] == "copy":
+            return "copies"
+        return "XLA loop fusions (elementwise, reductions, transposes)"
+
+    groups = collections.Counter()
+    for name, ns in per_op.items():
+        groups[group(name)] += ns
+    ms = lambda ns: round(ns / 1e6 / steps, 2)  # noqa: E731
+    top = [
+        {"op": name, "ms": ms(ns), "group": group(name), "shape": ops[name]["shape"], "source": ops[name]["source"]}
+        for name, ns in per_op.most_common(10)
+    ]
+    return {
+        "operations_ms_per_step": ms(sum(per_op.values())),
+        "operations": len(per_op),
+        "groups_ms_per_step": {k: ms(v) for k, v in groups.most_common()},
+        "costliest": top,
+    }
+
+
+def timed(family: str, peer: str, steps: int) -> float:
+    """Milliseconds per step of ``peer`` ("jaxnet": the runner's compiled step; "torch") (this process)."""
+    import itertools
+    import time
+
+    cfg, dataset = _case(family)
+    from jaxnet.train.loop import Run
+
+    run = Run(cfg, dataset=dataset)
+    host = list(itertools.islice(run.train_batches(0), 4))
+    if peer == "torch":
+        import torch
+
+        from jaxnet import models
+        from jaxnet.bench import torch_peers
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        trainer = torch_peers.Trainer(
+            models.resolve(cfg.model),
+            cfg.optim,
+            cfg.train.steps,
+            dataset.num_classes,
+            cfg.data.seq_len,
+            device="cpu",
+            bf16=False,
+            label_smoothing=cfg.train.label_smoothing,
+            seed=cfg.seed,
+            **({} if run.text else {"image_shape": tuple(dataset.train[0].shape[1:])}),
+        )
+        batches = [trainer.put(b) for b in host]
+        step = lambda i: trainer.step(batches[i % len(batches)])  # noqa: E731
+        wait = lambda: None  # noqa: E731
+    else:
+        import jax
+
+        from jaxnet import parallel
+
+        placed = [parallel.put_batch(b, run.mesh) for b in host]
+        holder = {"state": run.init_state()}
+        compiled = run.train_step.lower(holder["state"], placed[0]).compile()
+
+        def step(i: int) -> None:
+            holder["state"], holder["metrics"] = compiled(holder["state"], placed[i % len(placed)])
+
+        wait = lambda: jax.block_until_ready(holder["state"])  # noqa: E731
+    for i in range(3):
+        step(i)
+    wait()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    wait()
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def child(what: str, family: str, steps: int, cores: int) -> dict | float:
+    """Run ``what`` (trace, jaxnet, torch) for ``family`` in a fresh process on ``cores`` cores."""
+    env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # as the jaxnet command runs
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import profile_ops as p; "
+        f"r = p.trace({family!r}, {steps}) if {what!r} == 'trace' else p.timed({family!r}, {what!r}, {steps}); "
+        "print('RESULT', json.dumps(r))"
+    )
+    command = [sys.executable, "-c", code]
+    if cores < (os.cpu_count() or 1):
+        command = ["taskset", "-c", ",".join(str(c) for c in range(cores)), *command]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{what} of {family} on {cores} core(s) failed:\n{out.stderr[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("families", nargs="*", default=["lstm", "transformer"])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of the core-use measurements")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+    import jax
+    import jaxlib
+
+    from jaxnet import observe
+
+    cores = os.cpu_count() or 1
+    torch_version = None
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        pass
+    record = {
+        "kind": "cpu-ops",
+        "what": "XLA's per-operation trace of each family's compiled step, and the step on every core and on one "
+        "for jaxnet and the PyTorch peer (medians of alternating rounds, each a fresh process)",
+        "command": "python " + " ".join(sys.argv),
+        "date": datetime.date.today().isoformat(),
+        "device": f"cpu ({cores} cores)",
+        "cpu_model": observe.cpu_model(),
+        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "torch": torch_version},
+        "load_average_start": round(os.getloadavg()[0], 2),
+        "families": {},
+    }
+    peers = ["jaxnet"] + (["torch"] if torch_version else [])
+    for family in args.families:
+        print(f"{family}: XLA's trace ...", flush=True)
+        entry = {"trace": child("trace", family, args.steps, cores)}
+        times = {(p, c): [] for p in peers for c in (cores, 1)}
+        for r in range(args.rounds):
+            for key in times:
+                times[key].append(round(child(key[0], family, args.steps, key[1]), 2))
+                print(f"  round {r + 1}: {key[0]:6s} on {key[1]} core(s): {times[key][-1]} ms", flush=True)
+        median = {f"{p} on {c} core(s)": statistics.median(v) for (p, c), v in times.items()}
+        entry["ms_per_step"] = median
+        entry["rounds"] = {f"{p} on {c} core(s)": v for (p, c), v in times.items()}
+        entry["speedup_from_all_cores"] = {
+            p: round(median[f"{p} on 1 core(s)"] / median[f"{p} on {cores} core(s)"], 2) for p in peers
+        }
+        if "torch" in peers:
+            entry["jaxnet_over_torch"] = {
+                f"{c} core(s)": round(median[f"torch on {c} core(s)"] / median[f"jaxnet on {c} core(s)"], 3)
+                for c in (cores, 1)
+            }
+        record["families"][family] = entry
+        print(json.dumps({k: v for k, v in entry.items() if k not in ("trace", "rounds")}), flush=True)
+    record["load_average_end"] = round(os.getloadavg()[0], 2)
+    out = Path(args.out) / f"cpu-ops-{record['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

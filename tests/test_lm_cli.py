@@ -127,7 +127,8 @@ def test_predicted_next_token_logits_reproduce_the_test_loss(shakespeare_run):
     [
         pytest.param("lstm_shakespeare:smoke", "bpc", marks=needs_shakespeare),
         pytest.param("lstm_ptb_small:smoke", "perplexity", marks=needs_ptb),
-        pytest.param("lstm_ptb_medium:smoke", "perplexity", marks=needs_ptb),
+        # the same model and corpus as ptb_small, larger (and with dropout): in `scripts/test --all`
+        pytest.param("lstm_ptb_medium:smoke", "perplexity", marks=[needs_ptb, pytest.mark.slow]),
     ],
 )
 def test_lstm_smoke_variants_train_and_sample(tmp_path, experiment, metric):

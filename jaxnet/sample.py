@@ -47,6 +47,12 @@ def penalize(logits: jnp.ndarray, penalty: float, seen: jnp.ndarray) -> jnp.ndar
     return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
+def check_repetition_penalty(penalty: float) -> None:
+    """A one-line error for a repetition guard that is not a number > 0."""
+    if not (np.isfinite(penalty) and penalty > 0):
+        raise UserError(f"--repetition-penalty {penalty}: give a number > 0 (1 = none; 1.2-1.5 guards)")
+
+
 def choose(
     logits: jnp.ndarray, key: jax.Array, temperature: float, top_k: int, penalty: float = 1.0, seen: Any = None
 ) -> jnp.ndarray:
@@ -141,8 +147,7 @@ def generate(
     if len(prompt) == 0:
         raise UserError("the prompt is empty; give at least one token of text")
     prompt = prompt.astype(np.int32)
-    if not (np.isfinite(repetition_penalty) and repetition_penalty > 0):
-        raise UserError(f"--repetition-penalty {repetition_penalty}: give a number > 0 (1 = none; 1.2-1.5 guards)")
+    check_repetition_penalty(repetition_penalty)
     if num_tokens < 1:
         return np.zeros(0, np.int32)
     context = getattr(model, "context", None)
@@ -424,8 +429,7 @@ def sample(
         raise UserError(f"--temperature {temperature}: give a finite temperature >= 0 (0 = always the likeliest)")
     if top_k < 0:
         raise UserError(f"--top-k {top_k}: give a count >= 0 (0 = no limit)")
-    if not (np.isfinite(repetition_penalty) and repetition_penalty > 0):
-        raise UserError(f"--repetition-penalty {repetition_penalty}: give a number > 0 (1 = none; 1.2-1.5 guards)")
+    check_repetition_penalty(repetition_penalty)
     if ids is not None and not ids:
         raise UserError("--ids is empty; give at least one token id")
     if chat is not None and not chat.strip():

@@ -34,11 +34,13 @@ POLICIES = ("none", "full")
 
 def hand_chosen() -> list[dict]:
     """The committed hand-chosen plans of llama3_8b on 8 H100s, with their expected tokens/s."""
-    out = []
+    out, seq_len = [], config.load_experiment("llama3_8b").data.seq_len  # the searched step's
     for path in sorted((ROOT / "benchmarks" / "results").glob("plan-llama3_8b-h100x8*.json")):
         report = json.loads(path.read_text())
         if "model.matmul=fp8" in (report.get("command") or ""):
             continue  # another precision: the search compares bf16 plans
+        if report.get("seq_len") != seq_len or report.get("mesh", {}).get("context", 1) != 1:
+            continue  # another sequence length (the long-context plans): not the searched step
         p = report["prediction"]
         out.append(
             {

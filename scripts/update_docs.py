@@ -1208,8 +1208,8 @@ def render_search() -> str:
         return "No search recorded yet: `python scripts/record_search.py` writes it."
     r = json.loads(files[-1].read_text())
     lines = [
-        "| mesh | `model.remat` | largest batch that fits | memory per device | next batch | FLOPs a token "
-        "(recompute) | **expected** step (bound) | **expected** tokens/s | compiles |",
+        "| mesh | `model.remat` | batch (the other sizes that fit) | memory per device | first batch that does not fit "
+        "| FLOPs a token (recompute) | **expected** step (bound) | **expected** tokens/s | compiles |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in [r["best"], *r["runners_up"], *[c for c in r["candidates"] if not c["fits"]]]:
@@ -1221,8 +1221,14 @@ def render_search() -> str:
         recompute = f" (+{100 * share:.0f} %)" if share else ""
         nxt = f"{c['next_size']} ({c['memory_at_next'] / 2**30:.1f} GiB)" if c.get("memory_at_next") else "-"
         best = "**" if c is r["best"] else ""
+        others = [  # every size compiled that fits is ranked: the largest is not always the fastest
+            f"{size}: {_tokens(rate)} tokens/s"
+            for size, rate in (c.get("sizes_fitting") or {}).items()
+            if int(size) != c["batch_size"]
+        ]
+        batch = f"{best}{c['batch_size']}{best}" + (f" ({', '.join(others)})" if others else "")
         lines.append(
-            f"| {mesh} | {best}`{c['remat']}`{best} | {best}{c['batch_size']}{best} | {c['memory'] / 2**30:.1f} GiB "
+            f"| {mesh} | {best}`{c['remat']}`{best} | {batch} | {c['memory'] / 2**30:.1f} GiB "
             f"| {nxt} | {c['flops_per_token'] / 1e9:.1f} GFLOP{recompute} "
             f"| {_ms(c['expected_step_s'])} ({c['bound']}) | {best}{_tokens(c['tokens_per_s'])}{best} "
             f"| {c['compiles']} |"

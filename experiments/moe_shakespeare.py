@@ -6,7 +6,7 @@ Command:  jaxnet prepare shakespeare --tokenizer gpt2 --out corpora/shakespeare-
           python scripts/measure_moe.py          (its step beside llama_shakespeare's, the routing's cost)
 Result:   test loss 4.804 nats (perplexity 122.0) against llama_shakespeare's 4.841 (126.6), one run
           each (python scripts/record_result.py moe_shakespeare; docs/mixture-of-experts.md)
-Time:     40 min on a shared 2-core CPU at load 2-4 (its step 1.09x llama_shakespeare's)
+Time:     40 min on a shared 2-core CPU at load 1.8-4.1 (its step 1.09x llama_shakespeare's)
 
 llama_shakespeare's model (four Llama blocks 128 wide, 4 query heads sharing 2 key/value heads,
 rotary positions, RMSNorm, tied embeddings, context 128) with each MLP a mixture of 8 SwiGLU experts

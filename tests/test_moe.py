@@ -125,7 +125,7 @@ def test_bad_mixture_settings_are_one_line_errors():
 EXPERT_PARALLEL = textwrap.dedent(
     """
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     import dataclasses
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -144,7 +144,7 @@ EXPERT_PARALLEL = textwrap.dedent(
         out, extra = model.apply({"params": params}, tokens, mutable=["losses", "stats"])
         return jnp.mean(jax.nn.logsumexp(out, -1)) + sum(jax.tree.leaves(extra["losses"]))
 
-    want, want_grads = jax.value_and_grad(loss)(params, tokens)
+    want, want_grads = jax.jit(jax.value_and_grad(loss))(params, tokens)  # one compile, not one an operation
     boxed = jax.eval_shape(lambda: model.init(jax.random.key(1), tokens))
     # a capacity no device can exceed (each expert at most every token once): the buffers drop nothing
     roomy = TransformerLanguageModel(dataclasses.replace(spec, capacity_factor=2.0))

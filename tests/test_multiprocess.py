@@ -165,7 +165,9 @@ def test_only_process_zero_prints_and_writes_logs(runs):
     assert two.stdout.count("step 15: val loss") == 1
     assert two.stdout.count("stopped at step 20") == 1
     lines = runs["two_wrote"][0].splitlines()
-    of_one = [r for r in map(json.loads, (runs["one"][0] / "metrics.jsonl").read_text().splitlines()) if r["step"] <= 20]
+    of_one = [
+        r for r in map(json.loads, (runs["one"][0] / "metrics.jsonl").read_text().splitlines()) if r["step"] <= 20
+    ]
     assert len(lines) == len(set(lines)) == len(of_one)
 
 

@@ -151,6 +151,43 @@ def test_run_directory_has_every_artifact(quadrants, tmp_path):
     assert summary["examples_per_s"] > 0 and summary["environment"]["versions"]["jax"]
 
 
+TENSORBOARD_WITHOUT_TORCH = """
+import importlib.util, sys
+from jaxnet.train import trackers
+from jaxnet.train.trackers import TensorBoard
+board = TensorBoard(sys.argv[1], 0)
+board.begin([])
+board.write(3, "train", {"loss": 0.5})
+board.close()
+print("torch imported:", "torch" in sys.modules)
+if importlib.util.find_spec("torch") is not None:
+    import torch  # importable again afterwards
+    print("torch after:", torch.ones(2).sum().item())
+"""
+
+
+def test_tensorboard_events_are_written_without_importing_pytorch(tmp_path):
+    """tensorboardX imports PyTorch whenever it is installed (seconds of every run's start):
+    jaxnet's TensorBoard tracker loads it without, and leaves ``import torch`` working."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    done = run_patiently([sys.executable, "-c", TENSORBOARD_WITHOUT_TORCH, str(tmp_path)], timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torch imported: False" in done.stdout
+    if "torch after:" in done.stdout:
+        assert "torch after: 2.0" in done.stdout
+    (path,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    data, scalars = path.read_bytes(), []
+    while data:  # TFRecord framing: length (8 bytes), its CRC (4), the record, its CRC (4)
+        (length,) = struct.unpack("<Q", data[:8])
+        event = Event.FromString(data[12 : 12 + length])
+        scalars += [(event.step, v.tag, v.simple_value) for v in event.summary.value]
+        data = data[16 + length :]
+    assert scalars == [(3, "train/loss", 0.5)]
+
+
 def test_config_and_summary_record_versions_devices_and_the_command(quadrants, tmp_path):
     summary = train(tiny_config(), tmp_path, dataset=quadrants)
     saved = json.loads((tmp_path / "config.json").read_text())

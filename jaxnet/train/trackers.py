@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,25 @@ def finish(trackers: list[Any], workdir: Path, summary: dict[str, Any] | None, s
         t.finish(workdir, summary, status)
 
 
+def summary_writer() -> type:
+    """tensorboardX's ``SummaryWriter``, imported without PyTorch where PyTorch is not imported yet.
+
+    tensorboardX's writer module imports torch whenever it is installed, only so that it can take
+    torch tensors, which jaxnet never passes: with PyTorch installed that import was most of a
+    run's start-up (about 5 s of 6 on a busy 2-core machine; 0.8 s without). ``import torch``
+    fails while tensorboardX loads, and works again afterwards."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+    else:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+        try:
+            from tensorboardX import SummaryWriter
+        finally:
+            if sys.modules.get("torch", ...) is None:
+                del sys.modules["torch"]
+    return SummaryWriter
+
+
 class TensorBoard:
     """``tb/``: one scalar ``SPLIT/NAME`` per metric of each record (tensorboardX)."""
 
@@ -115,8 +135,7 @@ class TensorBoard:
         self._writer: Any = None
 
     def begin(self, records: list[dict[str, Any]]) -> None:
-        from tensorboardX import SummaryWriter
-
+        SummaryWriter = summary_writer()  # noqa: N806 (a class)
         tb_dir = self.workdir / "tb"
         if not self.resume_step:  # a restart from scratch: events of the abandoned attempt would mislead
             shutil.rmtree(tb_dir, ignore_errors=True)

@@ -75,7 +75,11 @@ def test_roofline_alone(tmp_path, capsys, monkeypatch):
     assert record["kind"] == "roofline" and list(record["cases"]) == ["tiny"]
     case = record["cases"]["tiny"]
     assert len(case["steps_per_s"]["resident"]) == 2
-    assert set(case["steps_per_s"]) == {"resident"} and case["roofline"]["loops"] == "none"
+    assert set(case["steps_per_s"]) == {"resident"}
+    # whether XLA keeps a loop (the blockwise loss's, of one block here) depends on its flags: the
+    # tests' older fusion emitters keep it, the default ones unroll it; the record says which
+    loops = case["roofline"]["loop_trip_counts"]
+    assert case["roofline"]["loops"] == ("bodies counted once per iteration" if loops else "none")
     assert case["roofline"]["flops_source"] == "xla" and case["roofline"]["fraction"] > 0
     assert (out / f"{path.stem}.png").is_file()
 

@@ -113,7 +113,10 @@ def test_a_fresh_run_starts_from_the_parameters_the_old_code_started_from(name):
     }
     assert new.keys() == old.keys()
     for path, value in new.items():
-        np.testing.assert_array_equal(value, old[path], err_msg="/".join(path))
+        # within two units in the last place: the initialisers' float32 maths rounds in places by up to two
+        # ulps differently with XLA's older fusion emitters, which the tests compile with (conftest)
+        assert value.dtype == old[path].dtype and value.shape == old[path].shape, "/".join(path)
+        np.testing.assert_array_max_ulp(value, old[path], maxulp=2)
 
 
 def test_an_old_jax_export_still_runs_to_its_logits():

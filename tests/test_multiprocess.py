@@ -33,9 +33,13 @@ def _env(devices: int) -> dict[str, str]:
     return env
 
 
+def _losses_of(text: str) -> dict[tuple[int, str], float]:
+    """(step, split) -> loss of the lines of a metrics.jsonl."""
+    return {(r["step"], r["split"]): r["loss"] for r in map(json.loads, text.splitlines())}
+
+
 def _losses(workdir: Path) -> dict[tuple[int, str], float]:
-    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return {(r["step"], r["split"]): r["loss"] for r in lines}
+    return _losses_of((workdir / "metrics.jsonl").read_text())
 
 
 def _run(command: list[str], devices: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -141,10 +145,6 @@ def _disturb_when_listening(address: tuple[str, int], report: dict) -> None:
             report["during"] = connection.recv(4096).startswith(b"challenge ")
     except OSError:
         report["during"] = False
-
-
-def _losses_of(text: str) -> dict[tuple[int, str], float]:
-    return {(r["step"], r["split"]): r["loss"] for r in map(json.loads, text.splitlines())}
 
 
 def test_two_processes_train_like_one_process_with_as_many_devices(runs):

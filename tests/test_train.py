@@ -153,7 +153,6 @@ def test_run_directory_has_every_artifact(quadrants, tmp_path):
 
 TENSORBOARD_WITHOUT_TORCH = """
 import importlib.util, sys
-from jaxnet.train import trackers
 from jaxnet.train.trackers import TensorBoard
 board = TensorBoard(sys.argv[1], 0)
 board.begin([])

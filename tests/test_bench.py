@@ -14,19 +14,20 @@ from jaxnet.cli import main
 
 def test_smoke_prints_the_table_and_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "results"
-    assert main(["bench", "lstm", "transformer", "--smoke", "--rounds", "2", "--out", str(out)]) == 0
+    # one round: the record's form is what is checked here (each round is a full set of measurements)
+    assert main(["bench", "lstm", "transformer", "--smoke", "--rounds", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "runner/hand (>=0.97)" in printed and "results written to" in printed
     (path,) = out.glob("cpu-*-smoke.json")
     record = json.loads(path.read_text())
-    assert record["kind"] == "benchmark" and record["smoke"] and record["rounds"] == 2
+    assert record["kind"] == "benchmark" and record["smoke"] and record["rounds"] == 1
     assert record["environment"]["versions"]["jax"] and record["environment"]["platform"] == "cpu"
     assert len(record["load_average"]["start"]) == len(record["load_average"]["end"]) == 3
     expected = {"runner", "handwritten", "pipeline", "resident"} | ({"torch"} if torch_peers.available() else set())
     for name, case in record["cases"].items():
         assert set(case["steps_per_s"]) == expected, name
         for rates in case["steps_per_s"].values():
-            assert len(rates) == 2 and all(r > 0 for r in rates)
+            assert len(rates) == 1 and all(r > 0 for r in rates)
         assert set(case["ratios"]) >= {"runner/handwritten", "pipeline/resident"}
         runner = case["median_steps_per_s"]["runner"]
         assert case["ratios"]["runner/handwritten"] == pytest.approx(

@@ -66,19 +66,35 @@ def run_patiently(command: list[str], *, timeout: float, **kw) -> subprocess.Com
     killed and :class:`subprocess.TimeoutExpired` raised, as ``subprocess.run`` does."""
     kw.pop("capture_output", None)
     kw.setdefault("text", True)
-    factor, started = busy(), time.monotonic()
+    deadline = LoadDeadline(timeout)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw) as process:
         while True:
             try:
                 out, err = process.communicate(timeout=min(5.0, timeout / 4))
                 break
             except subprocess.TimeoutExpired:
-                factor = max(factor, busy())
-                if time.monotonic() - started > timeout * factor:
+                if deadline.passed():
                     process.kill()
                     out, err = process.communicate()
-                    raise subprocess.TimeoutExpired(command, timeout * factor, out, err) from None
+                    raise subprocess.TimeoutExpired(command, deadline.limit(), out, err) from None
     return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+class LoadDeadline:
+    """A time limit from now of ``timeout`` seconds on a quiet machine, stretched by the busiest
+    load average seen at its checks (:func:`busy`): poll :meth:`passed` every few seconds."""
+
+    def __init__(self, timeout: float):
+        self.timeout, self.factor, self.started = timeout, busy(), time.monotonic()
+
+    def limit(self) -> float:
+        """The limit in seconds as stretched so far."""
+        return self.timeout * self.factor
+
+    def passed(self) -> bool:
+        """Whether the limit, stretched by the load now if that is the busiest yet, has passed."""
+        self.factor = max(self.factor, busy())
+        return time.monotonic() - self.started > self.limit()
 
 
 def cpu_env(devices: int = 1) -> dict[str, str]:

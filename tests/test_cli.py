@@ -22,14 +22,14 @@ from jaxnet import cli, observe
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def jaxnet_command(*args: str, cwd: Path, devices: int = 1) -> subprocess.CompletedProcess:
-    """``python -m jaxnet ARGS`` in ``cwd``, on ``devices`` host-platform CPU devices."""
+def jaxnet_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m jaxnet ARGS`` in ``cwd``, on one CPU device."""
     from conftest import cpu_env
 
     return run_patiently(
         [sys.executable, "-m", "jaxnet", *args],
         cwd=cwd,
-        env=cpu_env(devices),
+        env=cpu_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -80,10 +80,10 @@ for line in sys.stdin:
 def four_devices(tmp_path_factory):
     """``run(argv, cwd) -> (exit code, stderr)``: ``jaxnet ARGV`` on 4 host-platform CPU devices, in
     a child process that every 4-device row of this module shares. A row has 300 s on a quiet
-    machine, stretched by the load (:func:`conftest.patient`)."""
+    machine, stretched by the load (:class:`conftest.LoadDeadline`)."""
     import selectors
 
-    from conftest import cpu_env, patient
+    from conftest import LoadDeadline, cpu_env
 
     log = tmp_path_factory.mktemp("four_devices") / "stderr.txt"
     started: list[subprocess.Popen] = []  # the child, once a row asks for it
@@ -106,11 +106,10 @@ def four_devices(tmp_path_factory):
         child.stdin.flush()
         waiting = selectors.DefaultSelector()
         waiting.register(child.stdout, selectors.EVENT_READ)
-        waited = 0.0
+        deadline = LoadDeadline(300)
         while not waiting.select(timeout=5.0):
-            waited += 5.0
             assert child.poll() is None, f"the 4-device child died: {log.read_text()[-3000:]}"
-            assert waited < patient(300), f"jaxnet {' '.join(argv)} ran past its time limit on 4 devices"
+            assert not deadline.passed(), f"jaxnet {' '.join(argv)} ran past {deadline.limit():.0f} s on 4 devices"
         reply = child.stdout.readline()
         assert reply, f"the 4-device child died: {log.read_text()[-3000:]}"
         reply = json.loads(reply)

@@ -60,6 +60,47 @@ def test_auto_attention_is_head_major_for_a_cpu_and_jax_for_a_gpu():
     assert attention_fn("xla").func is jax.nn.dot_product_attention
 
 
+@pytest.mark.parametrize("pieces", [2, 3])
+def test_attention_in_pieces_of_the_batch_is_the_whole_attention_with_its_masks(pieces):
+    """Each piece of the batch attends whole for its rows: value and gradient equal the attention in
+    one piece and the float64 reference, with a mask of one row per example (cut with the batch)
+    and one shared by all (causal below)."""
+    rng = np.random.default_rng(2)
+    shape = (6, 8, 2, 4)
+    q, k, v, g = (jnp.asarray(rng.normal(size=shape).astype(np.float32)) for _ in range(4))
+    per_example = jnp.asarray(rng.random((6, 1, 8, 8)) < 0.7) | jnp.eye(8, dtype=bool)  # none empty
+    shared = jnp.tril(jnp.ones((8, 8), bool))
+    for mask in (per_example, shared):
+        whole, whole_pull = jax.vjp(
+            lambda q, k, v, m=mask: head_major_attention(q, k, v, is_causal=False, mask=m), q, k, v
+        )
+        cut, cut_pull = jax.vjp(
+            lambda q, k, v, m=mask: attention_lib.in_pieces(head_major_attention, pieces, q, k, v, m, is_causal=False),
+            q,
+            k,
+            v,
+        )
+        np.testing.assert_allclose(cut, whole, rtol=0, atol=1e-6)
+        for a, b in zip(cut_pull(g), whole_pull(g), strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
+    logits = np.einsum("btnh,bsnh->bnts", q64, k64) / 2.0
+    logits = np.where(np.asarray(per_example), logits, -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    reference = np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), v64)
+    cut = attention_lib.in_pieces(head_major_attention, pieces, q, k, v, per_example, is_causal=False)
+    np.testing.assert_allclose(cut, reference, rtol=0, atol=2e-6)
+
+
+def test_cpu_pieces_are_the_largest_divisor_of_the_batch_up_to_the_cores(monkeypatch):
+    monkeypatch.setattr(attention_lib.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert [attention_lib.cpu_pieces(b) for b in (1, 2, 6, 7, 8, 32)] == [1, 2, 3, 1, 4, 4]
+    # under a mesh of several devices each device's work is its own: no pieces
+    mesh = jax.sharding.AbstractMesh((2,), ("data",))
+    with jax.sharding.use_abstract_mesh(mesh):
+        assert attention_lib.cpu_pieces(8) == 1
+
+
 def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
     calls = []
 
@@ -68,6 +109,7 @@ def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
         return head_major_attention(*args, **kwargs)
 
     monkeypatch.setattr(attention_lib, "head_major_attention", counting)
+    monkeypatch.setattr(attention_lib.os, "sched_getaffinity", lambda pid: {0, 1})
     model = TransformerLanguageModel(
         TransformerSpec(
             vocab=11, context=8, layers=2, width=16, heads=2, attention=models.resolve(CONFIG, "cpu").attention
@@ -77,4 +119,5 @@ def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
     params = model.init(jax.random.key(0), tokens)
     logits = model.apply(params, tokens)
     assert logits.shape == (2, 8, 11)
-    assert calls == [(2, 8, 2, 8)] * 4  # two layers, once at init and once at apply
+    # two layers, once at init and once at apply, each in two pieces of the batch (two cores)
+    assert calls == [(1, 8, 2, 8)] * 8

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any
 
 import flax.linen as nn
@@ -130,6 +131,43 @@ def head_major_attention(
     return out.reshape(batch, length, heads, head_dim)
 
 
+def cpu_pieces(batch: int) -> int:
+    """How many independent pieces of the batch :func:`attend` computes a CPU's head-major attention
+    in: the largest divisor of ``batch`` up to the cores this process may use, or 1 off a CPU and
+    under a mesh of more than one device (each device's work is its own there).
+
+    XLA's CPU runtime computes each batched product of attention (Q K^T, P V and their gradients)
+    on one thread, whatever the cores: the attention of the ``transformer`` benchmark case takes
+    the same time on one core as on two. It runs independent operations side by side, one a
+    thread, so ``n`` pieces of the batch, each attention whole for its rows, keep ``n`` cores busy
+    (``python scripts/profile_attention.py``; benchmarks/results/attention-pieces-cpu-*.json).
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    platform = getattr(device, "platform", None) or jax.default_backend()
+    if platform != "cpu" or (not mesh.empty and mesh.size > 1):
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(d for d in range(1, min(cores, batch) + 1) if batch % d == 0)
+
+
+def in_pieces(
+    fn: Any, pieces: int, q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: Any, **kw: Any
+) -> jnp.ndarray:
+    """``fn(q, k, v, mask=mask, **kw)`` computed on ``pieces`` equal parts of the batch (axis 0) and
+    joined again: the same numbers, as independent operations (:func:`cpu_pieces`). A ``mask``
+    (broadcastable to (batch, heads, time, time')) is cut with the batch where it has a row per
+    example, and serves every piece whole where it has none."""
+    if pieces == 1:
+        return fn(q, k, v, mask=mask, **kw)
+    rows = [jnp.split(a, pieces) for a in (q, k, v)]
+    if mask is not None and mask.ndim == 4 and mask.shape[0] == q.shape[0]:
+        masks = jnp.split(mask, pieces)
+    else:
+        masks = [mask] * pieces
+    return jnp.concatenate([fn(a, b, c, mask=m, **kw) for a, b, c, m in zip(*rows, masks, strict=True)])
+
+
 def window_mask(queries: int, keys: int, left: int, right: int = 0) -> jnp.ndarray:
     """(queries, keys), True where key ``j`` lies within ``left`` positions before query ``i`` and
     ``right`` after it (``i - left <= j <= i + right``)::
@@ -193,8 +231,9 @@ def attend(
     if segments is not None:
         mask = segment_mask(segments) if mask is None else mask & segment_mask(segments)
     local = {"local_window_size": (window - 1, 0)} if window else {}
-    if softcap:
-        return head_major_attention(q, k, v, is_causal=causal, mask=mask, scale=scale, softcap=softcap, **local)
+    if softcap or kernel == "xla_head_major":
+        kw = {"is_causal": causal, "scale": scale, "softcap": softcap, **local}
+        return in_pieces(head_major_attention, cpu_pieces(q.shape[0]), q, k, v, mask, **kw)
     return attention_fn(kernel)(q, k, v, is_causal=causal, mask=mask, scale=scale, **local)
 
 

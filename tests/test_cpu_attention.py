@@ -99,6 +99,8 @@ def test_cpu_pieces_are_the_largest_divisor_of_the_batch_up_to_the_cores(monkeyp
     mesh = jax.sharding.AbstractMesh((2,), ("data",))
     with jax.sharding.use_abstract_mesh(mesh):
         assert attention_lib.cpu_pieces(8) == 1
+    # a batch size left symbolic (a program exported for any batch) stays whole
+    assert attention_lib.cpu_pieces(jax.export.symbolic_shape("batch")[0]) == 1
 
 
 def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):

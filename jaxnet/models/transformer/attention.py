@@ -133,8 +133,9 @@ def head_major_attention(
 
 def cpu_pieces(batch: int) -> int:
     """How many independent pieces of the batch :func:`attend` computes a CPU's head-major attention
-    in: the largest divisor of ``batch`` up to the cores this process may use, or 1 off a CPU and
-    under a mesh of more than one device (each device's work is its own there).
+    in: the largest divisor of ``batch`` up to the cores this process may use, or 1 off a CPU,
+    under a mesh of more than one device (each device's work is its own there) and for a symbolic
+    batch size (``jax.export``'s).
 
     XLA's CPU runtime computes each batched product of attention (Q K^T, P V and their gradients)
     on one thread, whatever the cores: the attention of the ``transformer`` benchmark case takes
@@ -145,7 +146,7 @@ def cpu_pieces(batch: int) -> int:
     mesh = jax.sharding.get_abstract_mesh()
     device = None if mesh.empty else getattr(mesh, "abstract_device", None)
     platform = getattr(device, "platform", None) or jax.default_backend()
-    if platform != "cpu" or (not mesh.empty and mesh.size > 1):
+    if platform != "cpu" or (not mesh.empty and mesh.size > 1) or not isinstance(batch, int):
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(d for d in range(1, min(cores, batch) + 1) if batch % d == 0)

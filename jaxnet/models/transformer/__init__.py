@@ -23,7 +23,10 @@ bfloat16 or float16; ``"xla"`` is XLA's own softmax(QK^T)V, which runs anywhere;
 ``"xla_head_major"`` is the same attention with the heads moved ahead of time
 (:func:`head_major_attention`), which XLA computes in about half the time on a CPU
 (:func:`jaxnet.models.resolve` picks one for ``model.attention=auto``, by the backend the model
-is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice).
+is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice). On a CPU it runs in
+as many pieces of the batch as there are cores
+(:func:`~jaxnet.models.transformer.attention.cpu_pieces`: XLA runs each batched product of
+attention on one thread).
 """
 
 from __future__ import annotations

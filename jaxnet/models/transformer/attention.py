@@ -211,7 +211,8 @@ def attend(
     1 / sqrt(head_dim); ``softcap`` (0: none) caps the scaled logits as ``softcap * tanh(logits /
     softcap)`` (Gemma 2). ``kernel`` picks the computation (:func:`attention_fn`), but soft-capped
     logits are always :func:`head_major_attention`'s (no fused kernel caps them: ``model.attention=auto``
-    then resolves to XLA's); every caller (training, evaluation, decoding) comes through here::
+    then resolves to XLA's); :func:`head_major_attention` runs in :func:`cpu_pieces` pieces of the
+    batch; every caller (training, evaluation, decoding) comes through here::
 
         out = attend(q, k, v, causal=True, kernel="xla", window=4096)
 

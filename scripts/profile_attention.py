@@ -21,11 +21,9 @@ Attention that takes the same time on one core as on every core runs on one thre
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,19 +94,14 @@ def step_ms(how: str, steps: int) -> float:
 
 def child(what: str, how: str, steps: int, cores: int) -> float:
     """``what`` (attention, step) of ``how`` in a fresh process on ``cores`` cores."""
-    env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # as the jaxnet command runs
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import profile_ops
+
     code = (
         f"import sys, json; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import profile_attention as p; "
         f"print('RESULT', json.dumps(p.{what}_ms({how!r}, {steps})))"
     )
-    command = [sys.executable, "-c", code]
-    if cores < (os.cpu_count() or 1):
-        command = ["taskset", "-c", ",".join(str(c) for c in range(cores)), *command]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return round(json.loads(line[7:]), 2)
-    raise RuntimeError(f"{what} ({how}) on {cores} core(s) failed:\n{out.stderr[-3000:]}")
+    return round(profile_ops.fresh_process(code, cores, f"{what} ({how})"), 2)
 
 
 def main() -> None:
@@ -117,50 +110,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the measurements")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
-    import jax
-    import jaxlib
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import profile_ops
 
-    from jaxnet import observe
     from jaxnet.models.transformer import attention
 
     cores = os.cpu_count() or 1
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:
-        torch_version = None
+    record = profile_ops.record_head(
+        "attention-pieces",
+        "value and gradient of the transformer case's causal attention (batch, positions, heads, head size "
+        f"{SHAPE}) whole, in pieces of the batch and PyTorch's, on every core and one; the case's train step with "
+        "the attention whole and in pieces, and PyTorch's (ms, medians of alternating rounds, each a fresh process)",
+    )
+    torch_version = record["versions"]["torch"]
     hows = ["whole", "pieces"] + (["torch"] if torch_version else [])
     cases = [("attention", h, c) for c in (cores, 1) for h in hows] + [("step", h, cores) for h in hows]
     times = {case: [] for case in cases}
-    load_start = round(os.getloadavg()[0], 2)
     for r in range(args.rounds):
         for case in cases:
             times[case].append(child(case[0], case[1], args.steps, case[2]))
             print(f"round {r + 1}: {case[0]:9s} {case[1]:6s} on {case[2]} core(s): {times[case][-1]} ms", flush=True)
     name = lambda case: f"{case[0]} {case[1]} on {case[2]} core(s)"  # noqa: E731
     median = {name(c): statistics.median(v) for c, v in times.items()}
-    record = {
-        "kind": "attention-pieces",
-        "what": "value and gradient of the transformer case's causal attention (batch, positions, heads, head size "
-        f"{SHAPE}) whole, in pieces of the batch and PyTorch's, on every core and one; the case's train step with "
-        "the attention whole and in pieces, and PyTorch's (ms, medians of alternating rounds, each a fresh process)",
-        "command": "python " + " ".join(sys.argv),
-        "date": datetime.date.today().isoformat(),
-        "device": f"cpu ({cores} cores)",
-        "cpu_model": observe.cpu_model(),
-        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "torch": torch_version},
-        "pieces": attention.cpu_pieces(SHAPE[0]),
-        "load_average_start": load_start,
-        "ms": median,
-        "rounds": {name(c): v for c, v in times.items()},
-        "attention_pieces_over_whole": round(
-            median[name(("attention", "whole", cores))] / median[name(("attention", "pieces", cores))], 3
-        ),
-        "step_pieces_over_whole": round(
-            median[name(("step", "whole", cores))] / median[name(("step", "pieces", cores))], 3
-        ),
-    }
+    record.update(
+        {
+            "pieces": attention.cpu_pieces(SHAPE[0]),
+            "ms": median,
+            "rounds": {name(c): v for c, v in times.items()},
+            "attention_pieces_over_whole": round(
+                median[name(("attention", "whole", cores))] / median[name(("attention", "pieces", cores))], 3
+            ),
+            "step_pieces_over_whole": round(
+                median[name(("step", "whole", cores))] / median[name(("step", "pieces", cores))], 3
+            ),
+        }
+    )
     if torch_version:
         record["step_jaxnet_over_torch"] = {
             h: round(median[name(("step", "torch", cores))] / median[name(("step", h, cores))], 3)

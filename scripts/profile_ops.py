@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,14 +179,11 @@ def timed(family: str, peer: str, steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1e3
 
 
-def child(what: str, family: str, steps: int, cores: int) -> dict | float:
-    """Run ``what`` (trace, jaxnet, torch) for ``family`` in a fresh process on ``cores`` cores."""
+def fresh_process(code: str, cores: int, what: str) -> Any:
+    """What ``code``, run by a fresh Python process on ``cores`` cores (``taskset`` below all of them)
+    with the allocator setting the jaxnet command runs with, prints as JSON after ``RESULT ``;
+    ``what`` names it in the error if it prints none."""
     env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # as the jaxnet command runs
-    code = (
-        f"import sys, json; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import profile_ops as p; "
-        f"r = p.trace({family!r}, {steps}) if {what!r} == 'trace' else p.timed({family!r}, {what!r}, {steps}); "
-        "print('RESULT', json.dumps(r))"
-    )
     command = [sys.executable, "-c", code]
     if cores < (os.cpu_count() or 1):
         command = ["taskset", "-c", ",".join(str(c) for c in range(cores)), *command]
@@ -193,7 +191,43 @@ def child(what: str, family: str, steps: int, cores: int) -> dict | float:
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    raise RuntimeError(f"{what} of {family} on {cores} core(s) failed:\n{out.stderr[-3000:]}")
+    raise RuntimeError(f"{what} on {cores} core(s) failed:\n{out.stderr[-3000:]}")
+
+
+def child(what: str, family: str, steps: int, cores: int) -> dict | float:
+    """Run ``what`` (trace, jaxnet, torch) for ``family`` in a fresh process on ``cores`` cores."""
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import profile_ops as p; "
+        f"r = p.trace({family!r}, {steps}) if {what!r} == 'trace' else p.timed({family!r}, {what!r}, {steps}); "
+        "print('RESULT', json.dumps(r))"
+    )
+    return fresh_process(code, cores, f"{what} of {family}")
+
+
+def record_head(kind: str, what: str) -> dict:
+    """The head of a results record: ``kind``, ``what`` was measured, the command, the date, the
+    device and CPU model, the versions of JAX and PyTorch (None when not installed) and the load now."""
+    import jax
+    import jaxlib
+
+    from jaxnet import observe
+
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    return {
+        "kind": kind,
+        "what": what,
+        "command": "python " + " ".join(sys.argv),
+        "date": datetime.date.today().isoformat(),
+        "device": f"cpu ({os.cpu_count() or 1} cores)",
+        "cpu_model": observe.cpu_model(),
+        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "torch": torch_version},
+        "load_average_start": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> None:
@@ -203,31 +237,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternations of the core-use measurements")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
-    import jax
-    import jaxlib
-
-    from jaxnet import observe
-
     cores = os.cpu_count() or 1
-    torch_version = None
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:
-        pass
-    record = {
-        "kind": "cpu-ops",
-        "what": "XLA's per-operation trace of each family's compiled step, and the step on every core and on one "
+    record = record_head(
+        "cpu-ops",
+        "XLA's per-operation trace of each family's compiled step, and the step on every core and on one "
         "for jaxnet and the PyTorch peer (medians of alternating rounds, each a fresh process)",
-        "command": "python " + " ".join(sys.argv),
-        "date": datetime.date.today().isoformat(),
-        "device": f"cpu ({cores} cores)",
-        "cpu_model": observe.cpu_model(),
-        "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "torch": torch_version},
-        "load_average_start": round(os.getloadavg()[0], 2),
-        "families": {},
-    }
+    )
+    record["families"] = {}
+    torch_version = record["versions"]["torch"]
     peers = ["jaxnet"] + (["torch"] if torch_version else [])
     for family in args.families:
         print(f"{family}: XLA's trace ...", flush=True)

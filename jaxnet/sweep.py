@@ -285,6 +285,7 @@ class Population:
             self.model,
             tx,
             grad_accum=cfg.optim.grad_accum,
+            accum_parallel=cfg.optim.grad_accum_mode == "parallel",
             task=self._member_task(cfg),
             skip_nonfinite=cfg.train.on_nonfinite == "skip",
         )

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import run_patiently, tiny_config
 
-from jaxnet import Dataset, config, observe, optim
+from jaxnet import Dataset, config, observe, optim, parallel
 from jaxnet.checkpoint import Checkpoints
 from jaxnet.config import OptimConfig
 from jaxnet.errors import UserError
@@ -125,10 +125,23 @@ def test_gradient_accumulation_matches_one_big_batch(quadrants, tmp_path):
     train(cfg, tmp_path / "one", dataset=quadrants)
     cfg.optim.grad_accum = 4
     train(cfg, tmp_path / "four", dataset=quadrants)
+    cfg.optim.grad_accum_mode = "parallel"  # the micro-batches as independent operations: the same update
+    train(cfg, tmp_path / "four_parallel", dataset=quadrants)
     _, one = final_params(tmp_path / "one", cfg, quadrants)
     _, four = final_params(tmp_path / "four", cfg, quadrants)
-    for x, y in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params), strict=True):
+    _, side_by_side = final_params(tmp_path / "four_parallel", cfg, quadrants)
+    for x, y, z in zip(*(jax.tree.leaves(s.params) for s in (one, four, side_by_side)), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(z, y, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode, loops", [("sequential", 1), ("parallel", 0)])
+def test_parallel_gradient_accumulation_compiles_without_the_micro_batch_loop(quadrants, mode, loops):
+    cfg = tiny_config(optim={"grad_accum": 2, "grad_accum_mode": mode})
+    run = Run(cfg, dataset=quadrants)
+    batch = next(iter(run.train_batches(0)))
+    text = run.train_step.lower(run.init_state(), parallel.put_batch(batch, run.mesh)).as_text()
+    assert len(re.findall(r"stablehlo.while", text)) == loops
 
 
 def test_bfloat16_compute_keeps_float32_parameters(quadrants, tmp_path):

@@ -196,6 +196,14 @@ class OptimConfig(Checked):
     )
     clip_norm: float = field(0.0, "clip gradients to this global norm (0 = off)", low=0.0)
     grad_accum: int = field(1, "split each batch into this many micro-batches and average their gradients", low=1)
+    grad_accum_mode: str = field(
+        "sequential",
+        "how the micro-batches of optim.grad_accum run: sequential = one after another (a lax.scan: the memory of one "
+        "micro-batch's activations); parallel = as independent operations, which XLA's CPU runtime runs side by side "
+        "on its threads (the memory of all of them): on a CPU, optim.grad_accum=<cores> optim.grad_accum_mode=parallel "
+        "can be the faster step (docs/performance.md)",
+        choices=("sequential", "parallel"),
+    )
     freeze: str = field(
         "",
         "regex: parameters whose path (e.g. params/Conv_0/kernel, searched anywhere in it) matches get no update "

@@ -333,6 +333,7 @@ class Run:
             self.model,
             self.tx,
             grad_accum=cfg.optim.grad_accum,
+            accum_parallel=cfg.optim.grad_accum_mode == "parallel",
             axis_name=parallel.REPLICA_AXIS if self.replicas else None,
             **common,
         )

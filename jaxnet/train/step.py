@@ -200,6 +200,7 @@ def make_train_step(
     task: Task | None = None,
     axis_name: str | tuple[str, ...] | None = None,
     skip_nonfinite: bool = False,
+    accum_parallel: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Build ``train_step``: forward, backward, one optimizer update.
 
@@ -209,6 +210,9 @@ def make_train_step(
     separately and updates its running statistics once per micro-batch.
     Micro-batch ``i`` takes rows ``i, i + k, i + 2k, ...`` (k = ``grad_accum``): with the batch
     split across devices, every device then keeps computing on its own rows.
+    ``accum_parallel`` unrolls the scan: the micro-batches' gradients become independent operations,
+    which XLA's CPU runtime runs side by side on its threads (one micro-batch's batched products,
+    such as attention's, run on one thread each), at the memory of all of them; the same numbers.
 
     ``axis_name`` makes it the per-device step of ``parallel.mode=replicas`` (run inside
     ``jax.shard_map`` over those mesh axes): each device computes the gradient of its own rows,
@@ -252,7 +256,10 @@ def make_train_step(
 
             zeros = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.promote_types(p.dtype, jnp.float32)), params)
             (grads, model_state), (losses, metrics) = jax.lax.scan(
-                micro_step, (zeros, model_state), (jnp.arange(grad_accum), micro_batches)
+                micro_step,
+                (zeros, model_state),
+                (jnp.arange(grad_accum), micro_batches),
+                unroll=grad_accum if accum_parallel else 1,
             )
             grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, state.params)
             loss, metrics = losses.mean(), jax.tree.map(jnp.mean, metrics)

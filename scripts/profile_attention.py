@@ -11,8 +11,9 @@ each in a fresh process and in alternation over the rounds:
    every core and on one (``taskset``), with PyTorch's ``scaled_dot_product_attention`` (its
    fused CPU kernel) beside it when PyTorch is installed;
 2. **the train step**: the runner's compiled step of the ``transformer`` case with the attention
-   whole and in pieces (milliseconds a step), and PyTorch's step of the same model
-   (``jaxnet/bench/torch_peers.py``).
+   whole, in pieces, and in pieces with the batch in as many micro-batches as cores run side by
+   side (``optim.grad_accum=<cores> optim.grad_accum_mode=parallel``: the same update), and
+   PyTorch's step of the same model (``jaxnet/bench/torch_peers.py``).
 
 Attention that takes the same time on one core as on every core runs on one thread. Writes
 ``benchmarks/results/attention-pieces-cpu-<date>.json`` with the device, versions, load and date.
@@ -81,7 +82,9 @@ def attention_ms(how: str, steps: int) -> float:
 
 
 def step_ms(how: str, steps: int) -> float:
-    """Milliseconds of the ``transformer`` case's train step (this process): ``whole``, ``pieces`` or ``torch``."""
+    """Milliseconds of the ``transformer`` case's train step (this process): ``whole``, ``pieces``,
+    ``micro`` (the attention in pieces and the batch in as many micro-batches as cores, side by side:
+    ``optim.grad_accum=<cores> optim.grad_accum_mode=parallel``) or ``torch``."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import profile_ops
 
@@ -89,7 +92,10 @@ def step_ms(how: str, steps: int) -> float:
         from jaxnet.models.transformer import attention
 
         attention.cpu_pieces = lambda batch: 1
-    return profile_ops.timed("transformer", "torch" if how == "torch" else "jaxnet", steps)
+    overrides = ()
+    if how == "micro":
+        overrides = (f"optim.grad_accum={len(os.sched_getaffinity(0))}", "optim.grad_accum_mode=parallel")
+    return profile_ops.timed("transformer", "torch" if how == "torch" else "jaxnet", steps, overrides)
 
 
 def child(what: str, how: str, steps: int, cores: int) -> float:
@@ -120,11 +126,13 @@ def main() -> None:
         "attention-pieces",
         "value and gradient of the transformer case's causal attention (batch, positions, heads, head size "
         f"{SHAPE}) whole, in pieces of the batch and PyTorch's, on every core and one; the case's train step with "
-        "the attention whole and in pieces, and PyTorch's (ms, medians of alternating rounds, each a fresh process)",
+        "the attention whole, in pieces, and in pieces with micro-batches side by side, and PyTorch's "
+        "(ms, medians of alternating rounds, each a fresh process)",
     )
     torch_version = record["versions"]["torch"]
     hows = ["whole", "pieces"] + (["torch"] if torch_version else [])
-    cases = [("attention", h, c) for c in (cores, 1) for h in hows] + [("step", h, cores) for h in hows]
+    step_hows = ["whole", "pieces", "micro"] + (["torch"] if torch_version else [])
+    cases = [("attention", h, c) for c in (cores, 1) for h in hows] + [("step", h, cores) for h in step_hows]
     times = {case: [] for case in cases}
     for r in range(args.rounds):
         for case in cases:
@@ -143,18 +151,29 @@ def main() -> None:
             "step_pieces_over_whole": round(
                 median[name(("step", "whole", cores))] / median[name(("step", "pieces", cores))], 3
             ),
+            "step_micro_over_whole": round(
+                median[name(("step", "whole", cores))] / median[name(("step", "micro", cores))], 3
+            ),
         }
     )
     if torch_version:
         record["step_jaxnet_over_torch"] = {
             h: round(median[name(("step", "torch", cores))] / median[name(("step", h, cores))], 3)
-            for h in ("whole", "pieces")
+            for h in ("whole", "pieces", "micro")
         }
     record["load_average_end"] = round(os.getloadavg()[0], 2)
     out = Path(args.out) / f"attention-pieces-cpu-{record['date']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps({k: record[k] for k in ("ms", "attention_pieces_over_whole", "step_pieces_over_whole")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: record[k]
+                for k in ("ms", "attention_pieces_over_whole", "step_pieces_over_whole", "step_micro_over_whole")
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
 
 

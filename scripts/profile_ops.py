@@ -36,11 +36,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _case(family: str):
+def _case(family: str, overrides: tuple[str, ...] = ()):
     from jaxnet import bench
+    from jaxnet import config as config_lib
 
     case = bench.CASES[family]
-    cfg = bench.case_config(case, smoke=False)
+    cfg = config_lib.apply_overrides(bench.case_config(case, smoke=False), list(overrides))
     return cfg, bench.case_dataset(case, cfg)
 
 
@@ -124,12 +125,13 @@ def trace(family: str, steps: int) -> dict:
     }
 
 
-def timed(family: str, peer: str, steps: int) -> float:
-    """Milliseconds per step of ``peer`` ("jaxnet": the runner's compiled step; "torch") (this process)."""
+def timed(family: str, peer: str, steps: int, overrides: tuple[str, ...] = ()) -> float:
+    """Milliseconds per step of ``peer`` ("jaxnet": the runner's compiled step; "torch") (this process),
+    with config ``overrides`` (``key=value``) on the case's."""
     import itertools
     import time
 
-    cfg, dataset = _case(family)
+    cfg, dataset = _case(family, overrides)
     from jaxnet.train.loop import Run
 
     run = Run(cfg, dataset=dataset)

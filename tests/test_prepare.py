@@ -282,7 +282,9 @@ def test_the_heap_is_frozen_for_a_prepare_and_a_callers_freeze_is_kept():
         frozen = gc.get_freeze_count()
         with prep.frozen_heap():
             pass
-        assert gc.get_freeze_count() == frozen
+        # still frozen (an unfreeze would leave 0) and not frozen again on top (more): a frozen
+        # object that another thread frees meanwhile leaves the count, so not always equal
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 

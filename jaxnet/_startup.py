@@ -99,16 +99,19 @@ def make_room_for_simulated_devices() -> None:
 
         if xla_bridge.backends_are_initialized():
             return
-    # What XLA would use: $PJRT_NPROC, else $NPROC (a CPU reservation), else the usable cores.
     # An inherited value counts too: a parent process may have simulated fewer devices.
+    os.environ["PJRT_NPROC"] = str(max(xla_cpu_threads(), 2 * devices))
+
+
+def xla_cpu_threads() -> int:
+    """The threads XLA's CPU client runs with: ``$PJRT_NPROC``, else ``$NPROC`` (a CPU reservation),
+    else the cores this process may use."""
     given = next((v for v in (os.environ.get(k, "").strip() for k in ("PJRT_NPROC", "NPROC")) if v.isdigit()), "")
     if given:
-        threads = int(given)
-    elif hasattr(os, "sched_getaffinity"):
-        threads = len(os.sched_getaffinity(0))
-    else:
-        threads = os.cpu_count() or 1
-    os.environ["PJRT_NPROC"] = str(max(threads, 2 * devices))
+        return int(given)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def quiet_libraries() -> None:

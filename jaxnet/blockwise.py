@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnet import optim
-from jaxnet.models.common import Head, mask_unused_vocab
+from jaxnet.models.common import Head, mask_unused_vocab, step_platform
 from jaxnet.models.transformer.context import LENGTH
 
 #: The float32 logits of one block on one device that ``block=0`` aims at, by platform (bytes):
@@ -133,13 +133,6 @@ def _mesh_sizes(name: str) -> int:
     return math.prod(mesh.shape.get(a, 1) for a in axes)
 
 
-def _platform() -> str:
-    """The platform the step is built for: the run's mesh's (a plan's GPUs), else JAX's default backend."""
-    mesh = jax.sharding.get_abstract_mesh()
-    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
-    return getattr(device, "platform", None) or jax.default_backend()
-
-
 def block_bytes(platform: str) -> int:
     """The float32 logits of one block on one device that ``block=0`` aims at on ``platform``: a
     CPU's share of its last-level cache, so that the passes over a block's logits stay in it; a
@@ -157,7 +150,7 @@ def _positions_per_block(length: int, target: int) -> int:
 
 
 def _plan(rows: int, length: int, head: Head, block: int, smoothing: bool, z_loss: bool) -> _Plan:
-    platform = _platform()
+    platform = step_platform()
     shards = _mesh_sizes("batch")
     if rows % shards:
         shards = 1

@@ -91,7 +91,7 @@ CASES = {  # tied, bias, used, smoothing, z_loss, mask, block (tokens; ROWS x LE
 def test_loss_gradients_and_hits_equal_the_whole_logits(case, platform, monkeypatch):
     """Both ways a block is built: a CPU's (the label's logit gathered, the softmax's exponentials
     kept for the gradient) and a GPU's (a second reduction, the exponentials made again)."""
-    monkeypatch.setattr(blockwise, "_platform", lambda: platform)
+    monkeypatch.setattr(blockwise, "step_platform", lambda: platform)
     tied, bias, used, smoothing, z_loss, mask, block = CASES[case]
     h, kernel, b, labels = draw(tied, bias)
     rng = np.random.default_rng(1)
@@ -120,7 +120,7 @@ def test_a_soft_capped_output_layer_gives_the_loss_and_gradients_of_its_capped_w
     """Gemma 2's final soft-capping (cap * tanh(logits / cap)), owned by the output layer: the blocks
     cap as the whole logits do, and the gradients go through the cap. A cap of 2 on logits of
     about +-8 changes them a lot, so a loss that ignored it would be far off."""
-    monkeypatch.setattr(blockwise, "_platform", lambda: platform)
+    monkeypatch.setattr(blockwise, "step_platform", lambda: platform)
     h, kernel, b, labels = draw(tied=False, bias=True, seed=3)
     weights = np.random.default_rng(4).integers(0, 2, (ROWS, LENGTH)).astype(np.float32)
     settings = (False, USED, 0.1, 1e-2)

@@ -92,9 +92,12 @@ def test_attention_in_pieces_of_the_batch_is_the_whole_attention_with_its_masks(
     np.testing.assert_allclose(cut, reference, rtol=0, atol=2e-6)
 
 
-def test_cpu_pieces_are_the_largest_divisor_of_the_batch_up_to_the_cores(monkeypatch):
-    monkeypatch.setattr(attention_lib.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+def test_cpu_pieces_are_the_largest_divisor_of_the_batch_up_to_xlas_cpu_threads(monkeypatch):
+    monkeypatch.setenv("PJRT_NPROC", "4")  # the threads of XLA's CPU client
     assert [attention_lib.cpu_pieces(b) for b in (1, 2, 6, 7, 8, 32)] == [1, 2, 3, 1, 4, 4]
+    monkeypatch.delenv("PJRT_NPROC")
+    monkeypatch.setenv("NPROC", "3")  # a CPU reservation, as XLA reads it
+    assert [attention_lib.cpu_pieces(b) for b in (6, 8)] == [3, 2]
     # under a mesh of several devices each device's work is its own: no pieces
     mesh = jax.sharding.AbstractMesh((2,), ("data",))
     with jax.sharding.use_abstract_mesh(mesh):
@@ -111,7 +114,7 @@ def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
         return head_major_attention(*args, **kwargs)
 
     monkeypatch.setattr(attention_lib, "head_major_attention", counting)
-    monkeypatch.setattr(attention_lib.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv("PJRT_NPROC", "2")
     model = TransformerLanguageModel(
         TransformerSpec(
             vocab=11, context=8, layers=2, width=16, heads=2, attention=models.resolve(CONFIG, "cpu").attention

@@ -20,6 +20,14 @@ from jaxnet.errors import UserError
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "float64": jnp.float64}
 
 
+def step_platform() -> str:
+    """The platform the program being traced is built for: that of the mesh in scope (a plan's
+    GPUs, compiled on a CPU), else JAX's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    return getattr(device, "platform", None) or jax.default_backend()
+
+
 def lookup(embed: nn.Embed, tokens: jnp.ndarray, dtype: Any, axes: tuple = ("batch", None, None)) -> jnp.ndarray:
     """Embedding rows of ``tokens`` (batch, time) -> (batch, time, width), split like the batch
     (the logical ``axes`` of the result: ``("batch", "length", None)`` splits the time axis too).

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any
 
 import flax.linen as nn
@@ -21,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project, soft_cap
+from jaxnet import _startup
+from jaxnet.models.common import ATTENTION_OUTPUT, Projection, project, soft_cap, step_platform
 from jaxnet.models.transformer import context
 from jaxnet.models.transformer.norms import norm
 from jaxnet.models.transformer.spec import TransformerSpec
@@ -133,23 +133,22 @@ def head_major_attention(
 
 def cpu_pieces(batch: int) -> int:
     """How many independent pieces of the batch :func:`attend` computes a CPU's head-major attention
-    in: the largest divisor of ``batch`` up to the cores this process may use, or 1 off a CPU,
+    in: the largest divisor of ``batch`` up to the threads of XLA's CPU client (the cores this
+    process may use, unless ``$PJRT_NPROC`` or ``$NPROC`` says otherwise), or 1 off a CPU,
     under a mesh of more than one device (each device's work is its own there) and for a symbolic
     batch size (``jax.export``'s).
 
     XLA's CPU runtime computes each batched product of attention (Q K^T, P V and their gradients)
-    on one thread, whatever the cores: the attention of the ``transformer`` benchmark case takes
-    the same time on one core as on two. It runs independent operations side by side, one a
+    on one thread, whatever the cores: the attention of the ``transformer`` benchmark case gained
+    only 1.1-1.4x from a second core. It runs independent operations side by side, one a
     thread, so ``n`` pieces of the batch, each attention whole for its rows, keep ``n`` cores busy
     (``python scripts/profile_attention.py``; benchmarks/results/attention-pieces-cpu-*.json).
     """
     mesh = jax.sharding.get_abstract_mesh()
-    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
-    platform = getattr(device, "platform", None) or jax.default_backend()
-    if platform != "cpu" or (not mesh.empty and mesh.size > 1) or not isinstance(batch, int):
+    if step_platform() != "cpu" or (not mesh.empty and mesh.size > 1) or not isinstance(batch, int):
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(d for d in range(1, min(cores, batch) + 1) if batch % d == 0)
+    threads = _startup.xla_cpu_threads()
+    return max(d for d in range(1, min(threads, batch) + 1) if batch % d == 0)
 
 
 def in_pieces(

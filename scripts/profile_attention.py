@@ -10,10 +10,11 @@ each in a fresh process and in alternation over the rounds:
    (batch 32, 128 positions, 4 heads of 32, causal), whole and in :func:`cpu_pieces` pieces, on
    every core and on one (``taskset``), with PyTorch's ``scaled_dot_product_attention`` (its
    fused CPU kernel) beside it when PyTorch is installed;
-2. **the train step**: the runner's compiled step of the ``transformer`` case with the attention
-   whole, in pieces, and in pieces with the batch in as many micro-batches as cores run side by
-   side (``optim.grad_accum=<cores> optim.grad_accum_mode=parallel``: the same update), and
-   PyTorch's step of the same model (``jaxnet/bench/torch_peers.py``).
+2. **the train step**: the runner's compiled step of the ``transformer`` case with nothing in
+   pieces, the attention alone in pieces, the blocks in pieces of the batch (the default,
+   ``TransformerLanguageModel._batch_pieces``), and that with the batch in as many micro-batches
+   as cores run side by side (``optim.grad_accum=<cores> optim.grad_accum_mode=parallel``: the
+   same update), and PyTorch's step of the same model (``jaxnet/bench/torch_peers.py``).
 
 Attention that takes the same time on one core as on every core runs on one thread. Writes
 ``benchmarks/results/attention-pieces-cpu-<date>.json`` with the device, versions, load and date.
@@ -82,15 +83,19 @@ def attention_ms(how: str, steps: int) -> float:
 
 
 def step_ms(how: str, steps: int) -> float:
-    """Milliseconds of the ``transformer`` case's train step (this process): ``whole``, ``pieces``,
-    ``micro`` (the attention in pieces and the batch in as many micro-batches as cores, side by side:
+    """Milliseconds of the ``transformer`` case's train step (this process): ``whole`` (nothing in
+    pieces), ``attention`` (the attention alone in pieces of the batch), ``pieces`` (the blocks in
+    pieces of the batch, the default: ``TransformerLanguageModel._batch_pieces``), ``micro`` (the
+    pieces and the batch in as many micro-batches as cores, side by side:
     ``optim.grad_accum=<cores> optim.grad_accum_mode=parallel``) or ``torch``."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import profile_ops
 
-    if how == "whole":
-        from jaxnet.models.transformer import attention
+    from jaxnet.models.transformer import attention, model
 
+    if how in ("whole", "attention"):  # the blocks on the whole batch
+        model.TransformerLanguageModel._batch_pieces = lambda self, batch, train, decode: 1
+    if how == "whole":  # and the attention too
         attention.cpu_pieces = lambda batch: 1
     overrides = ()
     if how == "micro":
@@ -115,6 +120,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the measurements")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--tag", default="", help="added to the file's name: attention-pieces-cpu-<date>-<tag>.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "scripts"))
     import profile_ops
@@ -126,12 +132,13 @@ def main() -> None:
         "attention-pieces",
         "value and gradient of the transformer case's causal attention (batch, positions, heads, head size "
         f"{SHAPE}) whole, in pieces of the batch and PyTorch's, on every core and one; the case's train step with "
-        "the attention whole, in pieces, and in pieces with micro-batches side by side, and PyTorch's "
+        "nothing in pieces, the attention in pieces, the blocks in pieces (the default), that with micro-batches "
+        "side by side, and PyTorch's "
         "(ms, medians of alternating rounds, each a fresh process)",
     )
     torch_version = record["versions"]["torch"]
     hows = ["whole", "pieces"] + (["torch"] if torch_version else [])
-    step_hows = ["whole", "pieces", "micro"] + (["torch"] if torch_version else [])
+    step_hows = ["whole", "attention", "pieces", "micro"] + (["torch"] if torch_version else [])
     cases = [("attention", h, c) for c in (cores, 1) for h in hows] + [("step", h, cores) for h in step_hows]
     times = {case: [] for case in cases}
     for r in range(args.rounds):
@@ -151,6 +158,9 @@ def main() -> None:
             "step_pieces_over_whole": round(
                 median[name(("step", "whole", cores))] / median[name(("step", "pieces", cores))], 3
             ),
+            "step_attention_over_whole": round(
+                median[name(("step", "whole", cores))] / median[name(("step", "attention", cores))], 3
+            ),
             "step_micro_over_whole": round(
                 median[name(("step", "whole", cores))] / median[name(("step", "micro", cores))], 3
             ),
@@ -159,17 +169,23 @@ def main() -> None:
     if torch_version:
         record["step_jaxnet_over_torch"] = {
             h: round(median[name(("step", "torch", cores))] / median[name(("step", h, cores))], 3)
-            for h in ("whole", "pieces", "micro")
+            for h in ("whole", "attention", "pieces", "micro")
         }
     record["load_average_end"] = round(os.getloadavg()[0], 2)
-    out = Path(args.out) / f"attention-pieces-cpu-{record['date']}.json"
+    out = Path(args.out) / f"attention-pieces-cpu-{record['date']}{'-' + args.tag if args.tag else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(
         json.dumps(
             {
                 k: record[k]
-                for k in ("ms", "attention_pieces_over_whole", "step_pieces_over_whole", "step_micro_over_whole")
+                for k in (
+                    "ms",
+                    "attention_pieces_over_whole",
+                    "step_attention_over_whole",
+                    "step_pieces_over_whole",
+                    "step_micro_over_whole",
+                )
             },
             indent=1,
         )

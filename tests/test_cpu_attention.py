@@ -126,3 +126,81 @@ def test_the_transformer_on_a_cpu_attends_with_the_head_major_form(monkeypatch):
     assert logits.shape == (2, 8, 11)
     # two layers, once at init and once at apply, each in two pieces of the batch (two cores)
     assert calls == [(1, 8, 2, 8)] * 8
+
+
+def _blocks_model(**keys) -> TransformerLanguageModel:
+    spec = dict(vocab=11, context=8, layers=2, width=16, heads=2, attention=models.resolve(CONFIG, "cpu").attention)
+    return TransformerLanguageModel(TransformerSpec(**{**spec, **keys}))
+
+
+def test_the_blocks_run_in_pieces_of_the_batch_with_the_whole_batchs_numbers(monkeypatch):
+    """On a CPU the blocks run on pieces of the batch, each all the way through (the attention inside
+    is not cut again); packed rows keep their own positions and examples; the values are the whole
+    batch's and the gradients equal its to rounding."""
+    from jaxnet.models.transformer import model as model_lib
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return head_major_attention(*args, **kwargs)
+
+    monkeypatch.setattr(attention_lib, "head_major_attention", counting)
+    monkeypatch.setenv("PJRT_NPROC", "2")
+    model = _blocks_model()
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 11, (4, 8)), jnp.int32)
+    segments = jnp.asarray([[1] * 8, [1] * 3 + [2] * 5, [1] * 6 + [0] * 2, [1, 1, 2, 2, 3, 3, 3, 3]], jnp.int32)
+    positions = jnp.asarray(
+        [list(range(8)), [0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 0, 1], [0, 1, 0, 1, 0, 1, 2, 3]], jnp.int32
+    )
+    params = model.init(jax.random.key(0), tokens)["params"]
+
+    def loss(p, **packed):
+        return jnp.mean(jnp.square(model.apply({"params": p}, tokens, train=True, **packed)))
+
+    for packed in ({}, {"segments": segments, "positions": positions}):
+        calls.clear()
+        value, grads = jax.value_and_grad(loss)(params, **packed)
+        assert calls == [2] * 4  # two layers, each on two pieces of two rows
+        with monkeypatch.context() as whole:
+            whole.setattr(model_lib, "cpu_pieces", lambda batch: 1)
+            whole.setattr(attention_lib, "cpu_pieces", lambda batch: 1)
+            calls.clear()
+            value_whole, grads_whole = jax.value_and_grad(loss)(params, **packed)
+            assert calls == [4] * 2
+        np.testing.assert_allclose(value, value_whole, rtol=1e-6)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_whole), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+    # each row alone, through the model, is its row of the batch: a reference that never meets the pieces
+    logits = model.apply({"params": params}, tokens, segments=segments, positions=positions)
+    for row in range(4):
+        alone = model.apply({"params": params}, tokens[row : row + 1], segments=segments[row : row + 1],
+                            positions=positions[row : row + 1])  # fmt: skip
+        np.testing.assert_allclose(logits[row : row + 1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_the_blocks_stay_whole_where_a_piece_would_compute_other_numbers(monkeypatch):
+    from jaxnet.models.common import adapting
+
+    monkeypatch.setenv("PJRT_NPROC", "2")
+    tokens = jnp.zeros((4, 8), jnp.int32)
+
+    def pieces(model, train, decode=False):
+        bound = model.bind(model.init(jax.random.key(0), tokens))
+        return bound._batch_pieces(4, train, decode)
+
+    assert pieces(_blocks_model(), train=True) == 2
+    # dropout draws its masks for the whole batch: whole in training, in pieces in evaluation
+    assert pieces(_blocks_model(dropout=0.1), train=True) == 1
+    assert pieces(_blocks_model(dropout=0.1), train=False) == 2
+    with adapting(2.0, 0.05):  # a LoRA adapter's dropout likewise
+        assert pieces(_blocks_model(), train=True) == 1
+    with adapting(2.0, 0.0):
+        assert pieces(_blocks_model(), train=True) == 2
+    # a mixture of experts routes the batch's tokens together; decoding writes the cache
+    assert pieces(_blocks_model(mlp_pattern=("dense", "moe"), experts=2, experts_per_token=1), train=False) == 1
+    assert pieces(_blocks_model(), train=False, decode=True) == 1
+    # under a mesh of several devices, and off a CPU, no pieces
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2,), ("data",))):
+        assert pieces(_blocks_model(), train=True) == 1

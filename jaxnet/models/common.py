@@ -272,6 +272,11 @@ def adapting(scale: float, dropout: float) -> Iterator[None]:
         _ADAPTING.reset(token)
 
 
+def adapter_dropout() -> float:
+    """The dropout on the LoRA adapters' inputs in force (:func:`adapting`; 0 outside it)."""
+    return _ADAPTING.get()[1]
+
+
 class Projection(nn.Module):
     """``x @ kernel + bias`` contracting the last ``contract`` axes of ``x`` into ``features``: every
     linear layer of the Transformer (queries, keys, values, the attention's output, the MLP, an

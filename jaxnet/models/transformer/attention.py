@@ -11,8 +11,11 @@ sees (the decoding cache's filled positions; examples packed into one row).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -131,12 +134,27 @@ def head_major_attention(
     return out.reshape(batch, length, heads, head_dim)
 
 
+_IN_A_PIECE = contextvars.ContextVar("jaxnet_in_a_piece", default=False)
+
+
+@contextlib.contextmanager
+def in_a_piece() -> Iterator[None]:
+    """Inside, the code traced computes one piece of a batch its caller has already cut
+    (:meth:`~jaxnet.models.transformer.model.TransformerLanguageModel.features`): :func:`cpu_pieces`
+    answers 1, so the attention is not cut again."""
+    token = _IN_A_PIECE.set(True)
+    try:
+        yield
+    finally:
+        _IN_A_PIECE.reset(token)
+
+
 def cpu_pieces(batch: int) -> int:
     """How many independent pieces of the batch :func:`attend` computes a CPU's head-major attention
     in: the largest divisor of ``batch`` up to the threads of XLA's CPU client (the cores this
     process may use, unless ``$PJRT_NPROC`` or ``$NPROC`` says otherwise), or 1 off a CPU,
-    under a mesh of more than one device (each device's work is its own there) and for a symbolic
-    batch size (``jax.export``'s).
+    under a mesh of more than one device (each device's work is its own there), for a symbolic
+    batch size (``jax.export``'s) and :func:`in_a_piece` (a piece already).
 
     XLA's CPU runtime computes each batched product of attention (Q K^T, P V and their gradients)
     on one thread, whatever the cores: the attention of the ``transformer`` benchmark case gained
@@ -145,7 +163,9 @@ def cpu_pieces(batch: int) -> int:
     (``python scripts/profile_attention.py``; benchmarks/results/attention-pieces-cpu-*.json).
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if step_platform() != "cpu" or (not mesh.empty and mesh.size > 1) or not isinstance(batch, int):
+    if _IN_A_PIECE.get() or not isinstance(batch, int):
+        return 1
+    if step_platform() != "cpu" or (not mesh.empty and mesh.size > 1):
         return 1
     threads = _startup.xla_cpu_threads()
     return max(d for d in range(1, min(threads, batch) + 1) if batch % d == 0)

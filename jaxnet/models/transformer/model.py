@@ -45,9 +45,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxnet.models.common import Head, Projection, lookup, normal, remat_policy
+from jaxnet.models.common import Head, Projection, adapter_dropout, lookup, normal, remat_policy
 from jaxnet.models.transformer import context
-from jaxnet.models.transformer.attention import SelfAttention, segment_mask
+from jaxnet.models.transformer.attention import SelfAttention, cpu_pieces, in_a_piece, segment_mask
 from jaxnet.models.transformer.context import LENGTH
 from jaxnet.models.transformer.moe import MoE
 from jaxnet.models.transformer.norms import norm
@@ -221,9 +221,39 @@ class TransformerLanguageModel(nn.Module):
             table = jnp.take(self.position, positions, axis=0).astype(s.dtype)
             x = x + (table if table.ndim == 3 else table[None])
         x = self.drop(x, deterministic=not train)
+        pieces = self._batch_pieces(x.shape[0], train, decode)
+        if pieces == 1:
+            return context.restore(self.norm_out(self._stack(x, positions, train, decode, mask, segments)))
+        rows = lambda a: jnp.split(a, pieces) if a is not None and a.ndim > 1 else [a] * pieces  # noqa: E731
+        with in_a_piece():
+            parts = [
+                self.norm_out(self._stack(part, where, train, decode, seen, None))
+                for part, where, seen in zip(rows(x), rows(positions), rows(mask), strict=True)
+            ]
+        return context.restore(jnp.concatenate(parts))
+
+    def _stack(self, x, positions, train, decode, mask, segments) -> jnp.ndarray:  # noqa: ANN001
+        """The blocks, one after the other, on hidden states ``x`` (batch, time, width)."""
         for block in self.blocks:
             x = block(x, positions, train, decode, mask, segments)
-        return context.restore(self.norm_out(x))
+        return x
+
+    def _batch_pieces(self, batch: int, train: bool, decode: bool) -> int:
+        """How many pieces of the batch :meth:`features` runs the blocks on, each piece all the way
+        through, independently: :func:`~jaxnet.models.transformer.attention.cpu_pieces` on a CPU
+        under a mesh of one device, where XLA runs independent operations side by side, one a
+        thread, and the pieces keep the cores busy where a block's own operations leave them idle
+        (``python scripts/profile_attention.py``); else 1. Each row's numbers are the same (a row never
+        meets another in a dense block); the parameters' gradients are sums over the pieces, equal
+        up to rounding. 1 where rows would not be independent or a piece would draw other random
+        numbers than the whole batch: a mixture of experts (its routing and router losses are the
+        batch's), dropout in training (``model.dropout`` or a LoRA adapter's), decoding (the cache)."""
+        s = self.spec
+        if decode or any(s.layer(i).mlp != "dense" for i in range(s.layers)):
+            return 1
+        if train and (s.dropout > 0 or adapter_dropout() > 0):
+            return 1
+        return cpu_pieces(batch)
 
     def head(self) -> Head:
         """The output layer as arrays (:class:`~jaxnet.models.common.Head`): the token embedding,

@@ -88,10 +88,11 @@ def dot_dtypes(fn, *args) -> list[str]:
     return found
 
 
-def test_only_the_projections_of_attention_and_the_mlp_go_through_float8():
+def test_only_the_projections_of_attention_and_the_mlp_go_through_float8(monkeypatch):
     """A Llama-shaped block (separate key/value heads, SwiGLU, untied output): queries, keys,
     values, attention's output and the three MLP matrices are float8 products; attention's two
     products and the output layer stay in the compute dtype, and so do the parameters."""
+    monkeypatch.setenv("PJRT_NPROC", "1")  # the batch in one piece on a CPU: each product traced once
     cfg = TransformerConfig.preset("llama", layers=1, width=32, heads=4, kv_heads=2, dtype="bfloat16")
     fp8 = models.build(dataclasses.replace(cfg, attention="xla", matmul="fp8"), 40, 16)
     tokens = jnp.zeros((2, 16), jnp.int32)

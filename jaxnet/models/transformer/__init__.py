@@ -26,7 +26,9 @@ bfloat16 or float16; ``"xla"`` is XLA's own softmax(QK^T)V, which runs anywhere;
 is built for, so a plan for a GPU compiled on a CPU gets the GPU's choice). On a CPU it runs in
 as many pieces of the batch as there are cores
 (:func:`~jaxnet.models.transformer.attention.cpu_pieces`: XLA runs each batched product of
-attention on one thread).
+attention on one thread), and so do the blocks where each row's numbers would be the same
+(no dropout in training, no mixture of experts, not decoding): each piece all the way through
+them, independently.
 """
 
 from __future__ import annotations

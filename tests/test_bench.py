@@ -101,3 +101,18 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
     assert not (tmp_path / "out").exists()
+
+
+def test_results_files_name_the_cpu_with_its_family_model_and_vector_instructions():
+    """A virtual machine names only the maker's line ("AMD EPYC"), which holds CPUs of different
+    speeds: the family, model and widest vector instructions of the first processor tell them apart."""
+    from jaxnet import observe
+
+    def cpuinfo(family: str, model: str, flags: str) -> str:
+        one = f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+        return one + f"model name\t: AMD EPYC\nflags\t\t: fpu sse2 {flags}\n\n" + one.replace(": 0", ": 1")
+
+    assert observe.cpu_model(cpuinfo("25", "17", "avx2 avx512f")) == "AMD EPYC (family 25, model 17, AVX-512)"
+    assert observe.cpu_model(cpuinfo("25", "1", "avx avx2")) == "AMD EPYC (family 25, model 1, AVX2)"
+    assert observe.cpu_model("model name\t: Some CPU\n") == "Some CPU"
+    assert observe.cpu_model("").strip()  # no model name: the platform's word, never empty

@@ -137,9 +137,11 @@ def lstm_scan(
     differentiation of the loop: compiled for a CPU, that one transposed the recurrent weight and
     added each step's share of its gradient, in another layout, inside the loop at every step.
     Here the weight is transposed once, the loop carries only the state's gradients, and the
-    weight's gradient is one product after it (the recurrence of the ``lstm`` benchmark case, value
-    and gradient of two layers: 14-17 against 22-24 ms on a 2-core CPU). The gradients equal JAX's
-    to rounding (tests/test_lm.py).
+    weight's gradient is one product after it. The value and gradient of the ``lstm`` benchmark
+    case's two layers took 18.7 against 20.6 ms on a 2-core CPU (medians of 5 alternating rounds,
+    ``python scripts/profile_lstm.py``, benchmarks/results/lstm-backward-cpu-*.json); the whole
+    step's difference was within that machine's noise. The gradients equal JAX's to rounding
+    (tests/test_lm.py).
     """
     return _recurrence(jnp.dtype(dtype).name, x_proj, w_h, h0, c0)
 

@@ -201,6 +201,6 @@ def test_the_blocks_stay_whole_where_a_piece_would_compute_other_numbers(monkeyp
     # a mixture of experts routes the batch's tokens together; decoding writes the cache
     assert pieces(_blocks_model(mlp_pattern=("dense", "moe"), experts=2, experts_per_token=1), train=False) == 1
     assert pieces(_blocks_model(), train=False, decode=True) == 1
-    # under a mesh of several devices, and off a CPU, no pieces
+    # under a mesh of several devices, no pieces
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2,), ("data",))):
         assert pieces(_blocks_model(), train=True) == 1

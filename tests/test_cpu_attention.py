@@ -95,6 +95,10 @@ def test_attention_in_pieces_of_the_batch_is_the_whole_attention_with_its_masks(
 def test_cpu_pieces_are_the_largest_divisor_of_the_batch_up_to_xlas_cpu_threads(monkeypatch):
     monkeypatch.setenv("PJRT_NPROC", "4")  # the threads of XLA's CPU client
     assert [attention_lib.cpu_pieces(b) for b in (1, 2, 6, 7, 8, 32)] == [1, 2, 3, 1, 4, 4]
+    # and up to a bound the caller gives (the blocks' pieces: model.MOST_BLOCK_PIECES)
+    monkeypatch.setenv("PJRT_NPROC", "16")
+    assert [attention_lib.cpu_pieces(b, most=4) for b in (6, 8, 32)] == [3, 4, 4]
+    assert attention_lib.cpu_pieces(32) == 16
     monkeypatch.delenv("PJRT_NPROC")
     monkeypatch.setenv("NPROC", "3")  # a CPU reservation, as XLA reads it
     assert [attention_lib.cpu_pieces(b) for b in (6, 8)] == [3, 2]
@@ -164,8 +168,8 @@ def test_the_blocks_run_in_pieces_of_the_batch_with_the_whole_batchs_numbers(mon
         value, grads = jax.value_and_grad(loss)(params, **packed)
         assert calls == [2] * 4  # two layers, each on two pieces of two rows
         with monkeypatch.context() as whole:
-            whole.setattr(model_lib, "cpu_pieces", lambda batch: 1)
-            whole.setattr(attention_lib, "cpu_pieces", lambda batch: 1)
+            whole.setattr(model_lib, "cpu_pieces", lambda batch, most=None: 1)
+            whole.setattr(attention_lib, "cpu_pieces", lambda batch, most=None: 1)
             calls.clear()
             value_whole, grads_whole = jax.value_and_grad(loss)(params, **packed)
             assert calls == [4] * 2
@@ -182,6 +186,7 @@ def test_the_blocks_run_in_pieces_of_the_batch_with_the_whole_batchs_numbers(mon
 
 def test_the_blocks_stay_whole_where_a_piece_would_compute_other_numbers(monkeypatch):
     from jaxnet.models.common import adapting
+    from jaxnet.models.transformer import model as model_lib
 
     monkeypatch.setenv("PJRT_NPROC", "2")
     tokens = jnp.zeros((4, 8), jnp.int32)
@@ -191,6 +196,10 @@ def test_the_blocks_stay_whole_where_a_piece_would_compute_other_numbers(monkeyp
         return bound._batch_pieces(4, train, decode)
 
     assert pieces(_blocks_model(), train=True) == 2
+    with monkeypatch.context() as many:  # more cores than MOST_BLOCK_PIECES: that many pieces
+        many.setenv("PJRT_NPROC", "16")
+        many.setattr(model_lib, "MOST_BLOCK_PIECES", 2)
+        assert pieces(_blocks_model(), train=True) == 2
     # dropout draws its masks for the whole batch: whole in training, in pieces in evaluation
     assert pieces(_blocks_model(dropout=0.1), train=True) == 1
     assert pieces(_blocks_model(dropout=0.1), train=False) == 2

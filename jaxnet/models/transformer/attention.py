@@ -149,10 +149,11 @@ def in_a_piece() -> Iterator[None]:
         _IN_A_PIECE.reset(token)
 
 
-def cpu_pieces(batch: int) -> int:
+def cpu_pieces(batch: int, most: int | None = None) -> int:
     """How many independent pieces of the batch :func:`attend` computes a CPU's head-major attention
     in: the largest divisor of ``batch`` up to the threads of XLA's CPU client (the cores this
-    process may use, unless ``$PJRT_NPROC`` or ``$NPROC`` says otherwise), or 1 off a CPU,
+    process may use, unless ``$PJRT_NPROC`` or ``$NPROC`` says otherwise) and up to ``most``
+    (None: no other bound), or 1 off a CPU,
     under a mesh of more than one device (each device's work is its own there), for a symbolic
     batch size (``jax.export``'s) and :func:`in_a_piece` (a piece already).
 
@@ -167,8 +168,8 @@ def cpu_pieces(batch: int) -> int:
         return 1
     if step_platform() != "cpu" or (not mesh.empty and mesh.size > 1):
         return 1
-    threads = _startup.xla_cpu_threads()
-    return max(d for d in range(1, min(threads, batch) + 1) if batch % d == 0)
+    bound = min(_startup.xla_cpu_threads(), batch, most or batch)
+    return max(d for d in range(1, bound + 1) if batch % d == 0)
 
 
 def in_pieces(

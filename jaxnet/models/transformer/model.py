@@ -83,6 +83,12 @@ def moe_mlp(spec: TransformerSpec, index: int, h: jnp.ndarray) -> jnp.ndarray:
 MLPS = {"dense": lambda spec, index, h: dense_mlp(spec, h), "moe": moe_mlp}
 
 
+#: The most pieces of the batch :meth:`TransformerLanguageModel.features` runs the blocks on (one a
+#: core, up to this): each piece is its own copy of the blocks in the compiled program, so the
+#: compile grows with them, and the gain was measured on 2 cores only.
+MOST_BLOCK_PIECES = 4
+
+
 class Block(nn.Module):
     """Transformer block ``index``: attention and MLP, each a residual branch with dropout, each
     normalised before (``norm_1``, ``norm_2``) and with ``spec.post_norms`` after too
@@ -247,13 +253,14 @@ class TransformerLanguageModel(nn.Module):
         meets another in a dense block); the parameters' gradients are sums over the pieces, equal
         up to rounding. 1 where rows would not be independent or a piece would draw other random
         numbers than the whole batch: a mixture of experts (its routing and router losses are the
-        batch's), dropout in training (``model.dropout`` or a LoRA adapter's), decoding (the cache)."""
+        batch's), dropout in training (``model.dropout`` or a LoRA adapter's), decoding (the cache).
+        At most :data:`MOST_BLOCK_PIECES`: each piece is a copy of the blocks in the compiled program."""
         s = self.spec
         if decode or any(s.layer(i).mlp != "dense" for i in range(s.layers)):
             return 1
         if train and (s.dropout > 0 or adapter_dropout() > 0):
             return 1
-        return cpu_pieces(batch)
+        return cpu_pieces(batch, most=MOST_BLOCK_PIECES)
 
     def head(self) -> Head:
         """The output layer as arrays (:class:`~jaxnet.models.common.Head`): the token embedding,

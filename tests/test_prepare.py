@@ -484,7 +484,9 @@ def test_bad_parquet_is_one_line_and_exit_2(tmp_path, capsys):
 
 def test_reading_parquet_holds_a_row_group_not_the_file(tmp_path):
     """Arrow's memory pool in a fresh process that reads every row of a file of 40 row groups,
-    then of one 4 times as long: its peak does not grow with the file."""
+    then of one 4 times as long: its peak does not grow with the file. (Holding the files would
+    take 8 and 32 MB; the peaks measured 0.9 and 0.9-1.3 MB: the pool's own rounding moves by a
+    few hundred kB from run to run.)"""
     import sys
 
     texts = [f"row {i} " + "x" * 20_000 for i in range(400)]
@@ -501,7 +503,7 @@ for name in ("one", "four"):
     assert result.returncode == 0, result.stderr
     (chars1, size1, peak1), (chars4, size4, peak4) = (map(int, line.split()) for line in result.stdout.splitlines())
     assert chars1 == sum(map(len, texts)) and chars4 == 4 * chars1 and size1 > 8_000_000
-    assert peak4 <= 1.25 * peak1 and peak1 < size1 / 4, (peak1, peak4, size1)
+    assert peak1 < size1 / 4 and peak4 < size1 / 4 and peak4 <= 2 * peak1, (peak1, peak4, size1)
 
 
 def test_the_prepare_command_imports_nothing_of_jax(tmp_path):

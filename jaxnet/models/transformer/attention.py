@@ -172,6 +172,15 @@ def cpu_pieces(batch: int, most: int | None = None) -> int:
     return max(d for d in range(1, bound + 1) if batch % d == 0)
 
 
+def per_piece(a: jnp.ndarray | None, pieces: int, batch: int, rank: int) -> list:
+    """``a`` for each of ``pieces`` equal parts of a batch of ``batch`` rows: cut along axis 0 where
+    it has a row per example (``rank`` axes, the first ``batch`` long), else the same ``a`` (None,
+    or one shared by every example, such as positions (time,) or a mask (1, 1, time, time'))."""
+    if a is not None and a.ndim == rank and a.shape[0] == batch:
+        return jnp.split(a, pieces)
+    return [a] * pieces
+
+
 def in_pieces(
     fn: Any, pieces: int, q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: Any, **kw: Any
 ) -> jnp.ndarray:
@@ -182,10 +191,7 @@ def in_pieces(
     if pieces == 1:
         return fn(q, k, v, mask=mask, **kw)
     rows = [jnp.split(a, pieces) for a in (q, k, v)]
-    if mask is not None and mask.ndim == 4 and mask.shape[0] == q.shape[0]:
-        masks = jnp.split(mask, pieces)
-    else:
-        masks = [mask] * pieces
+    masks = per_piece(mask, pieces, q.shape[0], rank=4)
     return jnp.concatenate([fn(a, b, c, mask=m, **kw) for a, b, c, m in zip(*rows, masks, strict=True)])
 
 

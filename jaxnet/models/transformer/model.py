@@ -47,7 +47,7 @@ import jax.numpy as jnp
 
 from jaxnet.models.common import Head, Projection, adapter_dropout, lookup, normal, remat_policy
 from jaxnet.models.transformer import context
-from jaxnet.models.transformer.attention import SelfAttention, cpu_pieces, in_a_piece, segment_mask
+from jaxnet.models.transformer.attention import SelfAttention, cpu_pieces, in_a_piece, per_piece, segment_mask
 from jaxnet.models.transformer.context import LENGTH
 from jaxnet.models.transformer.moe import MoE
 from jaxnet.models.transformer.norms import norm
@@ -230,12 +230,15 @@ class TransformerLanguageModel(nn.Module):
         pieces = self._batch_pieces(x.shape[0], train, decode)
         if pieces == 1:
             return context.restore(self.norm_out(self._stack(x, positions, train, decode, mask, segments)))
-        rows = lambda a: jnp.split(a, pieces) if a is not None and a.ndim > 1 else [a] * pieces  # noqa: E731
-        with in_a_piece():
-            parts = [
-                self.norm_out(self._stack(part, where, train, decode, seen, None))
-                for part, where, seen in zip(rows(x), rows(positions), rows(mask), strict=True)
-            ]
+        batch = x.shape[0]
+        cut = zip(
+            jnp.split(x, pieces),
+            per_piece(positions, pieces, batch, rank=2),
+            per_piece(mask, pieces, batch, rank=4),
+            strict=True,
+        )
+        with in_a_piece():  # segments is None here: only a sequence split over devices keeps them
+            parts = [self.norm_out(self._stack(part, where, train, decode, seen, None)) for part, where, seen in cut]
         return context.restore(jnp.concatenate(parts))
 
     def _stack(self, x, positions, train, decode, mask, segments) -> jnp.ndarray:  # noqa: ANN001

@@ -125,10 +125,14 @@ def trace(family: str, steps: int) -> dict:
     }
 
 
-def timed(family: str, peer: str, steps: int, overrides: tuple[str, ...] = ()) -> float:
+def timed(family: str, peer: str, steps: int, overrides: tuple[str, ...] = (), usage: bool = False) -> Any:
     """Milliseconds per step of ``peer`` ("jaxnet": the runner's compiled step; "torch") (this process),
-    with config ``overrides`` (``key=value``) on the case's."""
+    with config ``overrides`` (``key=value``) on the case's. With ``usage``, a dict: those
+    milliseconds and, per step, the process's user and kernel CPU milliseconds and its voluntary
+    context switches (a thread that went to sleep waiting), and the CPU it used (200 % = two cores
+    busy all along), from ``getrusage`` around the timed steps."""
     import itertools
+    import resource
     import time
 
     cfg, dataset = _case(family, overrides)
@@ -174,18 +178,28 @@ def timed(family: str, peer: str, steps: int, overrides: tuple[str, ...] = ()) -
     for i in range(3):
         step(i)
     wait()
-    start = time.perf_counter()
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for i in range(steps):
         step(i)
     wait()
-    return (time.perf_counter() - start) / steps * 1e3
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    if not usage:
+        return wall / steps * 1e3
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    return {
+        "ms_per_step": round(wall / steps * 1e3, 2),
+        "user_ms_per_step": round(user / steps * 1e3, 2),
+        "kernel_ms_per_step": round(system / steps * 1e3, 2),
+        "voluntary_switches_per_step": round((after.ru_nvcsw - before.ru_nvcsw) / steps, 1),
+        "cpu_percent": round(100 * (user + system) / wall, 1),
+    }
 
 
-def fresh_process(code: str, cores: int, what: str) -> Any:
+def fresh_process(code: str, cores: int, what: str, env: dict[str, str] | None = None) -> Any:
     """What ``code``, run by a fresh Python process on ``cores`` cores (``taskset`` below all of them)
-    with the allocator setting the jaxnet command runs with, prints as JSON after ``RESULT ``;
-    ``what`` names it in the error if it prints none."""
-    env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # as the jaxnet command runs
+    with the allocator setting the jaxnet command runs with (and ``env`` on top), prints as JSON
+    after ``RESULT ``; ``what`` names it in the error if it prints none."""
+    env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", **(env or {})}  # as the jaxnet command runs
     command = [sys.executable, "-c", code]
     if cores < (os.cpu_count() or 1):
         command = ["taskset", "-c", ",".join(str(c) for c in range(cores)), *command]

@@ -171,10 +171,9 @@ def main() -> None:
             h: round(median[name(("step", "torch", cores))] / median[name(("step", h, cores))], 3)
             for h in ("whole", "attention", "pieces", "micro")
         }
-    record["load_average_end"] = round(os.getloadavg()[0], 2)
-    out = Path(args.out) / f"attention-pieces-cpu-{record['date']}{'-' + args.tag if args.tag else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = profile_ops.write_record(
+        record, args.out, f"attention-pieces-cpu-{record['date']}{'-' + args.tag if args.tag else ''}.json"
+    )
     print(
         json.dumps(
             {

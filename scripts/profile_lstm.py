@@ -124,10 +124,7 @@ def main() -> None:
         record["step_jaxnet_over_torch"] = {
             h: round(median["step torch"] / median[f"step {h}"], 3) for h in ("written", "jax")
         }
-    record["load_average_end"] = round(os.getloadavg()[0], 2)
-    out = Path(args.out) / f"lstm-backward-cpu-{record['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = profile_ops.write_record(record, args.out, f"lstm-backward-cpu-{record['date']}.json")
     print(json.dumps({k: v for k, v in record.items() if k.startswith(("ms", "recurrence_", "step_"))}, indent=1))
     print(f"wrote {out}")
 

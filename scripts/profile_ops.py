@@ -246,6 +246,16 @@ def record_head(kind: str, what: str) -> dict:
     }
 
 
+def write_record(record: dict, out: str | Path, name: str) -> Path:
+    """Write ``record`` (a :func:`record_head` with the results added) as ``out/name``, with the
+    load average now as its ``load_average_end``; returns the path written."""
+    record["load_average_end"] = round(os.getloadavg()[0], 2)
+    path = Path(out) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("families", nargs="*", default=["lstm", "transformer"])
@@ -283,10 +293,7 @@ def main() -> None:
             }
         record["families"][family] = entry
         print(json.dumps({k: v for k, v in entry.items() if k not in ("trace", "rounds")}), flush=True)
-    record["load_average_end"] = round(os.getloadavg()[0], 2)
-    out = Path(args.out) / f"cpu-ops-{record['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = write_record(record, args.out, f"cpu-ops-{record['date']}.json")
     print(f"wrote {out}")
 
 

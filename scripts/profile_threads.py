@@ -84,10 +84,7 @@ def main() -> None:
             "jaxnet_over_torch": {peer: round(ms[peer] / ms["jaxnet"], 3) for peer in PEERS if peer != "jaxnet"},
         }
         print(json.dumps({family: record["families"][family]["jaxnet_over_torch"]}), flush=True)
-    record["load_average_end"] = round(os.getloadavg()[0], 2)
-    out = Path(args.out) / f"cpu-threads-{record['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out = profile_ops.write_record(record, args.out, f"cpu-threads-{record['date']}.json")
     print(f"wrote {out}")
 
 

@@ -47,6 +47,7 @@ from jaxnet.train.step import (
     make_eval_step,
     make_local_train_step,
     make_multi_step,
+    make_summed_step,
     make_train_step,
     metric_zeros,
 )
@@ -218,6 +219,14 @@ class Run:
             compiler_options=options,
             # Outputs placed like the inputs (the carried state included), so the next call hits the
             # same compiled step instead of compiling again for a new layout.
+            out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
+        )
+        # One step and its metrics added to the interval's totals, in one program: what the loop
+        # calls when it runs one step per call (make_summed_step says why).
+        self.train_step_summed = jax.jit(
+            make_summed_step(step),
+            donate_argnums=0,
+            compiler_options=options,
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
         # train.steps_per_call > 1: that many steps in one compiled call, on stacked batches.
@@ -906,13 +915,12 @@ def run_loop(run: Run, loop: actions_lib.Loop, actions: list[actions_lib.Action]
         nonlocal compile_seconds
         if n not in programs:
             started = time.perf_counter()
-            if n == 1:
-                programs[n] = run.train_step.lower(loop.state, batch).compile()
-            else:
-                one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
+            if not zeros:
+                one = batch if n == 1 else jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
                 shapes = jax.eval_shape(run.train_step, loop.state, one)[1]
                 zeros.append(jax.device_put(metric_zeros(shapes), parallel.replicated(run.mesh)))
-                programs[n] = run.train_calls.lower(loop.state, batch, zeros[0]).compile()
+            calls = run.train_step_summed if n == 1 else run.train_calls
+            programs[n] = calls.lower(loop.state, batch, zeros[0]).compile()
             if len(programs) > 1:  # compiled mid-run: left out of the steps' time
                 spent = time.perf_counter() - started
                 compile_seconds += spent
@@ -932,12 +940,8 @@ def run_loop(run: Run, loop: actions_lib.Loop, actions: list[actions_lib.Action]
         while loop.step < loop.end:
             if loop.step > loop.start:
                 n, batch = next(batches)
-            if n == 1:
-                loop.state, metrics = program(n, batch)(loop.state, batch)
-                loop.sums = metrics if loop.sums is None else accumulate(loop.sums, metrics)
-            else:
-                call = program(n, batch)
-                loop.state, loop.sums = call(loop.state, batch, zeros[0] if loop.sums is None else loop.sums)
+            call = program(n, batch)  # the step and its metrics' totals in one program, n steps a call
+            loop.state, loop.sums = call(loop.state, batch, zeros[0] if loop.sums is None else loop.sums)
             loop.interval_steps += n
             loop.step += n
             for action in actions:

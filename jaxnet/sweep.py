@@ -56,7 +56,7 @@ from jaxnet.train import record as run_record
 from jaxnet.train import state as state_lib
 from jaxnet.train import trackers as trackers_lib
 from jaxnet.train.loop import Interrupts, Run, default_workdir, run_loop, summary_head
-from jaxnet.train.step import make_train_step
+from jaxnet.train.step import make_summed_step, make_train_step
 
 BATCHED = (
     "seed",  # initialisation, data order and dropout
@@ -263,8 +263,15 @@ class Population:
         self.state_shardings = jax.tree.map(stacked, run.state_shardings)
         whole = parallel.replicated(self.mesh)
         self.at_once = members_at_once(self, at_once)
+        all_steps = parallel.under_rules(self._all_steps, self.mesh, run.rules)
         self.train_step = jax.jit(
-            parallel.under_rules(self._all_steps, self.mesh, run.rules),
+            all_steps,
+            donate_argnums=0,
+            compiler_options=xla_options.compiler_options(self.mesh),
+            out_shardings=(self.state_shardings, whole),
+        )
+        self.train_step_summed = jax.jit(  # the step with its metrics' totals, as the runner's (Run)
+            make_summed_step(all_steps),
             donate_argnums=0,
             compiler_options=xla_options.compiler_options(self.mesh),
             out_shardings=(self.state_shardings, whole),

@@ -118,3 +118,36 @@ def test_auto_steps_per_call_fits_an_action_and_logs_like_one_step_per_call(tmp_
     assert seen == [2, 4, 6, 8, 10]
     assert logged(tmp_path / "auto") == logged(tmp_path / "one")
     assert auto["test"] == one["test"]
+
+
+def test_the_one_step_call_equals_the_step_then_its_metrics_added_apart():
+    """What the runner calls for one step (the step and its metrics' totals in one program) reaches
+    the same state and the same totals, bitwise, as the step followed by a separate ``accumulate``."""
+    import jax
+    import numpy as np
+
+    from jaxnet.train.loop import Run
+    from jaxnet.train.step import NO_STEP, accumulate, metric_zeros
+
+    cfg = arrays_config("k", SETTINGS)
+    run = Run(cfg, model=MLP(), dataset=jaxnet.data.arrays(**DATA), task=jaxnet.tasks.regression())
+    batches = [run.put_batch(b) for b, _ in zip(run.train_batches(0), range(3), strict=False)]
+    apart, summed = run.init_state(), run.init_state()
+    totals_apart = totals_summed = None
+    losses = []
+    for batch in batches:
+        apart, metrics = run.train_step(apart, batch)
+        losses.append(float(metrics["loss"]))
+        totals_apart = metrics if totals_apart is None else accumulate(totals_apart, metrics)
+        if totals_summed is None:
+            totals_summed = metric_zeros(metrics)
+        summed, totals_summed = run.train_step_summed(summed, batch, totals_summed)
+
+    def same(a, b):
+        return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+    assert not same(summed.params, run.init_state().params)  # three steps moved the parameters
+    assert same(summed.params, apart.params) and same(summed.opt_state, apart.opt_state)
+    assert same(totals_summed, totals_apart)
+    assert float(totals_summed["loss"]) == pytest.approx(sum(losses), rel=1e-6)
+    assert int(totals_summed["first_nonfinite"]) == NO_STEP and int(totals_summed["nonfinite"]) == 0

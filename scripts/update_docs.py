@@ -646,16 +646,19 @@ def render_devices() -> str:
     rel = str(path.relative_to(ROOT))
     env = r["environment"]
     targets = [t for t in ("h100", "h200") if any(t in f.get("predicted", {}) for f in r["families"].values())]
-    head = ["family", "CPU examples/s (measured)", "GPU examples/s (measured)"]
+    head = ["family", "CPU examples/s (measured)", "GPU examples/s (measured)", "GPU / CPU (measured)"]
     head += [f"{t.upper()} examples/s (**predicted**)" for t in targets]
     head += [f"{t.upper()} / CPU (**predicted**)" for t in targets]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    cpu_device = "?"
+    devices: dict[str, list[str]] = {}  # each measured device: the families measured on it
     for family, row in r["families"].items():
         cpu, gpu = row.get("cpu") or {}, row.get("gpu") or {}
-        cpu_device = cpu.get("device", cpu_device)
+        for side in (cpu, gpu):
+            if side.get("device"):
+                devices.setdefault(f"{side['device']}, {side.get('dtype')}, {side.get('date')}", []).append(family)
         measured_gpu = _rate(gpu.get("examples_per_s")) if gpu else "not measured yet"
-        cells = [family, _rate(cpu.get("examples_per_s")), measured_gpu]
+        speedup = f"{row['speedup']:,.1f}x" if row.get("speedup") else "-"
+        cells = [family, _rate(cpu.get("examples_per_s")), measured_gpu, speedup]
         predicted = row.get("predicted", {})
         cells += [
             f"{_rate(predicted[t]['examples_per_s'])} ({predicted[t]['bound']}-bound)" if t in predicted else "-"
@@ -670,11 +673,14 @@ def render_devices() -> str:
     return "\n".join(
         [
             f"`{env['command']}` ({env['date'][:10]}, jax {env['versions']['jax']}; "
-            f"[record]({rel})): the CPU column from the newest committed `jaxnet bench` record ({cpu_device}), "
-            "the predicted columns from the committed `jaxnet plan` records of each family's experiment on one GPU "
-            "(the largest of the compute, memory and kernel-launch bounds of the step compiled for that GPU on a "
-            "CPU-only machine). **The predicted columns are not measurements**; the measured GPU column fills in "
-            "when a `jaxnet bench --compare-devices` record from a GPU is committed.",
+            f"[record]({rel})): the measured columns from the newest committed `jaxnet bench` records (a GPU "
+            "record's CPU figure is the one `--compare-devices` measured beside it on the GPU machine, else the "
+            "newest CPU record), the predicted columns from the committed `jaxnet plan` records of each family's "
+            "experiment on one GPU (the largest of the compute, memory and kernel-launch bounds of the step compiled "
+            "for that GPU on a CPU-only machine). **The predicted columns are not measurements**; a family's measured "
+            "GPU column fills in when a `jaxnet bench` record of it from a GPU is committed. Measured on: "
+            + "; ".join(f"{d} ({', '.join(fs)})" for d, fs in devices.items())
+            + ".",
             "",
             *lines,
             "",
@@ -1099,7 +1105,8 @@ def render_plan_vs_measured() -> str:
         f"({'; '.join(sorted(made_with))}), the committed plan records. `{r['command']}` "
         f"([{files[-1].name}](benchmarks/results/{files[-1].name})).",
     ]
-    checks = sorted(results.glob("gpu-check-*.json"))
+    # the GPU check of the plan comparison's own day (a later check may have run other parts only)
+    checks = sorted(results.glob(f"gpu-check-*-{r['date'][:10]}.json"))
     if checks:
         c = json.loads(checks[-1].read_text())
         lines += [

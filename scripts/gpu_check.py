@@ -1,6 +1,6 @@
 """The GPU check: verify and measure jaxnet on a lent GPU in one command (see scripts/gpu_check.sh).
 
-    python scripts/gpu_check.py [--dry-run] [--out DIR] [--carry DIR] [--budget S] [--only PART,...]
+    python scripts/gpu_check.py [--dry-run] [--out DIR] [--carry DIR] [--budget S] [--only PART,...] [--families F,...]
     python scripts/gpu_check.py --prepare DIR
 
 Parts, in order; each runs in child processes under its own time limit, a failing part is
@@ -13,8 +13,10 @@ reported and the next one runs, and the summary is rewritten after every part:
   ``tests/test_cuda_export.py``) with ``JAX_PLATFORMS=cuda``;
 - ``smokes``: every experiment's smoke variant with the default fast path, checking that it
   resolved to bf16 with cuDNN attention and LSTM (and that its program calls cuDNN);
-- ``bench``: ``jaxnet bench`` for every family (GPT-2-small shape first) with ``--compare-devices``
-  and PyTorch peers, merged into one results file with its roofline plot;
+- ``bench``: ``jaxnet bench`` for every family (GPT-2-small shape first; ``--families`` picks some)
+  with ``--compare-devices`` and PyTorch peers, merged into one results file with its roofline plot.
+  On an H200 one family takes 1.5 to more than 3.5 minutes (2026-11-28), so the five need two or
+  three calls;
 - ``plan``: ``jaxnet plan``'s predicted memory and step time against the ones measured here
   (:func:`part_plan`), written to ``plan-vs-measured-<device>-<date>.json``; after the bench it
   rarely has time left: on a GPU it is a call of its own (``--only plan``), as is ``sweep``;
@@ -217,6 +219,7 @@ class Check:
         }
         self.fashion: Path | None = None
         self.speed_rows: tuple[str, ...] = args.rows
+        self.families: tuple[str, ...] = args.families
         self.summary: dict[str, Any] = {
             "kind": "gpu-check",
             "mode": "dry-run (CPU)" if self.dry else "gpu",
@@ -846,7 +849,7 @@ def plan_measure(name: str, steps: int) -> int:
 def part_bench(check: Check) -> None:
     start = time.monotonic()
     status, families, records = "passed", {}, []
-    todo = list(BENCH_FAMILIES)
+    todo = list(check.families)
     env = {**check.env, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}  # the other half for the PyTorch peers
     while todo:
         family = todo.pop(0)
@@ -888,7 +891,7 @@ def part_bench(check: Check) -> None:
                         if check.dry
                         else " --rounds 3 --seconds 1.5 --compare-devices (not for gpt2)"
                     ),
-                    f"for FAMILY in {' '.join(BENCH_FAMILIES)}",
+                    f"for FAMILY in {' '.join(check.families)}",
                 ]
             ),
         )
@@ -903,7 +906,7 @@ def part_bench(check: Check) -> None:
         "bench",
         status,
         time.monotonic() - start,
-        note=f"{len(records)} of {len(BENCH_FAMILIES)} families",
+        note=f"{len(records)} of {len(check.families)} families",
         families=families,
         files=files,
     )
@@ -998,6 +1001,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--budget", help=f"seconds for the whole check (default {BUDGET}, {DRY_BUDGET} in a dry run)")
     parser.add_argument("--only", default=",".join(PARTS), help=f"parts to run, comma-separated ({','.join(PARTS)})")
     parser.add_argument("--rows", help="the speed part: only these rows, comma-separated (e.g. gpt2_small-bf16-none)")
+    parser.add_argument(
+        "--families", help=f"the bench part: only these families, comma-separated ({','.join(BENCH_FAMILIES)})"
+    )
     if "--prepare" in argv and (
         argv.index("--prepare") == len(argv) - 1 or argv[argv.index("--prepare") + 1].startswith("-")
     ):
@@ -1021,6 +1027,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     strange = [r for r in args.rows if r not in rows]
     if strange:
         raise BadInput(f"unknown speed row {strange[0]!r}; choose from {', '.join(rows)}")
+    args.families = tuple(f for f in (args.families or ",".join(BENCH_FAMILIES)).split(",") if f)
+    strange = [f for f in args.families if f not in BENCH_FAMILIES]
+    if strange or not args.families:
+        raise BadInput(
+            f"unknown bench family {strange[0] if strange else '(none)'!r}; choose from {', '.join(BENCH_FAMILIES)}"
+        )
     if args.out is None:
         args.out = os.environ.get("OUT") or str(ROOT / "runs" / "gpu-check")
     return args

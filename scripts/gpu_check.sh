@@ -8,8 +8,8 @@
 # Practise on the CPU:             JAX_PLATFORMS=cpu scripts/gpu_check.sh --dry-run --out /tmp/gpu-check
 # On the GPU machine (the checkout and .gpu_carry copied there; at most 10 minutes, --budget 570 s):
 #   bash scripts/gpu_check.sh
-# If its bench runs out of time, a second run gives the bench the whole budget:
-#   bash scripts/gpu_check.sh --only bench
+# If its bench runs out of time, a second run gives the bench the whole budget, for some families:
+#   bash scripts/gpu_check.sh --only setup,bench --families transformer,cnn
 # The sweep's speed (8 and 32 members batched against one by one) has a run of its own:
 #   bash scripts/gpu_check.sh --only sweep
 # So does jaxnet plan's predicted memory and step time against the measured ones:
@@ -18,7 +18,8 @@
 #   bash scripts/gpu_check.sh --only setup,facts,speed
 #
 # Options: --dry-run, --out DIR (default $OUT, else runs/gpu-check), --carry DIR (default .gpu_carry),
-# --budget SECONDS, --only setup,facts,tests,smokes,plan,bench,sweep,speed, --rows (the speed part's rows).
+# --budget SECONDS, --only setup,facts,tests,smokes,plan,bench,sweep,speed, --rows (the speed part's rows),
+# --families (the bench part's: gpt2,lstm,resnet,transformer,cnn).
 # Exit status 0: every part passed;
 # 1: a part failed or ran out of time (the others still ran and wrote); 2: bad input.
 set -uo pipefail

@@ -116,3 +116,19 @@ def test_results_files_name_the_cpu_with_its_family_model_and_vector_instruction
     assert observe.cpu_model(cpuinfo("25", "1", "avx avx2")) == "AMD EPYC (family 25, model 1, AVX2)"
     assert observe.cpu_model("model name\t: Some CPU\n") == "Some CPU"
     assert observe.cpu_model("").strip()  # no model name: the platform's word, never empty
+
+
+def test_a_runner_stopped_by_a_signal_stops_the_bench_with_a_message(monkeypatch):
+    """A time limit's SIGTERM stops the runner cleanly (a checkpoint, a summary): the bench says so
+    and stops too, rather than failing later on a short metrics log."""
+    import sys
+
+    import jaxnet.train  # noqa: F401  (the package; the name jaxnet.train is its function)
+
+    def stopped(cfg, workdir, dataset=None):
+        return {"interrupted_by": "SIGTERM", "step": 7, "compile_time_s": 0.0}
+
+    monkeypatch.setattr(sys.modules["jaxnet.train"], "train", stopped)
+    cfg = bench.case_config(bench.CASES["cnn"], smoke=True)
+    with pytest.raises(SystemExit, match=r"stopped by SIGTERM during the runner's measurement \(step 7 of 8\)"):
+        bench.measure_runner(cfg, None, 2)

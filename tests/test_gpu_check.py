@@ -45,6 +45,8 @@ def gpu_check_sh(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess
             ["--dry-run", "--only", "speed", "--rows", "gpt2_small-fp16-none"],
             "unknown speed row 'gpt2_small-fp16-none'",
         ),
+        (["--dry-run", "--only", "bench", "--families", "lstm,rnn"], "unknown bench family 'rnn'"),
+        (["--dry-run", "--only", "bench", "--families", ","], "unknown bench family '(none)'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, message):
@@ -53,6 +55,12 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, message):
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith("gpu_check.sh: error: ") and message in result.stderr
     assert not (tmp_path / "out").exists() and not (ROOT / "carry").exists()
+
+
+def test_the_bench_part_takes_the_families_asked_for_in_their_order():
+    """--families splits the bench over calls (one family's bench on a GPU can take minutes)."""
+    assert gpu_check.parse(["--dry-run"]).families == gpu_check.BENCH_FAMILIES
+    assert gpu_check.parse(["--only", "bench", "--families", "transformer,gpt2"]).families == ("transformer", "gpt2")
 
 
 def test_dry_run_of_the_quick_parts_writes_the_summary(tmp_path):

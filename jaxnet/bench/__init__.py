@@ -199,6 +199,13 @@ def measure_runner(cfg: config_lib.Config, dataset: Any, interval: int) -> tuple
     with tempfile.TemporaryDirectory(prefix="jaxnet-bench-") as workdir:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             summary = train(_set_timing(cfg, interval), Path(workdir) / "run", dataset=dataset)
+        if summary.get(
+            "interrupted_by"
+        ):  # the runner stops cleanly at a signal (a time limit's SIGTERM): so does the bench
+            raise SystemExit(
+                f"jaxnet bench: stopped by {summary['interrupted_by']} during the runner's measurement "
+                f"(step {summary['step']} of {4 * interval}); nothing measured for {cfg.experiment}"
+            )
         rows = [r for r in observe.read_metrics(Path(workdir) / "run" / "metrics.jsonl") if r["split"] == "train"]
     rates = [r["steps_per_s"] for r in rows][1:]
     if len(rates) != 3:

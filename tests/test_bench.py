@@ -132,3 +132,31 @@ def test_a_runner_stopped_by_a_signal_stops_the_bench_with_a_message(monkeypatch
     cfg = bench.case_config(bench.CASES["cnn"], smoke=True)
     with pytest.raises(SystemExit, match=r"stopped by SIGTERM during the runner's measurement \(step 7 of 8\)"):
         bench.measure_runner(cfg, None, 2)
+
+
+def test_the_bench_compiles_each_program_once_and_leaves_a_users_cache_alone(tmp_path):
+    """Inside the bench JAX's persistent cache is a temporary folder (a later round's runner loads
+    the program the first compiled), undone afterwards; a cache folder the user set is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, jax, jax.numpy as jnp\n"
+        "from jaxnet import bench\n"
+        "with bench._compile_once_per_program():\n"
+        "    folder = jax.config.jax_compilation_cache_dir\n"
+        "    jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()\n"
+        "    print(folder, len(os.listdir(folder)))\n"
+        "print(jax.config.jax_compilation_cache_dir, os.path.exists(folder))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    lines = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    inside, after = lines.splitlines()[:2]
+    folder, entries = inside.split()
+    assert "jaxnet-bench-cache-" in folder and int(entries) >= 1  # the program went into the cache
+    assert after == "None False"  # the setting undone, the folder gone
+    mine = tmp_path / "mine"
+    env["JAX_COMPILATION_CACHE_DIR"] = str(mine)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[0] == str(mine) and out.split()[-1] == "True"

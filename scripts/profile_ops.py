@@ -125,12 +125,15 @@ def trace(family: str, steps: int) -> dict:
     }
 
 
-def timed(family: str, peer: str, steps: int, overrides: tuple[str, ...] = (), usage: bool = False) -> Any:
+def timed(
+    family: str, peer: str, steps: int, overrides: tuple[str, ...] = (), usage: bool = False, warmup: int = 3
+) -> Any:
     """Milliseconds per step of ``peer`` ("jaxnet": the runner's compiled step; "torch") (this process),
-    with config ``overrides`` (``key=value``) on the case's. With ``usage``, a dict: those
-    milliseconds and, per step, the process's user and kernel CPU milliseconds and its voluntary
-    context switches (a thread that went to sleep waiting), and the CPU it used (200 % = two cores
-    busy all along), from ``getrusage`` around the timed steps."""
+    over ``steps`` steps after ``warmup`` untimed ones, with config ``overrides`` (``key=value``) on
+    the case's. With ``usage``, a dict: those milliseconds and, per step, the process's user and
+    kernel CPU milliseconds and its voluntary context switches (a thread that went to sleep
+    waiting), the CPU it used (200 % = two cores busy all along), from ``getrusage`` around the
+    timed steps, and the process's peak resident memory (MiB) at the end."""
     import itertools
     import resource
     import time
@@ -175,7 +178,7 @@ def timed(family: str, peer: str, steps: int, overrides: tuple[str, ...] = (), u
             holder["state"], holder["metrics"] = compiled(holder["state"], placed[i % len(placed)])
 
         wait = lambda: jax.block_until_ready(holder["state"])  # noqa: E731
-    for i in range(3):
+    for i in range(warmup):
         step(i)
     wait()
     before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -192,14 +195,20 @@ def timed(family: str, peer: str, steps: int, overrides: tuple[str, ...] = (), u
         "kernel_ms_per_step": round(system / steps * 1e3, 2),
         "voluntary_switches_per_step": round((after.ru_nvcsw - before.ru_nvcsw) / steps, 1),
         "cpu_percent": round(100 * (user + system) / wall, 1),
+        "peak_resident_mib": round(after.ru_maxrss / 1024),  # ru_maxrss is in KiB on Linux
     }
 
 
 def fresh_process(code: str, cores: int, what: str, env: dict[str, str] | None = None) -> Any:
     """What ``code``, run by a fresh Python process on ``cores`` cores (``taskset`` below all of them)
-    with the allocator setting the jaxnet command runs with (and ``env`` on top), prints as JSON
-    after ``RESULT ``; ``what`` names it in the error if it prints none."""
-    env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", **(env or {})}  # as the jaxnet command runs
+    with ``env`` on top of this one's and the allocator settings the jaxnet command adds to that
+    (``jaxnet._startup.environment``: ``JAXNET_MALLOC=glibc`` in ``env`` keeps glibc's malloc), prints
+    as JSON after ``RESULT ``; ``what`` names it in the error if it prints none."""
+    sys.path.insert(0, str(ROOT))
+    from jaxnet import _startup  # imports no JAX
+
+    env = {**os.environ, **(env or {})}
+    env = _startup.environment(env) or env  # as the jaxnet command runs
     command = [sys.executable, "-c", code]
     if cores < (os.cpu_count() or 1):
         command = ["taskset", "-c", ",".join(str(c) for c in range(cores)), *command]

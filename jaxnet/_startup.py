@@ -16,7 +16,7 @@ A ``GLIBC_TUNABLES`` that already names ``glibc.malloc.hugetlb`` is left as it i
 
 Huge pages still leave the Transformer's step with a fault per 2 MiB of the ~300 MiB buffer XLA
 allocates and frees on every step: glibc maps any allocation over 32 MiB afresh and unmaps it
-when freed, and the kernel zeroes each page again, 30-40 ms of kernel time a step on a 2-core CPU.
+when freed, and the kernel zeroes each page again, 40-50 ms of kernel time a step on a 2-core CPU.
 ``JAXNET_MALLOC=mimalloc`` makes the command preload mimalloc instead (the ``cmeel-mimalloc`` wheel:
 ``pip install 'jaxnet[mimalloc]'``) with 2 MiB pages and freed memory kept for reuse
 (``MIMALLOC_ALLOW_LARGE_OS_PAGES=1``, ``MIMALLOC_PURGE_DELAY=-1``): the faults go. On a 2-core
@@ -66,9 +66,10 @@ def mimalloc_library() -> str | None:
 
 def malloc_choice(env: dict[str, str]) -> str:
     """``$JAXNET_MALLOC`` in ``env`` (``glibc`` when unset), checked: a ValueError says what is wrong."""
-    choice = env.get("JAXNET_MALLOC", MALLOCS[0]).strip().lower() or MALLOCS[0]
+    given = env.get("JAXNET_MALLOC", MALLOCS[0])
+    choice = given.strip().lower() or MALLOCS[0]
     if choice not in MALLOCS:
-        raise ValueError(f"JAXNET_MALLOC={choice!r} is not an allocator jaxnet knows: use glibc or mimalloc")
+        raise ValueError(f"JAXNET_MALLOC={given!r} is not an allocator jaxnet knows: use glibc or mimalloc")
     if choice == "mimalloc" and sys.platform.startswith("linux") and mimalloc_library() is None:
         raise ValueError("JAXNET_MALLOC=mimalloc needs the cmeel-mimalloc wheel: pip install 'jaxnet[mimalloc]'")
     return choice

@@ -23,7 +23,11 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from jaxnet import _startup
 
-    env = _startup.environment(dict(os.environ))
+    try:
+        env = _startup.environment(dict(os.environ))
+    except ValueError as e:  # a bad $JAXNET_MALLOC
+        print(f"benchmark.py: error: {e}", file=sys.stderr)
+        return 2
     if env is not None:  # the allocator setting the jaxnet command runs with, read at process start
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
     import jax

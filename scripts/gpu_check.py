@@ -1027,7 +1027,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     strange = [r for r in args.rows if r not in rows]
     if strange:
         raise BadInput(f"unknown speed row {strange[0]!r}; choose from {', '.join(rows)}")
-    args.families = tuple(f for f in (args.families or ",".join(BENCH_FAMILIES)).split(",") if f)
+    given = ",".join(BENCH_FAMILIES) if args.families is None else args.families
+    args.families = tuple(f for f in given.split(",") if f)
     strange = [f for f in args.families if f not in BENCH_FAMILIES]
     if strange or not args.families:
         raise BadInput(

@@ -36,12 +36,12 @@ import profile_ops  # noqa: E402
 
 # peer -> (what profile_ops.timed measures, the environment its process starts with, on top of
 # the allocator settings the jaxnet command adds to it: jaxnet._startup.environment)
-MIMALLOC = {"JAXNET_MALLOC": "mimalloc"}
+GLIBC, MIMALLOC = {"JAXNET_MALLOC": "glibc"}, {"JAXNET_MALLOC": "mimalloc"}
 PEERS = {
-    "jaxnet": ("jaxnet", {}),
+    "jaxnet": ("jaxnet", GLIBC),
     "jaxnet, mimalloc": ("jaxnet", MIMALLOC),
-    "torch": ("torch", {}),
-    "torch, OMP_WAIT_POLICY=PASSIVE": ("torch", {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "torch": ("torch", GLIBC),
+    "torch, OMP_WAIT_POLICY=PASSIVE": ("torch", {**GLIBC, "OMP_WAIT_POLICY": "PASSIVE"}),
     "torch, mimalloc": ("torch", MIMALLOC),
 }
 
@@ -55,6 +55,8 @@ def child(family: str, peer: str, steps: int, warmup: int = 3) -> dict:
     )
     if "OMP_WAIT_POLICY" in os.environ and "OMP_WAIT_POLICY" not in env:
         raise SystemExit("unset OMP_WAIT_POLICY first: the 'torch' peer measures PyTorch's default")
+    if os.environ.get("LD_PRELOAD"):
+        raise SystemExit("unset LD_PRELOAD first: each peer's allocator is chosen here (JAXNET_MALLOC)")
     return profile_ops.fresh_process(code, os.cpu_count() or 1, f"{peer} on {family}", env)
 
 

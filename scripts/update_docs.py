@@ -641,7 +641,8 @@ def render_devices() -> str:
     files = sorted((ROOT / "benchmarks" / "results" / "studies").glob("devices-*.json"))
     if not files:
         return "No `jaxnet study devices` record yet."
-    path = files[-1]
+    # the newest by the date inside (the names start with the device, which does not sort by time)
+    path = max(files, key=lambda f: (json.loads(f.read_text())["environment"]["date"], f.name))
     r = json.loads(path.read_text())
     rel = str(path.relative_to(ROOT))
     env = r["environment"]
@@ -1111,9 +1112,10 @@ def render_plan_vs_measured() -> str:
         c = json.loads(checks[-1].read_text())
         lines += [
             "",
-            f"The same GPU check's tests: {c['tests']['note']}; smokes (every experiment's smoke variant, "
-            f"checked to resolve to bf16 with cuDNN attention and LSTM): {c['smokes']['note']}; "
-            f"bench: {c['bench']['note'] or c['bench']['status']} "
+            f"The same GPU check's tests: {c.get('tests', {}).get('note', 'not run')}; smokes (every experiment's "
+            f"smoke variant, checked to resolve to bf16 with cuDNN attention and LSTM): "
+            f"{c.get('smokes', {}).get('note', 'not run')}; "
+            f"bench: {c.get('bench', {}).get('note') or c.get('bench', {}).get('status', 'not run')} "
             f"([{checks[-1].name}](benchmarks/results/{checks[-1].name})).",
         ]
     return "\n".join(lines)

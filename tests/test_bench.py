@@ -136,7 +136,9 @@ def test_a_runner_stopped_by_a_signal_stops_the_bench_with_a_message(monkeypatch
 
 def test_the_bench_compiles_each_program_once_and_leaves_a_users_cache_alone(tmp_path):
     """Inside the bench JAX's persistent cache is a temporary folder (a later round's runner loads
-    the program the first compiled), undone afterwards; a cache folder the user set is kept."""
+    the program the first compiled), also after a compile before it; afterwards the process
+    compiles without a cache again, with no write into the removed folder; a cache folder the user
+    set is kept."""
     import os
     import subprocess
     import sys
@@ -144,19 +146,23 @@ def test_the_bench_compiles_each_program_once_and_leaves_a_users_cache_alone(tmp
     code = (
         "import os, jax, jax.numpy as jnp\n"
         "from jaxnet import bench\n"
+        "jax.jit(lambda x: x - 1)(jnp.ones(3)).block_until_ready()  # a compile before the bench\n"
         "with bench._compile_once_per_program():\n"
         "    folder = jax.config.jax_compilation_cache_dir\n"
         "    jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()\n"
         "    print(folder, len(os.listdir(folder)))\n"
         "print(jax.config.jax_compilation_cache_dir, os.path.exists(folder))\n"
+        "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)  # any write would be tried\n"
+        "jax.jit(lambda x: x * 3)(jnp.ones(3)).block_until_ready()\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    lines = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    inside, after = lines.splitlines()[:2]
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    inside, after = result.stdout.splitlines()[:2]
     folder, entries = inside.split()
     assert "jaxnet-bench-cache-" in folder and int(entries) >= 1  # the program went into the cache
     assert after == "None False"  # the setting undone, the folder gone
+    assert "compilation cache" not in result.stderr  # no write into the removed folder afterwards
     mine = tmp_path / "mine"
     env["JAX_COMPILATION_CACHE_DIR"] = str(mine)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split()[0] == str(mine) and out.split()[-1] == "True"
+    assert out.split()[0] == str(mine) and out.split()[2] == str(mine) and out.split()[-1] == "True"

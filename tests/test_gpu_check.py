@@ -47,6 +47,7 @@ def gpu_check_sh(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess
         ),
         (["--dry-run", "--only", "bench", "--families", "lstm,rnn"], "unknown bench family 'rnn'"),
         (["--dry-run", "--only", "bench", "--families", ","], "unknown bench family '(none)'"),
+        (["--dry-run", "--only", "bench", "--families", ""], "unknown bench family '(none)'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, message):

@@ -125,7 +125,8 @@ def test_devices_study_with_cpu_results_only_says_so_and_invents_no_gpu(tmp_path
 
 def test_devices_study_shows_predicted_gpu_columns_from_the_committed_plan_records(tmp_path, capsys):
     """Beside the measured CPU figure, each family gets the H100 and H200 examples/s of the newest
-    committed one-GPU plan record of its experiment, labelled predicted, and no measured GPU cell."""
+    committed one-GPU plan record of its experiment, labelled predicted; a measured GPU cell only
+    where a committed GPU bench record has that family."""
     results = ROOT / "benchmarks/results"
     assert cli.main(["study", "devices", "--results", str(results), "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out

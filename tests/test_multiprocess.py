@@ -375,7 +375,11 @@ def test_a_mesh_that_leaves_out_a_process_stops_every_process_at_once(tmp_path):
     )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("jaxnet: error:")]
-    assert errors and all("must use all 4 devices of its 2 processes" in e for e in errors)
+    mesh = "must use all 4 devices of its 2 processes"
+    assert any(mesh in e for e in errors)
+    # A process slower to reach the check (a loaded machine) may first hear that the other stopped
+    # and say so instead: it stops all the same, with one line.
+    assert all(mesh in e or "this process stops too" in e for e in errors), errors
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 

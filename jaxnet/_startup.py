@@ -64,29 +64,26 @@ def mimalloc_library() -> str | None:
     return path if path and os.path.isfile(path) else None
 
 
-def malloc_choice(env: dict[str, str]) -> str:
-    """``$JAXNET_MALLOC`` in ``env`` (``glibc`` when unset), checked: a ValueError says what is wrong."""
-    given = env.get("JAXNET_MALLOC", MALLOCS[0])
-    choice = given.strip().lower() or MALLOCS[0]
-    if choice not in MALLOCS:
-        raise ValueError(f"JAXNET_MALLOC={given!r} is not an allocator jaxnet knows: use glibc or mimalloc")
-    if choice == "mimalloc" and sys.platform.startswith("linux") and mimalloc_library() is None:
-        raise ValueError("JAXNET_MALLOC=mimalloc needs the cmeel-mimalloc wheel: pip install 'jaxnet[mimalloc]'")
-    return choice
-
-
 def environment(env: dict[str, str], library: str | None = None) -> dict[str, str] | None:
     """``env`` with the malloc settings added, or None if it needs no change: glibc's huge pages,
     and with ``JAXNET_MALLOC=mimalloc`` mimalloc preloaded (``library``, default
-    :func:`mimalloc_library`) unless an allocator is preloaded already."""
+    :func:`mimalloc_library`) unless an allocator is preloaded already. A ``JAXNET_MALLOC`` that
+    is neither ``glibc`` (the default) nor ``mimalloc``, or mimalloc missing on Linux, raises a
+    ValueError saying what to do."""
     new = dict(env)
     tunables = env.get("GLIBC_TUNABLES", "")
     if TUNABLE not in tunables:
         new["GLIBC_TUNABLES"] = f"{tunables}:{SETTING}" if tunables else SETTING
+    given = env.get("JAXNET_MALLOC", MALLOCS[0])
+    choice = given.strip().lower() or MALLOCS[0]
+    if choice not in MALLOCS:
+        raise ValueError(f"JAXNET_MALLOC={given!r} is not an allocator jaxnet knows: use glibc or mimalloc")
     preload = env.get("LD_PRELOAD", "")
-    if malloc_choice(env) == "mimalloc" and not any(name in preload for name in ALLOCATORS):
-        library = library or mimalloc_library()  # None only off Linux, where the wheel is not a dependency
-        if library:
+    if choice == "mimalloc" and not any(name in preload for name in ALLOCATORS):
+        library = library or mimalloc_library()
+        if library is None and sys.platform.startswith("linux"):
+            raise ValueError("JAXNET_MALLOC=mimalloc needs the cmeel-mimalloc wheel: pip install 'jaxnet[mimalloc]'")
+        if library:  # off Linux the wheel is not there, and nothing changes
             new["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
             for key, value in MIMALLOC_SETTINGS.items():
                 new.setdefault(key, value)

@@ -199,9 +199,8 @@ def measure_runner(cfg: config_lib.Config, dataset: Any, interval: int) -> tuple
     with tempfile.TemporaryDirectory(prefix="jaxnet-bench-") as workdir:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             summary = train(_set_timing(cfg, interval), Path(workdir) / "run", dataset=dataset)
-        if summary.get(
-            "interrupted_by"
-        ):  # the runner stops cleanly at a signal (a time limit's SIGTERM): so does the bench
+        # the runner stops cleanly at a signal (a time limit's SIGTERM): so does the bench
+        if summary.get("interrupted_by"):
             raise SystemExit(
                 f"jaxnet bench: stopped by {summary['interrupted_by']} during the runner's measurement "
                 f"(step {summary['step']} of {4 * interval}); nothing measured for {cfg.experiment}"

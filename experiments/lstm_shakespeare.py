@@ -40,6 +40,7 @@ def get_config(variant: str = "default") -> Config:
     cfg.train.log_every = 50
     cfg.train.eval_every = 500
     cfg.train.checkpoint_every = 500
+    cfg.train.steps_per_call = 0  # auto: 5 steps per compiled call here (faster on a CPU); 1 in a sweep
     if variant == "smoke":
         cfg.data.seq_len = 32
         cfg.model.width = 32

@@ -218,6 +218,26 @@ def test_stopped_and_resumed_language_model_ends_bit_identical(tmp_path, model):
         assert carry.shape == (4, cfg.model.width) and np.abs(np.asarray(carry)).sum() > 0
 
 
+def test_an_lstm_run_of_k_steps_per_call_matches_one_step_per_call(tmp_path):
+    """The carried state and its reset at an epoch's end (step 7, inside the call of steps 5-8) flow
+    through calls of 4 steps as through single steps, with single steps up to the checkpoint at
+    step 10 that 4 does not divide."""
+    settings = {"train.log_every": "4", "train.checkpoint_every": "10"}
+    cfg = _text_config(tmp_path, "lstm", **settings)
+    (tmp_path / "book.txt").write_text(TEXT[:230])  # an epoch of 6 steps
+    one = train(cfg, tmp_path / "one")
+    four = train(config.apply_overrides(cfg, ["train.steps_per_call=4"]), tmp_path / "four")
+    rows = lambda name: [  # noqa: E731
+        (r["step"], r["split"], r["loss"]) for r in observe.read_metrics(tmp_path / name / "metrics.jsonl")
+    ]
+    assert [r[:2] for r in rows("four")] == [r[:2] for r in rows("one")]
+    np.testing.assert_allclose([r[2] for r in rows("four")], [r[2] for r in rows("one")], rtol=1e-5)
+    np.testing.assert_allclose(four["test"]["loss"], one["test"]["loss"], rtol=1e-5)
+    assert sorted(p.name for p in (tmp_path / "four" / "checkpoints").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one" / "checkpoints").iterdir()
+    )
+
+
 def test_stream_evaluation_carries_the_state_from_batch_to_batch(tmp_path):
     """Evaluating with long streams (state carried) must beat evaluating each window from zeros."""
     cfg = _text_config(tmp_path, "lstm", **{"train.steps": "60", "optim.lr": "0.01", "model.width": "48"})

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -67,25 +68,45 @@ def test_an_action_sees_the_run_after_each_call_at_its_multiples(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "extra, words",
+    "extra",
     [
-        (["train.steps_per_call=3"], "log_every=4 is not a multiple of .*=3: set train.log_every=3 or 6,"),
-        (["train.steps_per_call=4", "train.eval_every=6"], "eval_every=6 is not .*: set train.eval_every=4 or 8,"),
-        (["train.steps_per_call=4", "train.checkpoint_every=2"], "checkpoint_every=2 .*: set train.checkpoint_every=4"),
-        (["train.steps_per_call=-1"], "train.steps_per_call"),
+        ["train.steps_per_call=3"],  # logs every 4: calls of 3, then 1 to reach step 4, ...
+        ["train.steps_per_call=4", "train.eval_every=6"],
+        ["train.steps_per_call=4", "train.checkpoint_every=3"],
     ],
 )
-def test_intervals_that_are_not_multiples_of_k_are_one_line_errors_before_anything_is_written(tmp_path, extra, words):
-    with pytest.raises(jaxnet.UserError, match=words) as caught:
-        train(tmp_path / "run", *extra)
+def test_intervals_that_k_does_not_divide_still_fall_on_their_steps(tmp_path, extra):
+    """Single steps lead up to a log, evaluation or checkpoint that a call of K would pass over."""
+    k = train(tmp_path / "k", *extra)
+    one = train(tmp_path / "one", *[e for e in extra if "steps_per_call" not in e])
+    assert logged(tmp_path / "k") == logged(tmp_path / "one")
+    assert k["test"] == one["test"]
+    assert sorted(p.name for p in (tmp_path / "k" / "checkpoints").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one" / "checkpoints").iterdir()
+    )
+
+
+def test_a_negative_steps_per_call_is_a_one_line_error_before_anything_is_written(tmp_path):
+    with pytest.raises(jaxnet.UserError, match="train.steps_per_call") as caught:
+        train(tmp_path / "run", "train.steps_per_call=-1")
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "run").exists()
 
 
-def test_an_action_whose_interval_is_not_a_multiple_of_k_is_refused(tmp_path):
-    with pytest.raises(jaxnet.UserError, match="runs every 3 steps, which is not a multiple of train.steps_per_call=2"):
-        train(tmp_path / "run", "train.steps_per_call=2", actions=[jaxnet.every(3, lambda loop: None)])
-    assert not (tmp_path / "run").exists()
+def test_an_action_whose_interval_k_does_not_divide_sees_the_run_at_its_multiples(tmp_path):
+    seen = []
+    train(tmp_path / "run", "train.steps_per_call=2", actions=[jaxnet.every(3, lambda loop: seen.append(loop.step))])
+    assert seen == [3, 6, 9]
+
+
+def test_calls_split_at_every_interval_k_does_not_divide():
+    """The LSTM experiment's shape: 8 steps a call, logs every 200 steps, an epoch of 2,323."""
+    sizes = list(call_sizes(0, 2410, 8, (200, 2323, 2323, 0)))
+    assert sizes == [8] * 290 + [1] * 3 + [8] * 9 + [1] * 5 + [8] + [1] * 2
+    ends = set(itertools.accumulate(sizes))
+    assert {*range(200, 2401, 200), 2323} <= ends
+    assert list(call_sizes(2321, 2335, 8, (200, 2323))) == [1, 1, 8, 1, 1, 1, 1]  # resumed mid-way
+    assert list(call_sizes(0, 10, 4, ())) == [4, 4, 1, 1]  # nothing due: calls of K up to the end
 
 
 @pytest.mark.parametrize(
@@ -97,9 +118,11 @@ def test_an_action_whose_interval_is_not_a_multiple_of_k_is_refused(tmp_path):
         ((4, 8, 4), (6,), 2),  # an action every 6 steps
         ((7, 0, 0), (), 7),
         ((50, 500, 500), (3,), 1),
+        ((200, 2323, 2323), (), 8),  # intervals of 100 steps or more need not be multiples
+        ((10, 150, 150), (), 5),
     ],
 )
-def test_auto_steps_per_call_is_the_largest_up_to_8_dividing_every_interval(intervals, everies, k):
+def test_auto_steps_per_call_is_the_largest_up_to_8_dividing_every_short_interval(intervals, everies, k):
     log, val, ckpt = intervals
     cfg = jaxnet.apply_overrides(
         jaxnet.Config(), ["train.steps_per_call=0", f"train.log_every={log}", f"train.eval_every={val}",
@@ -151,3 +174,16 @@ def test_the_one_step_call_equals_the_step_then_its_metrics_added_apart():
     assert same(totals_summed, totals_apart)
     assert float(totals_summed["loss"]) == pytest.approx(sum(losses), rel=1e-6)
     assert int(totals_summed["first_nonfinite"]) == NO_STEP and int(totals_summed["nonfinite"]) == 0
+
+
+def test_a_k_step_call_is_unrolled_only_where_the_step_convolves():
+    """XLA on a CPU runs convolutions inside a loop many times slower; any other step stays in one."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxnet.train.step import convolves
+
+    image, kernel = jnp.zeros((1, 1, 4, 4)), jnp.zeros((1, 1, 3, 3))
+    conv = jax.jit(lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME"))
+    assert convolves(jax.grad(lambda w, x: jnp.sum(conv(x, w))), kernel, image)  # nested in jit and grad
+    assert not convolves(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w))), jnp.zeros((4, 3)), jnp.zeros((2, 4)))

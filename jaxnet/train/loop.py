@@ -229,8 +229,10 @@ class Run:
             compiler_options=options,
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
-        # train.steps_per_call > 1: that many steps in one compiled call, on stacked batches.
+        # train.steps_per_call > 1: that many steps in one compiled call, on stacked batches, and
+        # the intervals whose steps end a call (None: the multiples of steps_per_call; train() sets them).
         self.steps_per_call = config_lib.steps_per_call(cfg)
+        self.call_everies: tuple[int, ...] | None = None
         self.train_calls = jax.jit(
             make_multi_step(step),
             donate_argnums=0,
@@ -409,10 +411,11 @@ class Run:
 
     def call_batches(self, start: int, end: int) -> Any:
         """``(n, batch)`` for each call of the steps from ``start`` to ``end`` (see
-        :func:`call_sizes`): a host batch (``n`` = 1) or ``n`` of them stacked along a new leading
-        axis, the same batches in the same order as :meth:`train_batches`."""
+        :func:`call_sizes`, with the intervals in :attr:`call_everies`): a host batch (``n`` = 1)
+        or ``n`` of them stacked along a new leading axis, the same batches in the same order as
+        :meth:`train_batches`."""
         batches = self.train_batches(start)
-        for n in call_sizes(start, end, self.steps_per_call):
+        for n in call_sizes(start, end, self.steps_per_call, self.call_everies):
             group = [next(batches) for _ in range(n)]
             yield n, group[0] if n == 1 else jax.tree.map(lambda *rows: np.stack(rows), *group)
 
@@ -710,15 +713,10 @@ def train(
     run = Run(cfg, model=model, dataset=dataset, task=task, optimizer=optimizer)
     extra = [*(run.hooks["actions"](cfg) if "actions" in run.hooks else []), *(actions or [])]
     extra = [actions_lib.as_action(a) for a in extra]
-    # auto (0) also fits the actions' intervals; a number given is checked against them
-    run.steps_per_call = per_call = config_lib.steps_per_call(cfg, tuple(a.every for a in extra))
-    for action in extra:
-        if action.every % per_call:  # a call ends only on multiples of train.steps_per_call
-            name = getattr(action, "name", type(action).__name__)
-            raise UserError(
-                f"action {name} runs every {action.every} steps, which is not a multiple of "
-                f"train.steps_per_call={per_call}; give it an every that is, or set train.steps_per_call=1"
-            )
+    # auto (0) also fits the actions' intervals; a call ends on every step where one of them falls
+    everies = tuple(a.every for a in extra if a.every)
+    run.steps_per_call = config_lib.steps_per_call(cfg, everies)
+    run.call_everies = (cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every, *everies)
     environment["trained"] = record.trained(run, model=model, dataset=dataset, task=task)
     keep = best_lib.plan(cfg, run, extra)
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
@@ -881,14 +879,20 @@ def empty_val_notice(dataset: Any) -> str | None:
     return f"note: the validation split is empty, so this run has no validation pass; {where}"
 
 
-def call_sizes(start: int, end: int, steps_per_call: int) -> Any:
-    """How many steps each call takes from ``start`` to ``end``: single steps up to a multiple of
-    ``steps_per_call``, then ``steps_per_call`` at a time, then single steps for what is left.
-    Calls thus end on the multiples of ``steps_per_call``, where logs, evaluations and
-    checkpoints fall, also after resuming from a step that is not one."""
+def call_sizes(start: int, end: int, steps_per_call: int, everies: Any = None) -> Any:
+    """How many steps each call takes from ``start`` to ``end``: ``steps_per_call`` at a time
+    wherever no multiple of one of ``everies`` (the steps at which logs, evaluations, checkpoints
+    and actions fall) lies inside the call, single steps where one would, and single steps for
+    what is left at ``end``. Every such step thus ends a call, also after resuming from any step.
+    ``everies`` None stands for ``steps_per_call`` itself: calls end on its multiples. For
+    example, 8 steps per call and a log every 200 steps with an evaluation every 2323: calls of
+    8 up to step 2320, 3 single steps to 2323, then calls of 8 again up to 2395 and 5 single
+    steps to 2400."""
+    everies = [steps_per_call] if everies is None else [e for e in everies if e > 0]
     step = start
     while step < end:
-        n = steps_per_call if step % steps_per_call == 0 and step + steps_per_call <= end else 1
+        fits = step + steps_per_call <= end and all((step // e + 1) * e >= step + steps_per_call for e in everies)
+        n = steps_per_call if fits else 1
         yield n
         step += n
 

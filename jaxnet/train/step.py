@@ -96,12 +96,27 @@ def make_multi_step(
             state, totals = carry
             return summed_step(state, batch, totals), None
 
-        # Unrolled: XLA on a CPU runs a convolution inside a while loop many times slower than in
-        # straight-line code (30x for the ConvNet, measured), at the cost of K times the compile.
-        (state, totals), _ = jax.lax.scan(one, (state, totals), batches, unroll=True)
+        # Unrolled where the step convolves: XLA on a CPU runs a convolution inside a while loop
+        # many times slower than in straight-line code (the ConvNet's 5-step call: 690 against 32 ms
+        # a step), at the cost of K times the compile. Other steps stay in the loop, which runs as
+        # fast and compiles once (the Transformer case's 5-step call: 186-189 ms a step either way,
+        # 4 s to compile against 13 s unrolled; scripts/profile_cpu.py --steps-per-call 5).
+        first = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batches)
+        unroll = convolves(summed_step, state, first, totals)
+        (state, totals), _ = jax.lax.scan(one, (state, totals), batches, unroll=unroll)
         return state, totals
 
     return multi_step
+
+
+def convolves(fn: Callable[..., Any], *args: Any) -> bool:
+    """Whether ``fn(*args)`` computes a convolution (``args`` may be tracers: only shapes are read).
+
+    Reads the printed jaxpr, which shows the programs nested in it too (jit, scan, custom
+    derivatives), rather than walking equations: the parameters that hold nested jaxprs differ
+    from one primitive and JAX version to another."""
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    return "conv_general_dilated" in str(jax.make_jaxpr(fn)(*shapes))
 
 
 def task_of(task: Task | None, batch: Batch) -> Task:

@@ -10,8 +10,8 @@ Two 3x3 conv layers (32 and 64 channels) with max-pooling, a 256-unit dense laye
 as the only regulariser; Adam with warmup and cosine decay; 2,150 steps of 128 = 5 epochs of
 the 55,000 training images (5,000 are held out for validation).
 
-Steps run five to a compiled call (``train.steps_per_call=0``, auto, picks the most that divide
-the log, evaluation and checkpoint intervals).
+Steps run five to a compiled call (``train.steps_per_call=0``, auto, picks the most up to 8 that
+divide the log, evaluation and checkpoint intervals under 100 steps).
 
 Variants: ``smoke`` trains 60 steps on the same data in a few seconds, for tests. ``folder`` trains
 the same model on the same images read as PNG files from class folders (``data.name=folder``),

@@ -118,20 +118,25 @@ def test_results_files_name_the_cpu_with_its_family_model_and_vector_instruction
     assert observe.cpu_model("").strip()  # no model name: the platform's word, never empty
 
 
-def test_a_runner_stopped_by_a_signal_stops_the_bench_with_a_message(monkeypatch):
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_runner_stopped_by_a_signal_stops_the_bench_with_a_message(monkeypatch, capsys, name, code):
     """A time limit's SIGTERM stops the runner cleanly (a checkpoint, a summary): the bench says so
-    and stops too, rather than failing later on a short metrics log."""
+    in one line and stops too, with the shell's code for the signal, rather than failing later on a
+    short metrics log."""
     import sys
 
     import jaxnet.train  # noqa: F401  (the package; the name jaxnet.train is its function)
 
     def stopped(cfg, workdir, dataset=None):
-        return {"interrupted_by": "SIGTERM", "step": 7, "compile_time_s": 0.0}
+        return {"interrupted_by": name, "step": 7, "compile_time_s": 0.0}
 
     monkeypatch.setattr(sys.modules["jaxnet.train"], "train", stopped)
     cfg = bench.case_config(bench.CASES["cnn"], smoke=True)
-    with pytest.raises(SystemExit, match=r"stopped by SIGTERM during the runner's measurement \(step 7 of 8\)"):
+    with pytest.raises(SystemExit) as stop:
         bench.measure_runner(cfg, None, 2)
+    assert stop.value.code == code
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and f"stopped by {name} during the runner's measurement (step 7 of 8)" in said
 
 
 def test_the_bench_compiles_each_program_once_and_leaves_a_users_cache_alone(tmp_path):

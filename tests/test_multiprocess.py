@@ -295,6 +295,30 @@ def test_only_a_proven_process_can_stop_the_run_and_a_recorded_handshake_proves_
     joined[0].close()
 
 
+def test_a_process_that_fails_while_still_joining_the_watch_is_heard_failing(watch, monkeypatch):
+    """Under load a process can fail before its watch has joined process 0's: it waits to join, so
+    process 0 hears its exit code instead of only its connection closing."""
+    import time
+
+    from jaxnet.parallel import processes
+    from jaxnet.parallel import watch as watch_lib
+
+    class SlowClient:  # the coordination service, answering late
+        def blocking_key_value_get(self, key, timeout_ms):
+            time.sleep(0.5)
+            return (b"s" * 32).hex() if key.endswith("secret") else str(watch.address[1])
+
+        def key_value_set(self, key, value):
+            pass
+
+    one = watch_lib._Watch(1, 3, silence=60)
+    monkeypatch.setattr(watch_lib, "_watch", one)
+    threading.Thread(target=one.join, args=(SlowClient(), "127.0.0.1"), daemon=True).start()
+    processes.leave(2, None)  # at once, while the join is under way
+    assert _wait_for(lambda: any(s and "process 1 of 3 stopped with exit code 2" in s for s in watch.stops))
+    assert not any(s and "stopped unexpectedly" in s for s in watch.stops)
+
+
 def test_a_joining_process_does_not_trust_a_watch_without_the_run_s_secret():
     import socket
 

@@ -39,6 +39,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,12 +200,16 @@ def measure_runner(cfg: config_lib.Config, dataset: Any, interval: int) -> tuple
     with tempfile.TemporaryDirectory(prefix="jaxnet-bench-") as workdir:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             summary = train(_set_timing(cfg, interval), Path(workdir) / "run", dataset=dataset)
-        # the runner stops cleanly at a signal (a time limit's SIGTERM): so does the bench
+        # the runner stops cleanly at a signal (a time limit's SIGTERM): so does the bench, with the
+        # shell's code for that signal (130 for SIGINT, 143 for SIGTERM)
         if summary.get("interrupted_by"):
-            raise SystemExit(
-                f"jaxnet bench: stopped by {summary['interrupted_by']} during the runner's measurement "
-                f"(step {summary['step']} of {4 * interval}); nothing measured for {cfg.experiment}"
+            name = summary["interrupted_by"]
+            print(
+                f"jaxnet bench: stopped by {name} during the runner's measurement "
+                f"(step {summary['step']} of {4 * interval}); nothing measured for {cfg.experiment}",
+                file=sys.stderr,
             )
+            raise SystemExit(128 + getattr(signal, name, signal.SIGTERM))
         rows = [r for r in observe.read_metrics(Path(workdir) / "run" / "metrics.jsonl") if r["split"] == "train"]
     rates = [r["steps_per_s"] for r in rows][1:]
     if len(rates) != 3:

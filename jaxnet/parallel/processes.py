@@ -20,6 +20,10 @@ from jaxnet.errors import UserError
 from jaxnet.parallel import launchers, watch
 from jaxnet.parallel.watch import watch_port
 
+# How long a process that fails before it has joined the watch waits to join, so that the others
+# hear why it stopped (at most this much later than it would have stopped).
+_JOIN_WAIT_SECONDS = 10.0
+
 HEARTBEAT_SECONDS = 40
 
 
@@ -144,6 +148,7 @@ def leave(code: int, message: str | None = None) -> None:
         while True:  # the watch is printing its error and ending the process
             time.sleep(1)
     if current is not None:
+        current.joined.wait(_JOIN_WAIT_SECONDS)  # a process failing early: still joining the watch
         current.say(f"failed {code}" if current.index else f"failed 0 {code}")
     watch._exit(code, message)
 

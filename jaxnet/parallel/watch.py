@@ -109,6 +109,12 @@ class _Watch:
         self.ended: set[int] = set()  # processes that said bye or failed: their connection may close
         self.beat = time.monotonic()
         self.serving = True  # process 0's loop goes on while this holds (a test ends it)
+        # Set once this process can tell process 0 anything (connected, or gave up joining; process 0:
+        # at once): a process that fails early waits for it, or its "failed" line would go nowhere and
+        # process 0 would only see its connection close.
+        self.joined = threading.Event()
+        if index == 0:
+            self.joined.set()
 
     def listen(self, client: Any, port: int) -> None:
         """Process 0: listen where each other process will connect, tell it the port, and serve."""
@@ -216,6 +222,12 @@ class _Watch:
         """Any other process: prove to process 0 that this process belongs to the run, then read
         until process 0 stops or says one stopped."""
         try:
+            self._join(client, host)
+        finally:
+            self.joined.set()
+
+    def _join(self, client: Any, host: str) -> None:
+        try:
             self.secret = bytes.fromhex(client.blocking_key_value_get(f"{_WATCH_KEY}/secret", 300_000))
             address = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
             client.key_value_set(f"{_WATCH_KEY}/{self.index}/address", address)
@@ -231,6 +243,7 @@ class _Watch:
         with self.sending:
             self.peers[0] = connection
         self.heard[0] = time.monotonic()
+        self.joined.set()
         while lines is not None:
             if lines:
                 self.heard[0] = time.monotonic()

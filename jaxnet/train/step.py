@@ -100,7 +100,7 @@ def make_multi_step(
         # many times slower than in straight-line code (the ConvNet's 5-step call: 690 against 32 ms
         # a step), at the cost of K times the compile. Other steps stay in the loop, which runs as
         # fast and compiles once (the Transformer case's 5-step call: 186-189 ms a step either way,
-        # 4 s to compile against 13 s unrolled; scripts/profile_cpu.py --steps-per-call 5).
+        # 4 s to compile against 13 s unrolled). One trial by hand each, on the 2-core EPYC.
         first = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batches)
         unroll = convolves(summed_step, state, first, totals)
         (state, totals), _ = jax.lax.scan(one, (state, totals), batches, unroll=unroll)

@@ -187,3 +187,25 @@ def test_a_k_step_call_is_unrolled_only_where_the_step_convolves():
     conv = jax.jit(lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME"))
     assert convolves(jax.grad(lambda w, x: jnp.sum(conv(x, w))), kernel, image)  # nested in jit and grad
     assert not convolves(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w))), jnp.zeros((4, 3)), jnp.zeros((2, 4)))
+
+
+def test_an_evaluation_leaves_out_its_own_time_and_not_the_steps_still_running():
+    """Steps run asynchronously: the time ``Loop.timed`` leaves out of the steps' time starts once
+    the steps already dispatched are done."""
+    import time
+    from types import SimpleNamespace
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxnet.train.actions import Loop
+
+    slow = jax.jit(lambda x: jax.lax.fori_loop(0, 60, lambda i, y: jnp.tanh(y @ y), x))
+    x = jnp.full((400, 400), 0.01)
+    jax.block_until_ready(slow(x))
+    started = time.perf_counter()
+    jax.block_until_ready(slow(x))
+    step = time.perf_counter() - started
+    loop = Loop(SimpleNamespace(cfg=None), None, slow(x), 0, 1, None, None, False)  # dispatched, running
+    loop.timed(lambda: jax.block_until_ready(loop.state))  # an evaluation reads the state
+    assert loop.paused < step / 2

@@ -134,7 +134,11 @@ class Loop:
         return self._totals[1]
 
     def timed(self, fn: Callable[[], Any]) -> Any:
-        """``fn()``, its time left out of the steps' time (for evaluations)."""
+        """``fn()``, its time left out of the steps' time (for evaluations). The steps already
+        dispatched finish first: JAX runs them asynchronously, and their time is the steps' (waited
+        for inside ``fn``, it made the speed of an interval with an evaluation in it look faster:
+        13.3 steps/s against 7-9 in benchmarks/results/train-lstm_ptb_small-cpu-2026-11-21.json)."""
+        jax.block_until_ready(self.state)
         started = time.perf_counter()
         try:
             return fn()

@@ -33,7 +33,7 @@
     jaxnet list
 
 Bad input ends with one line ``jaxnet: error: ...`` on stderr and exit code 2. ``jaxnet train``
-stopped by SIGTERM or SIGINT finishes its step, saves a checkpoint and exits with 0 or 130.
+stopped by SIGTERM or SIGINT finishes its step (its call of steps), saves a checkpoint and exits with 0 or 130.
 """
 
 from __future__ import annotations

@@ -107,6 +107,29 @@ def test_calls_split_at_every_interval_k_does_not_divide():
     assert {*range(200, 2401, 200), 2323} <= ends
     assert list(call_sizes(2321, 2335, 8, (200, 2323))) == [1, 1, 8, 1, 1, 1, 1]  # resumed mid-way
     assert list(call_sizes(0, 10, 4, ())) == [4, 4, 1, 1]  # nothing due: calls of K up to the end
+    assert list(call_sizes(0, 12, 4, (4,), stops=(5, 7))) == [4, 1, 1, 1, 1, 4]  # a window traced from 6 to 7
+
+
+def test_the_processes_agree_where_to_stop_on_a_signal_by_counting_calls(monkeypatch):
+    """JAX's preemption sync point is one number every process must pass exactly: the steps of
+    calls of 8 jump over it, the calls do not."""
+    from types import SimpleNamespace
+
+    from jax.experimental import multihost_utils
+
+    from jaxnet.train.actions import StopOnSignal
+    from jaxnet.train.loop import Interrupts
+
+    sync_point = 3  # the highest count any process reported when the notice came, plus one
+    monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point", lambda n: n == sync_point)
+    interrupts = Interrupts()
+    interrupts.multi_process = True
+    action = StopOnSignal(interrupts)
+    loop = SimpleNamespace(step=0, end=80, stop=lambda: setattr(loop, "end", loop.step))
+    while loop.step < loop.end:
+        loop.step += 8
+        action(loop)
+    assert loop.end == 24  # after the third call
 
 
 @pytest.mark.parametrize(

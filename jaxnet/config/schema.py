@@ -25,8 +25,8 @@ from jaxnet.models import base as model_base
 from jaxnet.models.base import Checked, ModelConfig, field, leaves, model_config, model_keys
 
 # The most steps per call train.steps_per_call=0 (auto) picks: five steps per call ran the CPU
-# ConvNet 14 % faster than one (benchmarks/results/conv-cpu-2026-11-23-candidates-under-load.json),
-# and each call's steps are unrolled, so the compile grows with it.
+# ConvNet 14 % faster than one (benchmarks/results/conv-cpu-2026-11-23-candidates-under-load.json);
+# a step with convolutions is unrolled in its call, so its compile grows with it (others stay in a loop).
 AUTO_STEPS_PER_CALL = 8
 # Auto's K divides every interval shorter than this; a longer one (an epoch of 2,323 steps) is
 # reached by a few single steps before its boundary, at most K - 1 in this many steps.

@@ -134,9 +134,10 @@ def quiet_output() -> None:
 
 
 def leave(code: int, message: str | None = None) -> None:
-    """End this process of a multi-process run at once with exit code ``code``, after printing
-    ``message`` (if any, naming this process) on stderr and telling the other processes, which
-    then stop too.
+    """End this process of a multi-process run with exit code ``code``, after printing ``message``
+    (if any, naming this process) on stderr and telling the other processes, which then stop too:
+    at once, or, if this process has not yet joined the watch that tells them, once it has (at
+    most ``_JOIN_WAIT_SECONDS`` later; the message is printed before that wait).
 
     A normal exit would wait at JAX's shutdown barrier for the others, which wait in a collective
     for this one. If another process is already reporting its failure, this one stays quiet.
@@ -148,8 +149,10 @@ def leave(code: int, message: str | None = None) -> None:
         while True:  # the watch is printing its error and ending the process
             time.sleep(1)
     if current is not None:
+        watch.write_now(message)  # first: whatever ends this process meanwhile, it has said why
         current.joined.wait(_JOIN_WAIT_SECONDS)  # a process failing early: still joining the watch
         current.say(f"failed {code}" if current.index else f"failed 0 {code}")
+        message = None
     watch._exit(code, message)
 
 

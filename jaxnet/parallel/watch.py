@@ -415,14 +415,19 @@ def _exit(code: int, message: str | None = None) -> None:
     """Print ``message`` (naming this process, see :func:`tagged`) and end the process now, without
     waiting for the other processes. The message goes first, straight to the file: when process 0
     dies, JAX's runtime ends the others too, a moment later, with a long message of its own."""
+    write_now(message)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(code)
+
+
+def write_now(message: str | None) -> None:
+    """``message`` (naming this process, see :func:`tagged`) on stderr at once, straight to the file."""
     with contextlib.suppress(Exception):
         sys.stderr.flush()
     if message:
         with contextlib.suppress(OSError):
             os.write(sys.__stderr__.fileno() if sys.__stderr__ else 2, (tagged(message) + "\n").encode())
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-    os._exit(code)
 
 
 _who: tuple[int, int] | None = None  # (this process, the run's processes), once a multi-process run knows

@@ -149,15 +149,21 @@ class Loop:
 
 
 class StopOnSignal(Action):
-    """SIGTERM / SIGINT received: end the run after this step (with a checkpoint)."""
+    """SIGTERM / SIGINT received: end the run after this call of the step (with a checkpoint).
+
+    The processes of a multi-process run agree where to stop by counting calls, not updates: JAX's
+    preemption sync point is one number every process must pass exactly, and with several steps
+    a call (``train.steps_per_call``) the update count jumps over it."""
 
     every = 1
 
     def __init__(self, interrupts: Any):
         self.interrupts = interrupts
+        self.calls = 0  # calls of this invocation: every process takes the same ones
 
     def __call__(self, loop: Loop) -> None:
-        if self.interrupts.stop_after(loop.step):
+        self.calls += 1
+        if self.interrupts.stop_after(self.calls):
             loop.stop()
 
 

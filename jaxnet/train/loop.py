@@ -56,12 +56,13 @@ TRANSFORM_STREAM = 3  # a task's host transform of training batch s draws from d
 
 
 class Interrupts:
-    """SIGTERM and SIGINT while training: the runner finishes the step, checkpoints and stops.
+    """SIGTERM and SIGINT while training: the runner finishes the call of the step it is in (one
+    step, or up to ``train.steps_per_call``), checkpoints and stops.
 
     A second SIGINT (Ctrl-C twice) raises ``KeyboardInterrupt`` at once. Handlers can only be
     installed from the main thread; elsewhere signals keep their usual effect. In a
     multi-process run SIGTERM goes through JAX's preemption sync point, so that every process
-    stops after the same step, and SIGINT ends the process at once.
+    stops after the same call, and SIGINT ends the process at once.
     """
 
     def __init__(self) -> None:
@@ -85,7 +86,8 @@ class Interrupts:
         self.received = signum
 
     def stop_after(self, done: int) -> bool:
-        """Whether to stop after update ``done`` (call it after every update)."""
+        """Whether to stop after call ``done`` of the loop (call it after every call, counting from
+        1; every process of a multi-process run counts the same calls)."""
         if self.received is not None:
             return True
         if self.multi_process:
@@ -233,6 +235,7 @@ class Run:
         # the intervals whose steps end a call (None: the multiples of steps_per_call; train() sets them).
         self.steps_per_call = config_lib.steps_per_call(cfg)
         self.call_everies: tuple[int, ...] | None = None
+        self.call_stops: tuple[int, ...] = ()  # single steps that end a call too (a profiled window's ends)
         self.train_calls = jax.jit(
             make_multi_step(step),
             donate_argnums=0,
@@ -415,7 +418,7 @@ class Run:
         or ``n`` of them stacked along a new leading axis, the same batches in the same order as
         :meth:`train_batches`."""
         batches = self.train_batches(start)
-        for n in call_sizes(start, end, self.steps_per_call, self.call_everies):
+        for n in call_sizes(start, end, self.steps_per_call, self.call_everies, self.call_stops):
             group = [next(batches) for _ in range(n)]
             yield n, group[0] if n == 1 else jax.tree.map(lambda *rows: np.stack(rows), *group)
 
@@ -717,6 +720,8 @@ def train(
     everies = tuple(a.every for a in extra if a.every)
     run.steps_per_call = config_lib.steps_per_call(cfg, everies)
     run.call_everies = (cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every, *everies)
+    profiled = config_lib.profile_steps(cfg)  # its trace starts after update A - 1 and stops after update B
+    run.call_stops = (profiled[0] - 1, profiled[1]) if profiled else ()
     environment["trained"] = record.trained(run, model=model, dataset=dataset, task=task)
     keep = best_lib.plan(cfg, run, extra)
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task
@@ -879,20 +884,21 @@ def empty_val_notice(dataset: Any) -> str | None:
     return f"note: the validation split is empty, so this run has no validation pass; {where}"
 
 
-def call_sizes(start: int, end: int, steps_per_call: int, everies: Any = None) -> Any:
+def call_sizes(start: int, end: int, steps_per_call: int, everies: Any = None, stops: Any = ()) -> Any:
     """How many steps each call takes from ``start`` to ``end``: ``steps_per_call`` at a time
     wherever no multiple of one of ``everies`` (the steps at which logs, evaluations, checkpoints
-    and actions fall) lies inside the call, single steps where one would, and single steps for
-    what is left at ``end``. Every such step thus ends a call, also after resuming from any step.
-    ``everies`` None stands for ``steps_per_call`` itself: calls end on its multiples. For
-    example, 8 steps per call and a log every 200 steps with an evaluation every 2323: calls of
-    8 up to step 2320, 3 single steps to 2323, then calls of 8 again up to 2395 and 5 single
-    steps to 2400."""
+    and actions fall) and none of ``stops`` (single steps, such as the ends of a profiled
+    window) lies inside the call, single steps where one would, and single steps for what is left
+    at ``end``. Every such step thus ends a call, also after resuming from any step. ``everies``
+    None stands for ``steps_per_call`` itself: calls end on its multiples. For example, 8 steps
+    per call and a log every 200 steps with an evaluation every 2323: calls of 8 up to step 2320,
+    3 single steps to 2323, then calls of 8 again up to 2395 and 5 single steps to 2400."""
     everies = [steps_per_call] if everies is None else [e for e in everies if e > 0]
     step = start
     while step < end:
-        fits = step + steps_per_call <= end and all((step // e + 1) * e >= step + steps_per_call for e in everies)
-        n = steps_per_call if fits else 1
+        after = step + steps_per_call
+        fits = after <= end and all((step // e + 1) * e >= after for e in everies)
+        n = steps_per_call if fits and not any(step < s < after for s in stops) else 1
         yield n
         step += n
 

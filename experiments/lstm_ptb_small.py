@@ -51,6 +51,7 @@ def get_config(variant: str = "default") -> Config:
     cfg.train.checkpoint_every = STEPS_PER_EPOCH
     cfg.train.steps_per_call = 0  # auto: 8 steps per compiled call, single ones up to an epoch's end (faster)
     if variant == "smoke":
+        cfg.train.steps_per_call = 1  # the many tests' runs compile fastest so (several a call: tested apart)
         cfg.model.width = 32
         cfg.train.eval_batch_size = 200  # fewer, longer passes over the 74k validation words
         cfg.optim.decay_start = 20

@@ -42,6 +42,7 @@ def get_config(variant: str = "default") -> Config:
     cfg.train.checkpoint_every = 500
     cfg.train.steps_per_call = 0  # auto: 5 steps per compiled call here (faster on a CPU); 1 in a sweep
     if variant == "smoke":
+        cfg.train.steps_per_call = 1  # the many tests' runs compile fastest so (several a call: tested apart)
         cfg.data.seq_len = 32
         cfg.model.width = 32
         cfg.optim.warmup_steps = 5

@@ -203,7 +203,8 @@ def test_scancel_term_checkpoints_the_job_requeues_itself_and_resumes_to_the_sam
     slurm, corpus, reference, tmp_path
 ):
     workdir = tmp_path / "preempted"
-    job, output = _submit(slurm, workdir, corpus)
+    # 5 steps a call: the processes must agree on where to stop although the step count jumps by 5
+    job, output = _submit(slurm, workdir, corpus, "train.steps_per_call=5")
     _wait_for_line(output, "mesh data=2", slurm, job)  # both processes joined and built the run
     cancel = subprocess.run(["scancel", "--signal=TERM", job], capture_output=True, text=True, env=slurm)
     assert cancel.returncode == 0, cancel.stderr

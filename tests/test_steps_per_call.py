@@ -93,6 +93,15 @@ def test_a_negative_steps_per_call_is_a_one_line_error_before_anything_is_writte
     assert not (tmp_path / "run").exists()
 
 
+def test_an_interval_shorter_than_k_is_noted_in_one_line():
+    from jaxnet.train.loop import short_interval_notice
+
+    note = short_interval_notice(4, (2, 8, 0))
+    assert "every 2 steps, fewer than train.steps_per_call=4" in note and "\n" not in note
+    assert short_interval_notice(4, (4, 6, 0)) is None  # 6 costs single steps before its multiples only
+    assert short_interval_notice(1, (1,)) is None
+
+
 def test_an_action_whose_interval_k_does_not_divide_sees_the_run_at_its_multiples(tmp_path):
     seen = []
     train(tmp_path / "run", "train.steps_per_call=2", actions=[jaxnet.every(3, lambda loop: seen.append(loop.step))])

@@ -816,6 +816,9 @@ def _train(
         notice = empty_val_notice(run.dataset)
         if notice:
             progress.note(notice)
+        notice = short_interval_notice(run.steps_per_call, run.call_everies)
+        if notice:
+            progress.note(notice)
         if hasattr(run.dataset, "first_pass"):  # a mixture: how far the run reads each corpus
             progress.note(run.dataset.first_pass(cfg))
     loop = actions_lib.Loop(run, workdir, state, start, end, log, progress, skip=train_cfg.on_nonfinite == "skip")
@@ -868,6 +871,18 @@ def tokens_per_example(run: Run) -> int:
     """The token positions of one example of a text run's batch: ``data.seq_len``, times the sequences
     an example holds (a preference pair: two)."""
     return run.cfg.data.seq_len * int(getattr(run.dataset, "sequences_per_example", 1))
+
+
+def short_interval_notice(steps_per_call: int, everies: Any) -> str | None:
+    """A note when an interval is shorter than ``train.steps_per_call``: the steps up to each of its
+    multiples then run one a call (:func:`call_sizes`), which a user who asked for K may not expect."""
+    short = sorted({e for e in everies or () if 0 < e < steps_per_call})
+    if steps_per_call < 2 or not short:
+        return None
+    return (
+        f"note: something is due every {short[0]} steps, fewer than train.steps_per_call={steps_per_call}: "
+        "the steps run one a call; set train.steps_per_call to a divisor of every interval, or 0 (auto)"
+    )
 
 
 def empty_val_notice(dataset: Any) -> str | None:

@@ -231,11 +231,13 @@ class Run:
             compiler_options=options,
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
         )
-        # train.steps_per_call > 1: that many steps in one compiled call, on stacked batches, and
-        # the intervals whose steps end a call (None: the multiples of steps_per_call; train() sets them).
+        # train.steps_per_call > 1: that many steps in one compiled call, on stacked batches; the
+        # intervals whose multiples end a call (train() adds its actions'), and single steps that do
+        # too: a profiled window's trace starts after update A - 1 and stops after update B.
         self.steps_per_call = config_lib.steps_per_call(cfg)
-        self.call_everies: tuple[int, ...] | None = None
-        self.call_stops: tuple[int, ...] = ()  # single steps that end a call too (a profiled window's ends)
+        self.call_everies = (cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every)
+        profiled = config_lib.profile_steps(cfg)
+        self.call_stops = (profiled[0] - 1, profiled[1]) if profiled else ()
         self.train_calls = jax.jit(
             make_multi_step(step),
             donate_argnums=0,
@@ -719,9 +721,7 @@ def train(
     # auto (0) also fits the actions' intervals; a call ends on every step where one of them falls
     everies = tuple(a.every for a in extra if a.every)
     run.steps_per_call = config_lib.steps_per_call(cfg, everies)
-    run.call_everies = (cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every, *everies)
-    profiled = config_lib.profile_steps(cfg)  # its trace starts after update A - 1 and stops after update B
-    run.call_stops = (profiled[0] - 1, profiled[1]) if profiled else ()
+    run.call_everies += everies
     environment["trained"] = record.trained(run, model=model, dataset=dataset, task=task)
     keep = best_lib.plan(cfg, run, extra)
     if run.hooks:  # `jaxnet eval` loads the file again for its model, data and task

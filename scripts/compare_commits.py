@@ -50,14 +50,16 @@ def tree(commit: str, into: Path) -> tuple[str, Path]:
     return sha, path
 
 
-def measure(source: Path, family: str, steps: int, overrides: tuple[str, ...] = ()) -> dict:
-    """One fresh process timing ``family``'s step with jaxnet imported from ``source``."""
+def measure(source: Path, family: str, steps: int, overrides: tuple[str, ...] = (), steps_per_call: int = 1) -> dict:
+    """One fresh process timing ``family``'s step with jaxnet imported from ``source``, ``steps_per_call``
+    steps a call."""
     env = {**os.environ, **SETTINGS["hugetlb"], "PYTHONPATH": str(source)}
     for key in ("XLA_FLAGS", "JAXNET_CPU_DEFAULTS_APPLIED"):
         env.pop(key, None)
     code = f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import profile_cpu, json, jaxnet; "
     code += f"assert jaxnet.__file__.startswith({str(source)!r}), jaxnet.__file__; "
-    code += f"print('RESULT', json.dumps(profile_cpu.child({family!r}, {steps}, 1, {tuple(overrides)!r})))"
+    child = f"profile_cpu.child({family!r}, {steps}, {steps_per_call}, {tuple(overrides)!r})"
+    code += f"print('RESULT', json.dumps({child}))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=source)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -72,6 +74,7 @@ def main() -> None:
     parser.add_argument("--family", action="append", help="a jaxnet bench case (default: transformer)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps-per-call", type=int, default=1, help="steps in one compiled call (default 1)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default="", help="added to the file name: compare-commits-DATE-TAG.json")
     parser.add_argument("--before-set", action="append", default=[], help="KEY=VALUE config setting, before only")
@@ -91,7 +94,7 @@ def main() -> None:
             for family in families:
                 order = list(sides) if r % 2 == 0 else list(sides)[::-1]
                 for side in order:
-                    result = measure(sides[side][1], family, args.steps, settings[side])
+                    result = measure(sides[side][1], family, args.steps, settings[side], args.steps_per_call)
                     runs[family, side].append(result)
                     print(
                         f"round {r + 1}: {family:12s} {side:6s} {result['ms_per_step']} ms, "
@@ -139,6 +142,7 @@ def main() -> None:
         "machine_shared": "yes: other jobs ran on the same cores; compare the two commits' medians, not absolutes",
         "commits": {side: sha for side, (sha, _) in sides.items()},
         "settings": settings,
+        "steps_per_call": args.steps_per_call,
         "results": results,
     }
     out = Path(args.out) / f"compare-commits-{record['date']}{'-' + args.tag if args.tag else ''}.json"

@@ -16,7 +16,8 @@ import optax
 import pytest
 
 from jaxnet.data.text import eval_batches
-from jaxnet.models.lstm import LSTMLanguageModel, LSTMLayer, lstm_scan
+from jaxnet.models import lstm as lstm_lib
+from jaxnet.models.lstm import LSTMLanguageModel, LSTMLayer, lstm_scan, output_product
 from jaxnet.sample import generate
 from jaxnet.train import state as state_lib
 from jaxnet.train.step import make_eval_step, make_train_step
@@ -253,6 +254,44 @@ def test_lstm_language_model_logits_and_final_carry_match_numpy(lstm_params, tie
     want_zero, _ = np_lstm_lm(params, tokens, zero_carry(3), LAYERS, tied)
     np.testing.assert_allclose(jitted(model)({"params": params}, tokens), want_zero, **TOL)
     assert np.abs(want_zero - want).max() > 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_output_products_gradients_match_numpy(dtype):
+    """output_product's backward pass is written by hand (the kernel's gradient in the kernel's
+    order); the reference is numpy in float64: d x = g kernel^T, d kernel = x^T g over the leading axes."""
+    rng = np.random.default_rng(5)
+    x, kernel, weight = rng.normal(size=(3, 7, 6)), rng.normal(size=(6, 11)), rng.normal(size=(3, 7, 11))
+    compute = jnp.dtype(dtype)
+
+    def loss(x, kernel):
+        return jnp.sum(jnp.sin(output_product(x.astype(compute), kernel.astype(compute)).astype(jnp.float32)) * weight)
+
+    value, (dx, dk) = jax.value_and_grad(loss, (0, 1))(jnp.asarray(x, jnp.float32), jnp.asarray(kernel, jnp.float32))
+    logits = x @ kernel
+    g = np.cos(logits) * weight
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 0.05, "atol": 0.3}
+    np.testing.assert_allclose(value, np.sum(np.sin(logits) * weight), **tol)
+    np.testing.assert_allclose(dx, g @ kernel.T, **tol)
+    np.testing.assert_allclose(dk, np.einsum("bth,btv->hv", x, g), **tol)
+    assert dx.dtype == dk.dtype == jnp.float32
+
+
+def test_lstm_language_models_gradients_equal_those_of_jaxs_own_output_product(lstm_params, monkeypatch):
+    """The untied model's output layer goes through output_product; every parameter's gradient of
+    a loss equals the one with the layer's plain ``dot_general`` differentiated by JAX."""
+    model, params = lstm_model(False), lstm_params[False]
+    tokens, targets = random_tokens((3, 7), seed=6), random_tokens((3, 7), seed=7)
+
+    def loss(params):
+        logits = model.apply({"params": params}, tokens)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    got = jax.jit(jax.grad(loss))(params)
+    monkeypatch.setattr(lstm_lib, "_output_dot_general", jax.lax.dot_general)
+    want = jax.jit(jax.grad(loss))(params)
+    assert_tree_close(got, want, **TOL)
+    assert np.abs(np.asarray(got["output"]["kernel"])).max() > 1e-3
 
 
 # ---------------------------------------------------------------------------------------------

@@ -129,12 +129,15 @@ def output_product(x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
     backward pass takes the kernel's gradient as ``x^T g`` over the leading axes, in the kernel's
     own (hidden, vocab) order.
 
-    JAX's derivative of the same product takes it as ``(g^T x)^T``. On a CPU, XLA then first copies
-    the logits' gradient into vocabulary-major order (a 10,000 x 400 transpose in the ``lstm``
-    benchmark case), and leaves the kernel's gradient transposed in memory, where the gradient
-    norm's sum of its squares runs as XLA's windowed tree reduction. In that case's step the two
-    took about 4.5 ms of 49 (XLA's trace, ``scripts/profile_ops.py``); the values are the same
-    products. Used through ``nn.Dense(dot_general=...)`` (:func:`_output_dot_general`)::
+    JAX's derivative of the same product takes it as ``(g^T x)^T``. On a CPU, XLA then copies the
+    logits' gradient into vocabulary-major order for that product (a 10,000 x 400 transpose in the
+    ``lstm`` benchmark case), and leaves the kernel's gradient transposed in memory, where the
+    gradient norm's sum of its squares becomes XLA's windowed tree reduction (the 7 x 313
+    reduce-window in ``scripts/profile_ops.py``'s trace). With this backward pass that case's step
+    went from 51.8 to 46.4 ms on a 2-core CPU at 8 steps a call
+    (``benchmarks/results/compare-commits-2026-11-28-lstm-output-gradient.json``). The values are
+    the same products, equal to float rounding (``tests/test_lm.py``). Used through
+    ``nn.Dense(dot_general=...)`` (:func:`_output_dot_general`)::
 
         logits = output_product(features, kernel)      # (b, t, hidden) @ (hidden, vocab)
     """

@@ -130,14 +130,13 @@ def output_product(x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
     own (hidden, vocab) order.
 
     JAX's derivative of the same product takes it as ``(g^T x)^T``. On a CPU, XLA then copies the
-    logits' gradient into vocabulary-major order for that product (a 10,000 x 400 transpose in the
-    ``lstm`` benchmark case), and leaves the kernel's gradient transposed in memory, where the
-    gradient norm's sum of its squares becomes XLA's windowed tree reduction (the 7 x 313
-    reduce-window in ``scripts/profile_ops.py``'s trace). With this backward pass that case's step
-    went from 51.8 to 46.4 ms on a 2-core CPU at 8 steps a call
-    (``benchmarks/results/compare-commits-2026-11-28-lstm-output-gradient.json``). The values are
-    the same products, equal to float rounding (``tests/test_lm.py``). Used through
-    ``nn.Dense(dot_general=...)`` (:func:`_output_dot_general`)::
+    logits' gradient into vocabulary-major order for that product, and leaves the kernel's gradient
+    transposed in memory, where the gradient norm's sum of its squares becomes XLA's windowed tree
+    reduction (the 7 x 313 reduce-window of the ``lstm`` benchmark case). What that cost, and what
+    this saves, is in docs/performance.md (On a CPU). The values are the same products, equal to
+    float rounding (``tests/test_lm.py``). Being a custom VJP, it has no forward-mode derivative
+    (``jax.jvp``); nothing in jaxnet takes one. Used through ``nn.Dense(dot_general=...)``
+    (:func:`_output_dot_general`)::
 
         logits = output_product(features, kernel)      # (b, t, hidden) @ (hidden, vocab)
     """
@@ -151,7 +150,6 @@ def _output_product_forward(x: jnp.ndarray, kernel: jnp.ndarray) -> tuple[jnp.nd
 def _output_product_backward(saved: tuple, grad: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     x, kernel = saved
     lead = tuple(range(x.ndim - 1))
-    # d x[..., h] = sum over v of g[..., v] kernel[h, v];  d kernel[h, v] = sum over ... of x[..., h] g[..., v]
     dx = jax.lax.dot_general(grad, kernel, (((grad.ndim - 1,), (1,)), ((), ())))
     dk = jax.lax.dot_general(x, grad, ((lead, lead), ((), ())))
     return dx.astype(x.dtype), dk.astype(kernel.dtype)

@@ -34,10 +34,11 @@ def logged(workdir) -> list[tuple]:
 
 
 def test_calls_end_on_multiples_of_k_with_single_steps_around_them():
-    assert list(call_sizes(0, 10, 4)) == [4, 4, 1, 1]
-    assert list(call_sizes(3, 20, 4)) == [1, 4, 4, 4, 4]  # resumed from step 3
-    assert list(call_sizes(5, 7, 4)) == [1, 1]
-    assert list(call_sizes(0, 6, 1)) == [1] * 6
+    # something due every K steps (a log every 4 with 4 steps a call)
+    assert list(call_sizes(0, 10, 4, (4,))) == [4, 4, 1, 1]
+    assert list(call_sizes(3, 20, 4, (4,))) == [1, 4, 4, 4, 4]  # resumed from step 3
+    assert list(call_sizes(5, 7, 4, (4,))) == [1, 1]
+    assert list(call_sizes(0, 6, 1, (1,))) == [1] * 6
 
 
 def test_k_steps_per_call_log_the_same_values_and_reach_the_same_parameters(tmp_path):

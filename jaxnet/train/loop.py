@@ -899,16 +899,15 @@ def empty_val_notice(dataset: Any) -> str | None:
     return f"note: the validation split is empty, so this run has no validation pass; {where}"
 
 
-def call_sizes(start: int, end: int, steps_per_call: int, everies: Any = None, stops: Any = ()) -> Any:
+def call_sizes(start: int, end: int, steps_per_call: int, everies: Any = (), stops: Any = ()) -> Any:
     """How many steps each call takes from ``start`` to ``end``: ``steps_per_call`` at a time
     wherever no multiple of one of ``everies`` (the steps at which logs, evaluations, checkpoints
     and actions fall) and none of ``stops`` (single steps, such as the ends of a profiled
     window) lies inside the call, single steps where one would, and single steps for what is left
-    at ``end``. Every such step thus ends a call, also after resuming from any step. ``everies``
-    None stands for ``steps_per_call`` itself: calls end on its multiples. For example, 8 steps
-    per call and a log every 200 steps with an evaluation every 2323: calls of 8 up to step 2320,
-    3 single steps to 2323, then calls of 8 again up to 2395 and 5 single steps to 2400."""
-    everies = [steps_per_call] if everies is None else [e for e in everies if e > 0]
+    at ``end``. Every such step thus ends a call, also after resuming from any step. For example,
+    8 steps per call and a log every 200 steps with an evaluation every 2323: calls of 8 up to step
+    2320, 3 single steps to 2323, then calls of 8 again up to 2395 and 5 single steps to 2400."""
+    everies = [e for e in everies if e > 0]
     step = start
     while step < end:
         after = step + steps_per_call

@@ -122,6 +122,13 @@ def max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
     scripts/profile_conv.py). Where several inputs of a window tie for the maximum the gradient
     is shared equally between them (as JAX's gradient of ``max`` over axes does), rather than
     given to the first.
+
+    The gradient finds each window's maximum by comparing ``x`` with the pooled values, so ``x``
+    must come out bit for bit the same wherever XLA recomputes it inside a fused operation. A
+    convolution's output plus a bias, then relu, does. A chain of multiply-adds fused into the
+    pooling may not: XLA's CPU code contracts multiply-adds into FMAs, and a first layer written
+    that way (tried for speed) gave wrong gradients in the compiled step
+    (``tests/test_cpu_conv.py``, the last test, keeps that case).
     """
     n, h, w, c = x.shape
     return _pool_2x2(x[:, : h - h % 2, : w - w % 2])

@@ -24,7 +24,8 @@ Variants (``--variant``, default all):
 - ``after_k5``: ``after`` with ``train.steps_per_call=5`` (five steps per compiled call).
 
 ``--pieces`` also times each piece of the step (convolutions, relu + pooling in both forms,
-dense) jitted on its own at the step's shapes, under XLA's defaults and under jaxnet's options.
+dense) jitted on its own at the step's shapes, under XLA's defaults and under jaxnet's options,
+and the same pieces in PyTorch (unless ``--no-torch``).
 ``--numerics`` also records how far jaxnet's options move one step's gradients and the smoke
 runs' losses from XLA's defaults.
 ``--breakdown`` also records, for each variant, XLA's own trace of its steps (``jax.profiler``):
@@ -173,11 +174,14 @@ def group(op_name: str) -> str:
     return f"{what} {'backward' if backward else 'forward'}"
 
 
-def pieces(rounds: int, repeats: int = 10) -> dict:
+def pieces(rounds: int, repeats: int = 10, with_torch: bool = False) -> dict:
     """Milliseconds (wall and CPU) of each piece of the ConvNet's step at its shapes (batch 128),
     each jitted on its own, under XLA's default CPU libraries and under jaxnet's options, timed in
     alternation: the convolutions forward and backward, each relu + max pool layer forward and
-    backward in both formulations, and the dense layers."""
+    backward in both formulations, and the dense layers. ``with_torch``: the same pieces in
+    PyTorch too (setting ``pytorch``), in the channels-last memory the PyTorch peer's ConvNet
+    uses (:mod:`jaxnet.bench.torch_peers`), each gradient by ``backward()`` after the forward pass,
+    as ``jax.grad`` includes it."""
     import jax
     from jax import lax
 
@@ -208,19 +212,20 @@ def pieces(rounds: int, repeats: int = 10) -> dict:
         "dense 3136x256 fwd+bwd": (jax.grad(lambda h, w: ((h @ w) ** 2).sum(), (0, 1)), (h, w2)),
     }
     settings = {"xla default": XLA_DEFAULT, "jaxnet options": xla_options.compiler_options()}
-    compiled = {}
+    compiled = {}  # (piece, setting) -> a call that runs the piece once, to completion
     for name, (fn, args) in work.items():
         for setting, options in settings.items():
             program = jax.jit(fn).lower(*args).compile(compiler_options=options)
             jax.block_until_ready(program(*args))
-            compiled[name, setting] = program, args
+            compiled[name, setting] = lambda program=program, args=args: jax.block_until_ready(program(*args))
+    if with_torch:
+        compiled.update({(name, "pytorch"): call for name, call in torch_pieces().items()})
     times = {key: [] for key in compiled}
     for _ in range(rounds):
-        for key, (program, args) in compiled.items():
+        for key, call in compiled.items():
             cpu, start = time.process_time(), time.perf_counter()
             for _ in range(repeats):
-                out = program(*args)
-            jax.block_until_ready(out)
+                call()
             times[key].append((time.perf_counter() - start, time.process_time() - cpu))
     result = {}
     for (name, setting), rows in times.items():
@@ -231,6 +236,38 @@ def pieces(rounds: int, repeats: int = 10) -> dict:
         }  # fmt: skip
         print(f"{name:40s} {setting:15s} {1000 * wall:7.2f} ms {1000 * cpu:7.2f} CPU ms", flush=True)
     return result
+
+
+def torch_pieces() -> dict:
+    """The PyTorch calls of :func:`pieces` (the same names; its own max pooling under its own), in
+    channels-last memory, on all cores."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    last = lambda *shape: torch.randn(*shape).to(memory_format=torch.channels_last)  # noqa: E731
+    x0, x1, z0, z1 = last(128, 1, 28, 28), last(128, 32, 14, 14), last(128, 32, 28, 28), last(128, 64, 14, 14)
+    w0, w1, h, w2 = torch.randn(32, 1, 3, 3), torch.randn(64, 32, 3, 3), torch.randn(128, 3136), torch.randn(3136, 256)
+
+    def forward(x: Any, w: Any) -> Any:
+        with torch.no_grad():
+            return F.conv2d(x, w, padding=1)
+
+    def grads(loss: Any, *leaves: Any) -> Any:
+        leaves = [t.detach().requires_grad_(True) for t in leaves]
+        return lambda: torch.autograd.grad(loss(*leaves), leaves)
+
+    square_conv = lambda x, w: (F.conv2d(x, w, padding=1) ** 2).sum()  # noqa: E731
+    square_pool = lambda z: (F.max_pool2d(F.relu(z), 2) ** 2).sum()  # noqa: E731
+    return {
+        "conv 1 forward": lambda: forward(x0, w0),
+        "conv 1 kernel gradient": grads(lambda w: square_conv(x0, w), w0),
+        "conv 2 forward": lambda: forward(x1, w1),
+        "conv 2 input + kernel gradients": grads(square_conv, x1, w1),
+        "relu + pool 1 fwd+bwd, F.max_pool2d": grads(square_pool, z0),
+        "relu + pool 2 fwd+bwd, F.max_pool2d": grads(square_pool, z1),
+        "dense 3136x256 fwd+bwd": grads(lambda h, w: ((h @ w) ** 2).sum(), h, w2),
+    }
 
 
 def numerics(families: tuple[str, ...] = ("cnn_fashion_mnist", "lstm_shakespeare", "transformer_shakespeare")) -> dict:
@@ -401,7 +438,7 @@ def main() -> None:
         "median_ratio_per_round": ratios,
     }
     if args.pieces:
-        record["pieces"] = pieces(args.rounds)
+        record["pieces"] = pieces(args.rounds, with_torch=torch is not None)
     if args.numerics:
         record["numerics"] = numerics()
     if args.breakdown:

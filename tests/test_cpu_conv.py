@@ -125,6 +125,8 @@ def test_the_compiled_train_step_has_the_gradients_of_op_by_op_execution(quadran
     compiled_state, compiled = run.train_step(run.init_state(), batch)
     with jax.disable_jit():
         eager_state, eager = run.train_step(run.init_state(), batch)
-    np.testing.assert_allclose(compiled["grad_norm"], eager["grad_norm"], rtol=1e-5)
+    np.testing.assert_allclose(compiled["grad_norm"], eager["grad_norm"], rtol=1e-5)  # 2 % off when wrong
     for a, b in zip(jax.tree.leaves(compiled_state.params), jax.tree.leaves(eager_state.params), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        # one Adam step: a gradient within rounding of zero may move its weight either way, so the
+        # tolerance is a small part of the layer's largest weight (0.02 off when wrong)
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-3 * float(np.abs(b).max()))

@@ -179,9 +179,9 @@ def pieces(rounds: int, repeats: int = 10, with_torch: bool = False) -> dict:
     each jitted on its own, under XLA's default CPU libraries and under jaxnet's options, timed in
     alternation: the convolutions forward and backward, each relu + max pool layer forward and
     backward in both formulations, and the dense layers. ``with_torch``: the same pieces in
-    PyTorch too (setting ``pytorch``), in the channels-last memory the PyTorch peer's ConvNet
-    uses (:mod:`jaxnet.bench.torch_peers`), each gradient by ``backward()`` after the forward pass,
-    as ``jax.grad`` includes it."""
+    PyTorch too (setting ``pytorch``), the inputs in the channels-last memory the PyTorch peer's
+    ConvNet uses (:mod:`jaxnet.bench.torch_peers`), each gradient by ``torch.autograd.grad`` after
+    its forward pass, as ``jax.grad`` includes it."""
     import jax
     from jax import lax
 
@@ -219,7 +219,9 @@ def pieces(rounds: int, repeats: int = 10, with_torch: bool = False) -> dict:
             jax.block_until_ready(program(*args))
             compiled[name, setting] = lambda program=program, args=args: jax.block_until_ready(program(*args))
     if with_torch:
-        compiled.update({(name, "pytorch"): call for name, call in torch_pieces().items()})
+        for name, call in torch_pieces().items():
+            call()  # a first call out of the way, as the compiled pieces had theirs
+            compiled[name, "pytorch"] = call
     times = {key: [] for key in compiled}
     for _ in range(rounds):
         for key, call in compiled.items():
@@ -244,7 +246,7 @@ def torch_pieces() -> dict:
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(os.cpu_count() or 1)  # as jaxnet bench sets it for its PyTorch peer
     last = lambda *shape: torch.randn(*shape).to(memory_format=torch.channels_last)  # noqa: E731
     x0, x1, z0, z1 = last(128, 1, 28, 28), last(128, 32, 14, 14), last(128, 32, 28, 28), last(128, 64, 14, 14)
     w0, w1, h, w2 = torch.randn(32, 1, 3, 3), torch.randn(64, 32, 3, 3), torch.randn(128, 3136), torch.randn(3136, 256)

@@ -114,19 +114,20 @@ def test_the_runners_train_and_eval_steps_compile_their_convolutions_outside_ynn
 def test_the_compiled_train_step_has_the_gradients_of_op_by_op_execution(quadrants):
     """The max pool's gradient compares the pooled layer's input with the pooled maximum, so XLA
     must compute that input the same way in every fused operation that recomputes it. A first
-    layer written as multiply-adds of shifted views (tried for speed) broke this: XLA's CPU code
+    layer written as multiply-adds of shifted views of the image broke this: XLA's CPU code
     contracts multiply-adds into FMAs, fusions recomputed the layer with different roundings, and
-    the compiled step's first-layer gradients were wrong on these integer-valued images with
-    dropout on (gradient norm 1.238 against 1.268 op by op). This is that case."""
+    the compiled step's first-layer gradients were wrong on these images (few distinct pixel
+    values, many ties) with dropout on: gradient norm 1.238 against 1.268 op by op. This is that
+    case; the norm is compared (the weights after one Adam step move by the sign of each
+    gradient, which rounding may flip where a gradient is near zero)."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("a CPU compilation property")
     cfg = tiny_config(model={"dropout": 0.25, "features": (4, 4)}, train={"steps_per_call": 1})
     cfg.seed = 1
     run = Run(cfg, dataset=quadrants)
     batch = run.put_batch(next(run.train_batches(0)))
-    compiled_state, compiled = run.train_step(run.init_state(), batch)
+    _, compiled = run.train_step(run.init_state(), batch)
     with jax.disable_jit():
-        eager_state, eager = run.train_step(run.init_state(), batch)
-    np.testing.assert_allclose(compiled["grad_norm"], eager["grad_norm"], rtol=1e-5)  # 2 % off when wrong
-    for a, b in zip(jax.tree.leaves(compiled_state.params), jax.tree.leaves(eager_state.params), strict=True):
-        # one Adam step: a gradient within rounding of zero may move its weight either way, so the
-        # tolerance is a small part of the layer's largest weight (0.02 off when wrong)
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-3 * float(np.abs(b).max()))
+        _, eager = run.train_step(run.init_state(), batch)
+    np.testing.assert_allclose(compiled["loss"], eager["loss"], rtol=1e-5)
+    np.testing.assert_allclose(compiled["grad_norm"], eager["grad_norm"], rtol=1e-5)  # 2.4 % off when wrong

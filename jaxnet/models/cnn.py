@@ -127,8 +127,9 @@ def max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
     must come out bit for bit the same wherever XLA recomputes it inside a fused operation. A
     convolution's output plus a bias, then relu, does. A chain of multiply-adds fused into the
     pooling may not: XLA's CPU code contracts multiply-adds into FMAs, and a first layer written
-    that way (tried for speed) gave wrong gradients in the compiled step
-    (``tests/test_cpu_conv.py``, the last test, keeps that case).
+    that way gave wrong gradients in the compiled step (the case is kept by
+    ``test_the_compiled_train_step_has_the_gradients_of_op_by_op_execution`` in
+    ``tests/test_cpu_conv.py``).
     """
     n, h, w, c = x.shape
     return _pool_2x2(x[:, : h - h % 2, : w - w % 2])

@@ -140,11 +140,16 @@ def output_product(x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
 
         logits = output_product(features, kernel)      # (b, t, hidden) @ (hidden, vocab)
     """
+    return _last_by_first(x, kernel)
+
+
+def _last_by_first(x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
+    """The plain product of ``x``'s last axis with ``kernel``'s first."""
     return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 def _output_product_forward(x: jnp.ndarray, kernel: jnp.ndarray) -> tuple[jnp.ndarray, tuple]:
-    return output_product(x, kernel), (x, kernel)
+    return _last_by_first(x, kernel), (x, kernel)
 
 
 def _output_product_backward(saved: tuple, grad: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:

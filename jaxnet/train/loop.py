@@ -899,7 +899,7 @@ def empty_val_notice(dataset: Any) -> str | None:
     return f"note: the validation split is empty, so this run has no validation pass; {where}"
 
 
-def call_sizes(start: int, end: int, steps_per_call: int, everies: Any = (), stops: Any = ()) -> Any:
+def call_sizes(start: int, end: int, steps_per_call: int, everies: Any, stops: Any = ()) -> Any:
     """How many steps each call takes from ``start`` to ``end``: ``steps_per_call`` at a time
     wherever no multiple of one of ``everies`` (the steps at which logs, evaluations, checkpoints
     and actions fall) and none of ``stops`` (single steps, such as the ends of a profiled
